@@ -1,0 +1,71 @@
+"""Parameterized kernel families: the offline search agents' move space.
+
+A family renders a complete, self-contained candidate source file (a Python module
+defining ``run(*inputs)``) from a dict of knob values. Knob values are baked into
+the source as constants, so every rendered candidate is an ordinary candidate that
+the guard can check, time, register and export like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+STRATEGIES = ("tiling", "memory", "precision", "fusion", "scheduling", "algorithmic")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable parameter of a family.
+
+    ``values`` is ordered so that neighbouring values are neighbouring designs: the
+    search takes local steps by moving one index up or down.
+    """
+
+    name: str
+    values: tuple[Any, ...]
+    strategy: str  # the strategy (one of STRATEGIES) that owns moves of this knob
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"knob {self.name}: unknown strategy {self.strategy!r}")
+        if not self.values:
+            raise ValueError(f"knob {self.name}: empty value list")
+
+
+def _always_valid(knobs: Mapping[str, Any]) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Family:
+    """A parameterized kernel design for one built-in task."""
+
+    name: str  # globally unique, e.g. "matmul.tma_persistent"
+    task: str  # built-in task name the rendered source solves
+    description: str  # one line, shown to users and on the board
+    knobs: tuple[Knob, ...]
+    start: Mapping[str, Any]  # conservative, valid starting point (never a hand-pinned best)
+    render: Callable[[Mapping[str, Any]], str]  # knobs -> full candidate source
+    valid: Callable[[Mapping[str, Any]], bool] = field(default=_always_valid)
+    language: str = "triton"
+
+    def knob(self, name: str) -> Knob:
+        for k in self.knobs:
+            if k.name == name:
+                return k
+        raise KeyError(f"{self.name} has no knob {name!r}")
+
+    def check_point(self, knobs: Mapping[str, Any]) -> dict[str, Any]:
+        """Return a complete knob dict (defaults from ``start``), validated."""
+        point = dict(self.start)
+        point.update(knobs)
+        for k in self.knobs:
+            if point.get(k.name) not in k.values:
+                raise ValueError(f"{self.name}: {k.name}={point.get(k.name)!r} not in {k.values}")
+        unknown = set(point) - {k.name for k in self.knobs}
+        if unknown:
+            raise ValueError(f"{self.name}: unknown knobs {sorted(unknown)}")
+        return point
