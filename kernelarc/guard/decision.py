@@ -1,0 +1,79 @@
+"""The promotion rule: a pure function of measurements.
+
+Given the challenger's and the champion's latency samples, measured interleaved in the
+same worker, the challenger is promoted only if it is faster by more than the measured
+noise. The same samples always give the same decision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    if n == 0:
+        return math.nan
+    return ys[n // 2] if n % 2 else 0.5 * (ys[n // 2 - 1] + ys[n // 2])
+
+
+def quantile(xs: list[float], q: float) -> float:
+    ys = sorted(xs)
+    if not ys:
+        return math.nan
+    pos = q * (len(ys) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ys) - 1)
+    return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
+
+
+def rel_noise(xs: list[float]) -> float:
+    """Relative spread of timing samples: interquartile range over the median."""
+    m = median(xs)
+    if not xs or not m or math.isnan(m):
+        return math.inf
+    return (quantile(xs, 0.75) - quantile(xs, 0.25)) / m
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+@dataclass(frozen=True)
+class Decision:
+    promote: bool
+    speedup: float  # geometric mean over workloads of champion median / challenger median
+    required: float  # the speedup that was needed
+    reason: str
+
+
+def decide(
+    challenger: dict[int, list[float]],
+    champion: dict[int, list[float]] | None,
+    *,
+    min_gain: float = 0.01,
+    noise_factor: float = 1.0,
+) -> Decision:
+    """Promote iff the challenger is faster than the champion by more than the noise.
+
+    ``challenger`` and ``champion`` map workload index to latency samples (ms) measured
+    interleaved. The required speedup is ``1 + max(min_gain, noise_factor * noise)`` where
+    noise is the largest relative IQR of either side over the workloads.
+    """
+    if not challenger:
+        return Decision(False, math.nan, math.nan, "no timing samples")
+    if champion is None:
+        return Decision(True, math.nan, 1.0, "first correct candidate")
+    common = sorted(set(challenger) & set(champion))
+    if not common:
+        return Decision(False, math.nan, math.nan, "no workload timed for both")
+    ratios = [median(champion[w]) / median(challenger[w]) for w in common]
+    speedup = geomean(ratios)
+    noise = max(max(rel_noise(challenger[w]), rel_noise(champion[w])) for w in common)
+    required = 1.0 + max(min_gain, noise_factor * noise)
+    if speedup > required:
+        return Decision(True, speedup, required, f"{speedup:.3f}x faster > required {required:.3f}x")
+    return Decision(False, speedup, required, f"{speedup:.3f}x is within the required {required:.3f}x")

@@ -1,0 +1,456 @@
+"""The judge: runs each candidate in an isolated worker and turns what comes back into a Verdict.
+
+The judge owns the reference outputs (computed here, in the trusted process), compares
+the candidate's outputs, enforces the time limit, serialises timing on each GPU, and
+applies the promotion rule. Every outcome is a Verdict; nothing a candidate does can
+stop the next candidate from running.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernelarc.guard.compare import compare_output
+from kernelarc.guard.decision import Decision, decide, geomean, median, rel_noise
+from kernelarc.guard.pool import Worker, WorkerPool
+from kernelarc.guard.static import check_source
+from kernelarc.models import LANGUAGES, Candidate, Status, Verdict, WorkloadResult
+from kernelarc.tasks.inputs import load_module, make_inputs
+from kernelarc.tasks.loader import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GuardConfig:
+    seeds: int = 3  # fresh random input sets per workload and candidate
+    seed_pool: int = 8  # seeds are drawn from a pool this large, so references can be cached
+    timeout_s: float = 120.0  # wall limit per candidate, GPU queueing excluded
+    baseline_timeout_s: float = 600.0  # torch.compile of a reference may take minutes
+    warmup_ms: float = 25.0
+    target_ms: float = 100.0  # timed time per workload and candidate
+    min_iters: int = 5
+    max_iters: int = 200
+    flush_bytes: int = 256 << 20  # > the 50 MB L2 of an H200, cleared before every timed call
+    min_gain: float = 0.01  # promotion needs at least this speedup ...
+    noise_factor: float = 1.0  # ... and more than this many relative IQRs
+    prestart: int = 2  # workers kept started per device
+    timing: bool = True
+    hp_reference: bool = True  # also compare against a float64 run of the reference
+    workloads: list[int] | None = None  # subset of workload indices (None: all)
+
+
+@dataclass
+class Evaluation:
+    verdict: Verdict
+    samples: dict[int, list[float]] = field(default_factory=dict)
+    champion_samples: dict[int, list[float]] = field(default_factory=dict)
+    decision: Decision | None = None
+
+
+def detect_language(source: str) -> str:
+    if "cutlass" in source:
+        return "cutlass"
+    if "triton" in source:
+        return "triton"
+    return "pytorch"
+
+
+def reference_candidate(task: Task) -> Candidate:
+    return Candidate(source=task.definition.reference, language="pytorch", agent="baseline", strategy="reference",
+                     rationale="the task's PyTorch reference")  # fmt: skip
+
+
+def compiled_candidate(task: Task) -> Candidate:
+    src = (
+        task.definition.reference
+        + "\n\n# --- kernelarc: torch.compile baseline ---\n"
+        + "_kernelarc_reference_run = run\n"
+        + "_kernelarc_compiled = torch.compile(_kernelarc_reference_run, dynamic=False)\n\n\n"
+        + "def run(*args):\n    return _kernelarc_compiled(*args)\n"
+    )
+    if "import torch" not in src:
+        src = "import torch\n" + src
+    return Candidate(source=src, language="pytorch", agent="baseline", strategy="torch.compile",
+                     rationale="torch.compile of the reference")  # fmt: skip
+
+
+class Guard:
+    """Evaluates candidates for one task on one device."""
+
+    def __init__(self, task: Task, target: Any, device: str, cfg: GuardConfig | None = None, seed: int = 0):
+        self.task = task
+        self.target = target
+        self.device = device
+        self.cfg = cfg or GuardConfig()
+        self.seed = seed
+        self.workloads = self.cfg.workloads if self.cfg.workloads is not None else list(range(len(task.workloads)))
+        self._pool: WorkerPool | None = None
+        self._gpu = threading.Semaphore(1)  # one candidate times on the device at a time
+        self._refs: OrderedDict[tuple[int, int], tuple[list, list | None]] = OrderedDict()
+        self._refs_lock = threading.Lock()
+        self._ref_mod = load_module(task.definition.reference, f"reference_{task.name}")
+        self._counter = 0
+        self._counter_lock = threading.Lock()
+        self.work: dict[int, Any] = {}  # workload -> kernelarc.sol.Work
+        self.baseline_ms: dict[int, float] = {}
+        self.compile_ms: dict[int, float] = {}
+
+    # -- lifecycle -------------------------------------------------------------------
+    @property
+    def pool(self) -> WorkerPool:
+        if self._pool is None:
+            self._pool = WorkerPool(self.device, self.cfg.prestart)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- references ------------------------------------------------------------------
+    def _seeds_for(self, n: int) -> list[int]:
+        with self._counter_lock:
+            c = self._counter
+            self._counter += 1
+        pool = self.cfg.seed_pool
+        start = (c * n) % pool
+        base = int.from_bytes(hashlib.sha256(f"{self.seed}".encode()).digest()[:4], "little")
+        return [base + (start + j) % pool for j in range(n)]
+
+    def reference(self, wl: int, seed: int) -> tuple[list, list | None]:
+        key = (wl, seed)
+        with self._refs_lock:
+            if key in self._refs:
+                self._refs.move_to_end(key)
+                return self._refs[key]
+        inputs = make_inputs(self.task, wl, seed, self.device)
+        if wl not in self.work:
+            try:
+                from kernelarc.sol import count_work
+
+                work, out = count_work(self._ref_mod.run, inputs)
+                self.work[wl] = work
+            except Exception as e:  # noqa: BLE001 - SOL is a metric, never a reason to fail
+                log.warning("could not count work of workload %d: %s", wl, e)
+                out = self._ref_mod.run(*inputs)
+        else:
+            out = self._ref_mod.run(*inputs)
+        outs = list(out) if isinstance(out, tuple | list) else [out]
+        hp = None
+        if self.cfg.hp_reference:
+            try:
+                up = [x.to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+                o = self._ref_mod.run(*up)
+                hp = list(o) if isinstance(o, tuple | list) else [o]
+                if len(hp) != len(outs):
+                    hp = None
+            except Exception:  # noqa: BLE001 - references that insist on their dtype get no fp64 check
+                hp = None
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        with self._refs_lock:
+            self._refs[key] = (outs, hp)
+            while len(self._refs) > max(self.cfg.seed_pool, 1) * len(self.workloads):
+                self._refs.popitem(last=False)
+        return outs, hp
+
+    # -- evaluation ------------------------------------------------------------------
+    def evaluate(
+        self,
+        cand: Candidate,
+        champion: Candidate | None = None,
+        *,
+        trusted: bool = False,
+        timeout_s: float | None = None,
+    ) -> Evaluation:
+        t_start = time.monotonic()
+        errors: list[str] = []
+        warnings: list[str] = []
+        if cand.language not in LANGUAGES:
+            return self._verdict(cand, Status.compile_error, [f"unknown language {cand.language!r}"], t_start)
+        if not trusted:
+            rep = check_source(cand.source)
+            if rep.syntax_error:
+                return self._verdict(cand, Status.compile_error, [rep.syntax_error], t_start)
+            if rep.violations:
+                return self._verdict(cand, Status.rejected_hack, list(rep.violations), t_start)
+            if not rep.has_run:
+                return self._verdict(cand, Status.compile_error, ["source defines no top-level run()"], t_start)
+        seeds = self._seeds_for(self.cfg.seeds)
+        with self._gpu:
+            for wl in self.workloads:
+                for s in seeds:
+                    try:
+                        self.reference(wl, s)
+                    except Exception as e:  # noqa: BLE001
+                        msg = f"reference failed on workload {wl}: {type(e).__name__}: {e}"
+                        return self._verdict(cand, Status.runtime_error, [msg], t_start)
+        job = {
+            "source": cand.source,
+            "language": cand.language,
+            "task_path": str(self.task.path),
+            "workload_file": self.task.workload_file,
+            "workloads": self.workloads,
+            "seeds": seeds,
+            "device": self.device,
+            "rng_seed": seeds[0] ^ 0x5EED,
+            "champion_source": champion.source if champion is not None else None,
+            "timing": {
+                "enabled": self.cfg.timing,
+                "warmup_ms": self.cfg.warmup_ms,
+                "target_ms": self.cfg.target_ms,
+                "min_iters": self.cfg.min_iters,
+                "max_iters": self.cfg.max_iters,
+                "flush_bytes": self.cfg.flush_bytes,
+            },
+        }
+        try:
+            worker = self.pool.acquire()
+        except RuntimeError as e:
+            return self._verdict(cand, Status.runtime_error, [str(e)], t_start)
+        limit = timeout_s or self.cfg.timeout_s
+        status, res = self._drive(worker, job, seeds, limit)
+        errors += res["errors"]
+        warnings += res["warnings"]
+        ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None)
+        return ev
+
+    def _drive(self, w: Worker, job: dict, seeds: list[int], limit: float) -> tuple[Status | None, dict]:
+        res: dict[str, Any] = {"errors": [], "warnings": [], "samples": {}, "champion_samples": {}, "phases": {},
+                               "checks": {}}  # fmt: skip
+        status: Status | None = None
+        holding_gpu = False
+        budget = limit
+        t_last = time.monotonic()
+        conn = w.conn
+        try:
+            conn.send(("job", job))
+            while True:
+                now = time.monotonic()
+                if not holding_gpu:
+                    budget -= now - t_last
+                t_last = now
+                if budget <= 0:
+                    status = Status.timeout
+                    res["errors"].append(f"no result within {limit:.0f} s (hang or too slow); worker killed")
+                    break
+                if not conn.poll(min(budget, 1.0)):
+                    if not w.process.is_alive():
+                        raise EOFError
+                    continue
+                kind, payload = conn.recv()
+                if kind == "outputs":
+                    ok = self._check(payload, seeds, res)
+                    if not ok:
+                        status = Status.rejected_hack if payload["tag"] in ("reuse", "timed") else Status.incorrect
+                        if payload["tag"] == "reuse":
+                            res["errors"].append("stale result after the inputs changed in place: outputs cached across calls")
+                    del payload
+                    conn.send(("ack", {"ok": ok}))
+                elif kind == "want_gpu":
+                    t_wait = time.monotonic()
+                    self._gpu.acquire()
+                    holding_gpu = True
+                    t_last = time.monotonic()
+                    res["phases"]["gpu_wait"] = t_last - t_wait
+                    conn.send(("go", None))
+                elif kind == "timing":
+                    res["samples"][payload["wl"]] = payload["samples_ms"]
+                    if payload.get("champion_samples_ms"):
+                        res["champion_samples"][payload["wl"]] = payload["champion_samples_ms"]
+                elif kind == "fail":
+                    if status is None:
+                        status = Status(payload["status"])
+                        res["errors"].append(payload["error"])
+                    res["phases"].update(payload.get("phases") or {})
+                elif kind == "done":
+                    res["warnings"] += payload["warnings"]
+                    res["phases"].update(payload["phases"])
+                elif kind == "stdout":
+                    self._scan_stdout(payload["log"], res)
+                    if res.pop("forged", False):
+                        status = Status.rejected_hack
+                    break
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            w.process.join(timeout=2)
+            code = w.process.exitcode
+            if status is None:
+                status = Status.runtime_error
+                res["errors"].append(
+                    f"worker died (exit code {code}): the kernel crashed the process "
+                    "(illegal memory access, abort or segfault)"
+                )
+        finally:
+            if holding_gpu:
+                self._gpu.release()
+            try:
+                conn.send(("bye", None))
+            except Exception:  # noqa: BLE001
+                pass
+            w.kill()
+        return status, res
+
+    def _scan_stdout(self, path: str, res: dict) -> None:
+        p = Path(path)
+        try:
+            text = p.read_text(errors="replace")
+        except OSError:
+            return
+        finally:
+            try:
+                p.unlink()
+            except OSError:
+                pass
+        cand_text = "\n".join(line for line in text.splitlines() if "Warning" not in line)
+        if '"status"' in cand_text or "'status'" in cand_text or "latency_ms" in cand_text:
+            res["errors"].append("candidate wrote verdict-like text to stdout (forging results)")
+            res["forged"] = True
+        elif text.strip():
+            res["warnings"].append(f"worker output ({len(text)} bytes): {text.strip()[-300:]}")
+
+    def _check(self, payload: dict, seeds: list[int], res: dict) -> bool:
+        wl, j = payload["wl"], payload["seed_idx"]
+        outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in payload["outputs"]]
+        refs, hps = self.reference(wl, seeds[j])
+        entry = res["checks"].setdefault(wl, {"max_abs_err": 0.0, "matched": 1.0, "rel_err": 0.0})
+        for k, (name, _spec) in enumerate(self.task.definition.outputs.items()):
+            atol, rtol, ratio = self.task.tolerance(wl, name)
+            hp = hps[k] if hps is not None else None
+            c = compare_output(name, outs[k], refs[k], hp, atol, rtol, ratio)
+            if c.max_abs_err is not None:
+                entry["max_abs_err"] = max(entry["max_abs_err"], c.max_abs_err)
+            if c.matched_ratio is not None:
+                entry["matched"] = min(entry["matched"], c.matched_ratio)
+            if c.rel_err is not None:
+                entry["rel_err"] = max(entry["rel_err"], c.rel_err)
+            if not c.ok:
+                res["errors"].append(f"workload {wl} ({payload['tag']}, seed {j}): {c.message}")
+                return False
+        return True
+
+    # -- verdicts ---------------------------------------------------------------------
+    def _verdict(self, cand: Candidate, status: Status, errors: list[str], t_start: float) -> Evaluation:
+        v = Verdict(candidate_id=cand.id, status=status, errors=errors, eval_seconds=time.monotonic() - t_start)
+        return Evaluation(v)
+
+    def _finish(self, cand, status, errors, warnings, res, t_start, had_champion: bool) -> Evaluation:
+        samples: dict[int, list[float]] = res["samples"]
+        correct = status is None
+        if correct and self.cfg.timing and set(samples) != set(self.workloads):
+            status = Status.runtime_error
+            errors.append("worker ended before timing every workload")
+            correct = False
+        decision = None
+        if correct:
+            if self.cfg.timing:
+                decision = decide(
+                    samples,
+                    res["champion_samples"] if had_champion else None,
+                    min_gain=self.cfg.min_gain,
+                    noise_factor=self.cfg.noise_factor,
+                )
+                status = Status.champion if decision.promote else Status.correct_slower
+            else:
+                status = Status.correct_slower
+        results = []
+        for wl in self.workloads:
+            r = WorkloadResult(index=wl, uuid=self.task.workloads[wl].uuid, axes=self.task.axes(wl))
+            chk = res["checks"].get(wl)
+            if chk:
+                r.max_abs_err, r.matched_ratio, r.rel_err = chk["max_abs_err"], chk["matched"], chk["rel_err"] or None
+            r.correct = correct
+            if wl in samples:
+                self._metrics(r, samples[wl])
+            results.append(r)
+        v = Verdict(
+            candidate_id=cand.id,
+            status=status,
+            errors=errors,
+            warnings=warnings,
+            workloads=results,
+            eval_seconds=time.monotonic() - t_start,
+            phases={k: round(v, 4) for k, v in res["phases"].items()},
+        )
+        if correct and samples:
+            self._aggregate(v)
+            if decision is not None and not math.isnan(decision.speedup):
+                v.speedup_vs_champion = decision.speedup
+        return Evaluation(v, samples, res["champion_samples"], decision)
+
+    def _metrics(self, r: WorkloadResult, samples: list[float]) -> None:
+        lat = median(samples)
+        r.latency_ms, r.noise, r.iterations = lat, rel_noise(samples), len(samples)
+        work = self.work.get(r.index)
+        sec = lat / 1e3
+        if work is not None:
+            r.flops, r.bytes = float(work.flops), float(work.io_bytes)
+            r.tflops = r.flops / sec / 1e12 if r.flops else None
+            r.tbps = r.bytes / sec / 1e12 if r.bytes else None
+            try:
+                from kernelarc.sol import sol_score, t_sol
+
+                ts, bound = t_sol(work, self.target)
+                r.t_sol_ms, r.sol_bound = ts * 1e3, bound
+                r.sol_fraction = min(ts * 1e3 / lat, 10.0) if lat > 0 else None
+                tb = self.baseline_ms.get(r.index)
+                if tb:
+                    r.sol_score = sol_score(lat, ts * 1e3, tb)
+            except Exception as e:  # noqa: BLE001
+                log.debug("no SOL metrics: %s", e)
+        if self.baseline_ms.get(r.index):
+            r.baseline_ms = self.baseline_ms[r.index]
+            r.speedup_vs_baseline = r.baseline_ms / lat
+        if self.compile_ms.get(r.index):
+            r.compile_ms = self.compile_ms[r.index]
+            r.speedup_vs_compile = r.compile_ms / lat
+
+    @staticmethod
+    def _aggregate(v: Verdict) -> None:
+        ws = v.workloads
+
+        def gm(attr):
+            vals = [getattr(w, attr) for w in ws if getattr(w, attr) is not None]
+            return geomean(vals) if len(vals) == len(ws) else None
+
+        v.latency_ms = gm("latency_ms")
+        v.noise = max((w.noise for w in ws if w.noise is not None), default=None)
+        v.speedup_vs_baseline = gm("speedup_vs_baseline")
+        v.speedup_vs_compile = gm("speedup_vs_compile")
+        v.sol_fraction = gm("sol_fraction")
+        v.sol_score = gm("sol_score")
+        v.tflops = gm("tflops")
+        v.tbps = gm("tbps")
+
+    def set_baselines(self, reference: Evaluation | None, compiled: Evaluation | None) -> None:
+        """Record T_b (and torch.compile) per workload, measured in this run."""
+        for ev, store in ((reference, self.baseline_ms), (compiled, self.compile_ms)):
+            if ev is None or not ev.verdict.correct:
+                continue
+            for wl, s in ev.samples.items():
+                store[wl] = median(s)
+
+    def refresh_metrics(self, ev: Evaluation) -> None:
+        """Recompute derived metrics (after baselines became known)."""
+        if not ev.verdict.correct:
+            return
+        for r in ev.verdict.workloads:
+            if r.index in ev.samples:
+                self._metrics(r, ev.samples[r.index])
+        self._aggregate(ev.verdict)
