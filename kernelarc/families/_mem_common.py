@@ -7,6 +7,7 @@ so every family spells warps, stages, eviction and persistent grids the same way
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Mapping
 from string import Template
@@ -57,6 +58,20 @@ def header(family: str, doc: str, knobs: Mapping[str, Any]) -> str:
     return Template(HEADER).substitute(doc=doc, family=family, knob_lines=lines)
 
 
+def finish(src: str, stages: int = 1) -> str:
+    """Final touches on a rendered module.
+
+    ``stages`` > 1 annotates every ``tl.range`` loop with ``num_stages``: Triton 3.6
+    software-pipelines loads that feed no dot (through cp.async and shared memory) only
+    for loops annotated that way; the kernel-level ``num_stages`` alone leaves them be.
+    Blank lines are normalised (at most two in a row, one final newline).
+    """
+    if stages > 1:
+        src = re.sub(r"tl\.range\(([^\n]*)\):\n", rf"tl.range(\1, num_stages={stages}):\n", src)
+    src = re.sub(r"\n[ \t]+\n", "\n\n", src)
+    return re.sub(r"\n{4,}", "\n\n\n", src).rstrip("\n") + "\n"
+
+
 def load_kw(evict: str = "", cache: str = "") -> str:
     """Extra keyword arguments of a ``tl.load`` (eviction policy, cache modifier)."""
     out = ""
@@ -67,6 +82,33 @@ def load_kw(evict: str = "", cache: str = "") -> str:
     return out
 
 
+LOAD_POLICIES = ("default", "evict_first", "evict_last", "cg")
+
+
+def load_policy_kw(policy: str) -> str:
+    """tl.load keywords for one streaming-load policy.
+
+    One knob rather than eviction x cache modifier: ptxas rejects ``.cg`` combined with
+    an L1 eviction priority, so the combinations that assemble are listed here.
+    """
+    if policy == "default":
+        return ""
+    if policy in ("evict_first", "evict_last"):
+        return load_kw(evict=policy)
+    if policy == "cg":
+        return load_kw(cache=".cg")
+    raise ValueError(f"unknown load policy {policy!r}")
+
+
+def policy_evict(policy: str) -> str:
+    """The eviction part of a load policy (for loads that take only an eviction policy)."""
+    return policy if policy in ("evict_first", "evict_last") else ""
+
+
+def load_policy_knob(name: str, doc: str) -> Knob:
+    return Knob(name, LOAD_POLICIES, "memory", doc + " (default, evict_first, evict_last, or .cg: L2 only)")
+
+
 def store_kw(cache: str = "") -> str:
     return f', cache_modifier="{cache}"' if cache else ""
 
@@ -74,10 +116,21 @@ def store_kw(cache: str = "") -> str:
 def rsqrt_expr(mode: str, arg: str) -> str:
     """Reciprocal square root: IEEE sqrt and a true division, or the fast MUFU rsqrt."""
     if mode == "sqrt_div":
-        return f"1.0 / tl.sqrt_rn({arg})"
+        return f"tl.math.div_rn(1.0, tl.sqrt_rn({arg}))"
     if mode == "rsqrt":
         return f"tl.math.rsqrt({arg})"
     raise ValueError(f"unknown rsqrt mode {mode!r}")
+
+
+def normalize_expr(mode: str, num: str, den: str) -> str:
+    """num / den with IEEE division, the fast approximate division, or a reciprocal multiply."""
+    if mode == "div_rn":
+        return f"tl.math.div_rn({num}, {den})"
+    if mode == "div":
+        return f"{num} / {den}"
+    if mode == "mul_rcp":
+        return f"{num} * (1.0 / {den})"
+    raise ValueError(f"unknown normalize mode {mode!r}")
 
 
 def grid_loop(persistent: bool, count: str, var: str, body: str, base_indent: int = 4) -> str:

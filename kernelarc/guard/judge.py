@@ -145,7 +145,8 @@ class Guard:
             try:
                 from kernelarc.sol import count_work
 
-                work, out = count_work(self._ref_mod.run, inputs)
+                work = count_work(self._ref_mod.run, inputs, io_bytes=self.task.io_bytes(wl))
+                out, work.output = work.output, None
                 self.work[wl] = work
             except Exception as e:  # noqa: BLE001 - SOL is a metric, never a reason to fail
                 log.warning("could not count work of workload %d: %s", wl, e)

@@ -1,0 +1,41 @@
+"""python -m kernelarc +task=NAME [gpu=...] [agents.count=...] ...: one search session (or -m for a sweep)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import hydra
+from omegaconf import DictConfig
+
+from kernelarc.config import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> dict:
+    from kernelarc.app import TaskError, UsageError, build_agents, fail, raw, resolve_gpu, typed
+    from kernelarc.session import SearchSession, load_task_from_config
+    from kernelarc.ui import Progress
+
+    logging.getLogger("kernelarc").setLevel(logging.INFO)
+    try:
+        c = typed(cfg)
+        target = resolve_gpu(c)
+        task = load_task_from_config(c, getattr(target, "is_cpu", True))
+        agents = build_agents(c, task)
+        session = SearchSession(c, raw(cfg), target, agents, progress=Progress(c.search.progress))
+        summary = session.run()
+    except (UsageError, TaskError) as e:
+        fail(str(e))
+        return {}
+    ui = Progress(True)
+    rows = [(k, v) for k, v in summary.items() if not isinstance(v, dict)]
+    rows.append(("by_status", json.dumps(summary["by_status"])))
+    ui.summary(rows)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Offline strategy agents: local search over parameterized kernel families, guided by the board.
+
+Each agent owns a strategy; the strategy decides which knobs it moves (each Knob names
+its owning strategy) and, for ``algorithmic``, which family it switches to. Agents start
+from the champion when it comes from a family (so they build on what worked), read the
+board to prefer knob values that gained and avoid ones that failed, never repeat a
+candidate the session has seen, and explain each proposal in one line.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from kernelarc.agents.base import AgentContext, Proposal
+from kernelarc.families import Family, Knob, families_for
+from kernelarc.models import Candidate, Finding, Status, Verdict
+from kernelarc.tasks.loader import Task
+
+FAILED = (Status.compile_error, Status.runtime_error, Status.timeout, Status.incorrect, Status.rejected_hack)
+
+
+def generic_families(task: Task) -> list[Family]:
+    """For any task: the reference under torch.compile with different settings (``pytorch`` candidates)."""
+    ref = task.definition.reference
+
+    def render(k: Mapping[str, Any]) -> str:
+        header = "import torch\n" if "import torch" not in ref else ""
+        lines = [header + ref, "", "# --- kernelarc generic variant ---", "_kernelarc_reference_run = run"]
+        if k["matmul_precision"] != "highest":
+            lines.append(f"torch.set_float32_matmul_precision({k['matmul_precision']!r})")
+        if k["mode"] == "eager":
+            lines.append("_kernelarc_fn = _kernelarc_reference_run")
+        else:
+            mode = "None" if k["mode"] == "default" else repr(k["mode"])
+            lines.append(f"_kernelarc_fn = torch.compile(_kernelarc_reference_run, mode={mode}, dynamic={k['dynamic']})")
+        lines += ["", "", "def run(*args):", "    return _kernelarc_fn(*args)", ""]
+        return "\n".join(lines)
+
+    knobs = (
+        Knob("mode", ("eager", "default", "max-autotune-no-cudagraphs"), "scheduling", "torch.compile mode"),
+        Knob("dynamic", (False, True), "algorithmic", "dynamic-shape compilation"),
+        Knob("matmul_precision", ("highest", "high"), "precision", "fp32 matmuls on TF32 tensor cores"),
+    )
+    fam = Family(
+        name="pytorch.compile_variants",
+        task=task.name,
+        description="the reference under torch.compile with different modes and precision",
+        knobs=knobs,
+        start={"mode": "default", "dynamic": False, "matmul_precision": "highest"},
+        render=render,
+        language="pytorch",
+    )
+    return [fam]
+
+
+def _knob_diff(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> str:
+    if not a:
+        return ", ".join(f"{k}={v}" for k, v in b.items())
+    parts = [f"{k} {a.get(k)}→{v}" for k, v in b.items() if a.get(k) != v]
+    return ", ".join(parts) or "same knobs"
+
+
+class SearchAgent:
+    """One offline agent with one strategy."""
+
+    def __init__(self, name: str, strategy: str, task: Task, seed: int = 0, families: list[Family] | None = None):
+        self.name = name
+        self.strategy = strategy
+        self.task = task
+        self.rng = random.Random(f"{seed}:{name}")
+        fams = families if families is not None else families_for(task.name)
+        self.families = {f.name: f for f in fams}
+        for f in generic_families(task):
+            self.families.setdefault(f.name, f)
+        self._parents: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
+        self.extra_families: dict[str, Family] = {}
+
+    # -- board statistics -------------------------------------------------------------
+    @staticmethod
+    def _stats(findings: list[Finding]) -> tuple[dict, dict]:
+        gains: dict[tuple[str, str, Any], list[float]] = defaultdict(list)
+        fails: dict[tuple[str, str, Any], int] = defaultdict(int)
+        for f in findings:
+            if not f.family:
+                continue
+            for k, v in f.knobs.items():
+                key = (f.family, k, repr(v))
+                if f.status in FAILED:
+                    fails[key] += 1
+                elif f.gain is not None:
+                    gains[key].append(f.gain)
+        return gains, fails
+
+    # -- proposing ---------------------------------------------------------------------
+    def _owned(self, fam: Family) -> list[Knob]:
+        return [k for k in fam.knobs if k.strategy == self.strategy]
+
+    def _base(self, ctx: AgentContext) -> tuple[Family, dict[str, Any], str | None, str]:
+        fams = list(self.families.values())
+        redirect = ctx.redirect or ""
+        champ = ctx.champion
+        if redirect.startswith("branch") and ctx.backups:
+            pool = [(c, v) for c, v in ctx.backups if c.family in self.families]
+            if pool:
+                c, _ = min(pool, key=lambda cv: cv[1].latency_ms or math.inf)
+                return self.families[c.family], dict(c.knobs), c.id, "branching from backup"
+        if redirect.startswith("explore") or (self.strategy == "algorithmic" and self.rng.random() < 0.5):
+            others = [f for f in fams if not champ or f.name != champ.family]
+            if others:
+                fam = self.rng.choice(others)
+                point = dict(fam.start) if self.rng.random() < 0.5 else self._random_point(fam)
+                return fam, point, None, f"exploring family {fam.name}"
+        if champ is not None and champ.family in self.families and champ.knobs:
+            return self.families[champ.family], dict(champ.knobs), champ.id, "from the champion"
+        # Champion is not a family kernel yet: start a family nobody has tried, else mutate the best own point.
+        tried = {c.family for c, _ in ctx.history}
+        untried = [f for f in fams if f.name not in tried and f.language != "pytorch"]
+        if untried:
+            fam = untried[self.rng.randrange(len(untried))]
+            return fam, dict(fam.start), None, f"starting family {fam.name}"
+        good = [(c, v) for c, v in ctx.history if v.correct and c.family in self.families]
+        if good:
+            c, _ = min(good, key=lambda cv: cv[1].latency_ms or math.inf)
+            return self.families[c.family], dict(c.knobs), c.id, "from my best point"
+        fam = self.rng.choice(fams)
+        return fam, dict(fam.start), None, f"starting family {fam.name}"
+
+    def _random_point(self, fam: Family) -> dict[str, Any]:
+        for _ in range(50):
+            p = {k.name: self.rng.choice(k.values) for k in fam.knobs}
+            if fam.valid(p):
+                return p
+        return dict(fam.start)
+
+    def _mutate(self, fam: Family, point: dict[str, Any], gains: dict, fails: dict) -> tuple[dict[str, Any], str]:
+        owned = self._owned(fam) or list(fam.knobs)
+        steps = 1 if self.rng.random() < 0.7 else 2
+        new = dict(point)
+        notes = []
+        for knob in self.rng.sample(owned, k=min(steps, len(owned))):
+            cur = new.get(knob.name, fam.start.get(knob.name))
+            idx = knob.values.index(cur) if cur in knob.values else 0
+            options = [v for j, v in enumerate(knob.values) if 0 < abs(j - idx) <= 2] or list(knob.values)
+            weights = []
+            for v in options:
+                key = (fam.name, knob.name, repr(v))
+                g = gains.get(key)
+                w = math.exp(max(min(sum(g) / len(g), 2.0), -2.0) * 2) if g else 1.0
+                w /= 1 + 3 * fails.get(key, 0)
+                weights.append(w)
+            v = self.rng.choices(options, weights=weights)[0]
+            new[knob.name] = v
+            hint = ""
+            key = (fam.name, knob.name, repr(v))
+            if key in gains:
+                hint = f" (board: {sum(gains[key]) / len(gains[key]):+.0%} with it)"
+            notes.append(f"{knob.name} {cur}→{v}{hint}")
+        return new, "; ".join(notes)
+
+    def propose(self, ctx: AgentContext, n: int) -> Proposal:
+        gains, fails = self._stats(ctx.findings)
+        out: list[Candidate] = []
+        seen = set(ctx.seen)
+        for _ in range(n):
+            for _attempt in range(60):
+                fam, base, parent, why = self._base(ctx)
+                if parent is None and fam.name != (ctx.champion.family if ctx.champion else None):
+                    point, note = base, why
+                    if self._render_id(fam, point) in seen:
+                        point, note = self._mutate(fam, base, gains, fails)
+                        note = f"{why}; {note}"
+                else:
+                    point, note = self._mutate(fam, base, gains, fails)
+                    note = f"{why}: {note}"
+                try:
+                    point = fam.check_point(point)
+                except ValueError:
+                    continue
+                if not fam.valid(point):
+                    continue
+                src = fam.render(point)
+                cand = Candidate(
+                    source=src,
+                    language=fam.language,
+                    agent=self.name,
+                    strategy=self.strategy,
+                    family=fam.name,
+                    knobs=point,
+                    parent=parent,
+                    rationale=f"{self.strategy}: {fam.name} {note}"[:300],
+                )
+                if cand.id in seen:
+                    continue
+                seen.add(cand.id)
+                self._parents[cand.id] = (parent, base if parent else None)
+                out.append(cand)
+                break
+        return Proposal(out)
+
+    @staticmethod
+    def _render_id(fam: Family, point: dict[str, Any]) -> str:
+        try:
+            return Candidate(source=fam.render(fam.check_point(point)), language=fam.language).id
+        except Exception:  # noqa: BLE001
+            return ""
+
+    def observe(self, candidate: Candidate, verdict: Verdict) -> str | None:
+        _parent, base = self._parents.pop(candidate.id, (None, None))
+        what = f"{candidate.family or 'kernel'} {_knob_diff(base, candidate.knobs)}"
+        if verdict.status is Status.champion:
+            s = verdict.speedup_vs_champion
+            gain = f"{s:.2f}x over the previous champion" if s and math.isfinite(s) else "first correct kernel"
+            return f"{what}: new champion, {gain}"[:200]
+        if verdict.status is Status.correct_slower:
+            s = verdict.speedup_vs_champion
+            rel = f"{s:.2f}x the champion's speed" if s and math.isfinite(s) else "not faster"
+            return f"{what}: correct but {rel}"[:200]
+        err = (verdict.errors[0] if verdict.errors else "").strip().splitlines()
+        first = next((ln for ln in reversed(err) if ln.strip()), "") if err else ""
+        return f"{what}: {verdict.status.value} ({first[:120]})"[:200]

@@ -1,0 +1,102 @@
+"""Shared wiring of the entry points: typed config, hardware target, agents, errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from omegaconf import DictConfig
+
+from kernelarc.config import KernelArcConfig, plain, to_object
+from kernelarc.families.base import STRATEGIES
+from kernelarc.tasks.loader import TaskError, builtin_tasks
+
+log = logging.getLogger("kernelarc")
+
+
+class UsageError(Exception):
+    """Misuse of a command (exit code 2), as opposed to a verdict or a search outcome."""
+
+
+def typed(cfg: DictConfig) -> KernelArcConfig:
+    if "task" not in cfg or cfg.task is None or cfg.task.get("name") in (None, "???"):
+        raise UsageError(
+            "no task given: add +task=NAME, one of " + ", ".join(builtin_tasks())
+            + " (or +task=sol_execbench task.path=DIR)"
+        )
+    try:
+        obj = to_object(cfg)
+    except Exception as e:  # noqa: BLE001 - OmegaConf validation and missing values
+        raise UsageError(f"invalid configuration: {e}") from None
+    if obj.task.name not in builtin_tasks() and obj.task.name != "sol_execbench":
+        raise UsageError(f"unknown task {obj.task.name!r}; built-in tasks: {', '.join(builtin_tasks())} (or sol_execbench)")
+    bad = [s for s in obj.strategies.names if s not in STRATEGIES]
+    if bad:
+        raise UsageError(f"unknown strategies {bad}; known: {', '.join(STRATEGIES)}")
+    if obj.agents.count < 1:
+        raise UsageError("agents.count must be at least 1")
+    return obj
+
+
+def resolve_gpu(cfg: KernelArcConfig):
+    from kernelarc.hardware import HardwareMismatch, resolve_target
+
+    try:
+        return resolve_target(cfg.gpu)
+    except (HardwareMismatch, ValueError) as e:
+        raise UsageError(str(e)) from None
+
+
+def backend_of(cfg: KernelArcConfig) -> str:
+    b = cfg.agents.backend
+    if b == "auto":
+        return "anthropic" if os.environ.get("ANTHROPIC_API_KEY") else "search"
+    if b not in ("search", "anthropic"):
+        raise UsageError(f"agents.backend must be search, anthropic or auto, not {b!r}")
+    return b
+
+
+def build_agents(cfg: KernelArcConfig, task) -> list[Any]:
+    backend = backend_of(cfg)
+    strategies = cfg.strategies.names
+    agents: list[Any] = []
+    for i in range(cfg.agents.count):
+        strategy = strategies[i % len(strategies)]
+        name = f"agent{i}-{strategy}"
+        if backend == "search":
+            from kernelarc.agents.search import SearchAgent
+
+            agents.append(SearchAgent(name, strategy, task, seed=cfg.seed))
+        else:
+            from kernelarc.agents.briefs import load_brief
+            from kernelarc.agents.llm import AgentConfigError, AnthropicAgent
+
+            try:
+                agents.append(
+                    AnthropicAgent(
+                        name, strategy, load_brief(strategy, cfg.strategies.briefs_dir), cfg.agents.model,
+                        max_tokens=cfg.agents.max_tokens, temperature=cfg.agents.temperature,
+                        pricing=cfg.agents.pricing, timeout=cfg.agents.timeout_s, max_retries=cfg.agents.max_retries,
+                    )  # fmt: skip
+                )
+            except AgentConfigError as e:
+                raise UsageError(str(e)) from None
+    if backend == "anthropic" and cfg.agents.tune_llm_knobs:
+        from kernelarc.agents.tuner import KnobTuner
+
+        agents.append(KnobTuner("tuner-llm-knobs", "tiling", task, seed=cfg.seed))
+    return agents
+
+
+def raw(cfg: DictConfig) -> dict:
+    return plain(cfg)
+
+
+def fail(msg: str, code: int = 2) -> None:
+    print(f"kernelarc: error: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+__all__ = ["TaskError", "UsageError", "backend_of", "build_agents", "fail", "raw", "resolve_gpu", "typed"]

@@ -1,0 +1,137 @@
+"""Typed configuration schema, registered in Hydra's ConfigStore.
+
+``conf/config.yaml`` composes the groups on top of ``base_config``; the entry points
+convert the DictConfig to these dataclasses once and pass typed objects on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from kernelarc.families.base import STRATEGIES
+
+
+@dataclass
+class TaskConfig:
+    name: str = MISSING  # a built-in task, or "sol_execbench" with a path
+    path: str | None = None  # folder of a SOL-ExecBench problem (for name=sol_execbench)
+    workloads: list[int] | None = None  # subset of workload indices; null = all
+    cpu_workloads: bool | None = None  # tiny CPU set; null = only when running on the CPU
+
+
+@dataclass
+class StrategiesConfig:
+    names: list[str] = field(default_factory=lambda: list(STRATEGIES))
+    briefs_dir: str | None = None  # override folder of <strategy>.md briefs (LLM agents)
+
+
+@dataclass
+class AgentsConfig:
+    count: int = 4
+    backend: str = "auto"  # search | anthropic | auto (anthropic when ANTHROPIC_API_KEY is set)
+    per_round: int = 2  # candidates each agent proposes per round
+    model: str = "claude-sonnet-4-5"
+    max_tokens: int = 8000
+    temperature: float = 0.7
+    timeout_s: float = 120.0
+    max_retries: int = 2
+    pricing: dict[str, dict[str, float]] = field(
+        default_factory=lambda: {
+            "claude-sonnet-4-5": {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.3},
+            "claude-opus-4-1": {"input": 15.0, "output": 75.0, "cache_write": 18.75, "cache_read": 1.5},
+            "claude-haiku-4-5": {"input": 1.0, "output": 5.0, "cache_write": 1.25, "cache_read": 0.1},
+        }
+    )
+    tune_llm_knobs: bool = True  # search agents tune knobs that LLM kernels declare
+
+
+@dataclass
+class MemoryConfig:
+    limit: int | None = 16  # board findings an agent sees: 0 none, k the k most useful, null all
+
+
+@dataclass
+class BudgetConfig:
+    candidates: int = 40
+    minutes: float = 30.0
+    usd: float | None = None
+
+
+@dataclass
+class TrackingConfig:
+    uri: str | None = None  # null: sqlite:///<cwd>/mlflow.db with ./mlartifacts
+    enabled: bool = True
+    register: bool = True
+
+
+@dataclass
+class ExecutorConfig:
+    name: str = "local"
+    parallel: int = 3  # candidates in flight per GPU (compile overlaps timing; timing is serialised)
+    prestart: int = 2  # worker processes kept started per GPU
+    gpus: list[int] | None = None  # null: every visible GPU
+
+
+@dataclass
+class GuardSettings:
+    seeds: int = 3
+    seed_pool: int = 8
+    timeout_s: float = 120.0
+    baseline_timeout_s: float = 900.0
+    warmup_ms: float = 25.0
+    target_ms: float = 100.0
+    min_iters: int = 5
+    max_iters: int = 200
+    flush_mb: int = 256
+    min_gain: float = 0.01
+    noise_factor: float = 1.0
+    hp_reference: bool = True
+    compile_baseline: bool = True
+
+
+@dataclass
+class SearchConfig:
+    plateau_patience: int = 10  # candidates without a champion gain before the team is redirected
+    state_dir: str = ".kernelarc"  # board and evaluation log, for resume
+    resume: bool = True
+    progress: bool = True
+
+
+@dataclass
+class KernelArcConfig:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    gpu: Any = field(default_factory=lambda: {"name": "auto"})
+    strategies: StrategiesConfig = field(default_factory=StrategiesConfig)
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    guard: GuardSettings = field(default_factory=GuardSettings)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    seed: int = 0
+    # check / export entry points
+    kernel: str | None = None
+    language: str | None = None
+    format: str = "sol-execbench"
+    out: str | None = None
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=KernelArcConfig)
+
+
+def to_object(cfg: DictConfig) -> KernelArcConfig:
+    """The typed config (validated), once, at the entry point."""
+    obj = OmegaConf.to_object(cfg)
+    assert isinstance(obj, KernelArcConfig)
+    return obj
+
+
+def plain(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]

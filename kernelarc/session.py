@@ -1,0 +1,542 @@
+"""The orchestrator: one search session.
+
+N agents propose in rounds; candidates are evaluated by the guard (several in flight per
+GPU so compilation overlaps timing; timing itself is serialised per GPU); every verdict
+is appended to a state log, tracked in MLflow, posted on the board as a finding and fed
+back to its agent; the champion moves only on a side-by-side win; a plateau detector
+redirects the team. A session killed at any point and started again with the same
+command resumes from its state log: nothing measured is lost or measured twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernelarc.agents.base import AgentContext
+from kernelarc.board import Board
+from kernelarc.config import KernelArcConfig
+from kernelarc.guard.judge import Evaluation, Guard, GuardConfig, compiled_candidate, reference_candidate
+from kernelarc.models import Candidate, Finding, Status, Verdict
+from kernelarc.plateau import PlateauDetector
+from kernelarc.tasks.loader import Task, TaskError, load_builtin, load_task
+from kernelarc.ui import Progress
+
+log = logging.getLogger(__name__)
+
+
+def load_task_from_config(cfg: KernelArcConfig, on_cpu: bool) -> Task:
+    name = cfg.task.name
+    cpu = on_cpu if cfg.task.cpu_workloads is None else cfg.task.cpu_workloads
+    if name == "sol_execbench":
+        if not cfg.task.path:
+            raise TaskError("task=sol_execbench needs task.path=DIR (a SOL-ExecBench problem folder)")
+        return load_task(cfg.task.path, cpu=cpu)
+    return load_builtin(name, cpu=cpu)
+
+
+def guard_config(cfg: KernelArcConfig, task: Task, on_cpu: bool) -> GuardConfig:
+    g = cfg.guard
+    workloads = cfg.task.workloads
+    if on_cpu and workloads is None:
+        # On the CPU only workloads that fit run (e.g. SOL-ExecBench problems without a CPU set).
+        workloads = [i for i in range(len(task.workloads)) if task.io_bytes(i) <= 64 << 20] or [
+            min(range(len(task.workloads)), key=task.io_bytes)
+        ]
+    return GuardConfig(
+        seeds=g.seeds, seed_pool=g.seed_pool, timeout_s=g.timeout_s, baseline_timeout_s=g.baseline_timeout_s,
+        warmup_ms=g.warmup_ms, target_ms=g.target_ms, min_iters=g.min_iters, max_iters=g.max_iters,
+        flush_bytes=g.flush_mb << 20, min_gain=g.min_gain, noise_factor=g.noise_factor, prestart=cfg.executor.prestart,
+        hp_reference=g.hp_reference, workloads=workloads,
+    )  # fmt: skip
+
+
+def devices_for(target: Any, cfg: KernelArcConfig) -> list[str]:
+    if getattr(target, "is_cpu", False) or not torch.cuda.is_available():
+        return ["cpu"]
+    ids = cfg.executor.gpus if cfg.executor.gpus is not None else list(range(torch.cuda.device_count()))
+    return [f"cuda:{i}" for i in ids]
+
+
+@dataclass
+class Record:
+    index: int  # 0-based count of evaluated candidates; -1 for baselines
+    kind: str  # candidate | baseline | incumbent | rematch | final
+    candidate: Candidate
+    verdict: Verdict
+    samples: dict[int, list[float]] = field(default_factory=dict)
+    champion_id: str | None = None
+    run_id: str | None = None
+    version: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "index": self.index, "kind": self.kind, "candidate": self.candidate.model_dump(),
+                "verdict": self.verdict.model_dump(mode="json"), "samples": {str(k): v for k, v in self.samples.items()},
+                "champion_id": self.champion_id, "run_id": self.run_id, "version": self.version,
+            }
+        )  # fmt: skip
+
+    @classmethod
+    def from_json(cls, line: str) -> Record:
+        d = json.loads(line)
+        return cls(
+            index=d["index"], kind=d["kind"], candidate=Candidate.model_validate(d["candidate"]),
+            verdict=Verdict.model_validate(d["verdict"]), samples={int(k): v for k, v in d["samples"].items()},
+            champion_id=d.get("champion_id"), run_id=d.get("run_id"), version=d.get("version"),
+        )  # fmt: skip
+
+
+class StateLog:
+    """Append-only JSONL of every measurement; the source of truth for resume."""
+
+    def __init__(self, directory: Path):
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = directory / "evaluations.jsonl"
+        self.meta_path = directory / "session.json"
+        self._lock = threading.Lock()
+
+    def load(self) -> list[Record]:
+        out = []
+        if self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                try:
+                    out.append(Record.from_json(line))
+                except (ValueError, KeyError):
+                    continue  # torn last line after a kill
+        return out
+
+    def append(self, rec: Record) -> None:
+        with self._lock, self.path.open("a") as f:
+            f.write(rec.to_json() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def meta(self) -> dict:
+        return json.loads(self.meta_path.read_text()) if self.meta_path.is_file() else {}
+
+    def save_meta(self, meta: dict) -> None:
+        tmp = self.meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=2))
+        tmp.replace(self.meta_path)
+
+
+def session_key(cfg: KernelArcConfig, target_name: str) -> str:
+    ident = {
+        "task": cfg.task.name, "path": cfg.task.path, "workloads": cfg.task.workloads, "gpu": target_name,
+        "agents": [cfg.agents.count, cfg.agents.backend, cfg.agents.model], "memory": cfg.memory.limit,
+        "strategies": cfg.strategies.names, "seed": cfg.seed, "budget": [cfg.budget.candidates, cfg.budget.minutes],
+    }  # fmt: skip
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
+
+
+class SearchSession:
+    def __init__(self, cfg: KernelArcConfig, raw_config: dict, target: Any, agents: list, *, progress: Progress):
+        self.cfg = cfg
+        self.raw_config = raw_config
+        self.target = target
+        self.devices = devices_for(target, cfg)
+        self.on_cpu = self.devices == ["cpu"]
+        self.task = load_task_from_config(cfg, self.on_cpu)
+        gcfg = guard_config(cfg, self.task, self.on_cpu)
+        self.guards = [Guard(self.task, target, d, gcfg, seed=cfg.seed) for d in self.devices]
+        self.agents = agents
+        self.ui = progress
+        key = session_key(cfg, target.name)
+        self.state = StateLog(Path(cfg.search.state_dir) / self.task.name / target.name / key)
+        self.board = Board(self.state.dir / "board.jsonl")
+        self.plateau = PlateauDetector(cfg.search.plateau_patience)
+        self.lock = threading.RLock()
+        self.records: list[Record] = []
+        self.champion: Candidate | None = None
+        self.champion_verdict: Verdict | None = None
+        self.backups: list[tuple[Candidate, Verdict]] = []
+        self.history: dict[str, list[tuple[Candidate, Verdict]]] = {a.name: [] for a in agents}
+        self.seen: set[str] = set()
+        self.evaluated = 0
+        self.redirect: str | None = None
+        self.usd = 0.0
+        self.tokens: dict[str, float] = {}
+        self.best_history: list[tuple[int, float]] = []
+        self.tracker = None
+        self.registry = None
+        self.incumbent: tuple[int, Candidate] | None = None
+        self.versions: dict[str, int] = {}
+        self.t0 = time.monotonic()
+        self.elapsed_before = 0.0
+        self.eval_seconds = 0.0
+        self.timing_seconds = 0.0
+
+    # -- tracking ------------------------------------------------------------------------
+    def _open_tracking(self, resume_run: str | None) -> None:
+        if not self.cfg.tracking.enabled:
+            return
+        from kernelarc.registry import Registry
+        from kernelarc.tracking import Tracker
+
+        self.tracker = Tracker(self.cfg.tracking.uri, self.task.name, self.target.name)
+        run_id = self.tracker.start_session(self.raw_config, run_name=f"{self.task.name}-{self.target.name}",
+                                            resume_run_id=resume_run)  # fmt: skip
+        meta = self.state.meta()
+        meta["parent_run_id"] = run_id
+        self.state.save_meta(meta)
+        if self.cfg.tracking.register:
+            self.registry = Registry(self.tracker, self.task.name, self.target.name)
+
+    # -- state ---------------------------------------------------------------------------
+    def _replay(self, rec: Record) -> None:
+        """Apply a record to the in-memory state (used live and on resume)."""
+        c, v = rec.candidate, rec.verdict
+        self.records.append(rec)
+        self.seen.add(c.id)
+        if rec.version is not None:
+            self.versions[c.id] = rec.version
+        if rec.kind == "candidate":
+            self.evaluated = max(self.evaluated, rec.index + 1)
+            if c.agent in self.history:
+                self.history[c.agent].append((c, v))
+        if rec.kind == "final":
+            return
+        if v.status is Status.champion:
+            if self.champion is not None and self.champion_verdict is not None:
+                self.backups.append((self.champion, self.champion_verdict))
+            self.champion, self.champion_verdict = c, v
+            if v.latency_ms:
+                self.best_history.append((max(self.evaluated, 0), v.latency_ms))
+        elif v.status is Status.correct_slower:
+            self.backups.append((c, v))
+        if v.correct and rec.kind == "baseline":
+            ev = Evaluation(v, rec.samples)
+            for g in self.guards:
+                if c.strategy == "reference":
+                    g.set_baselines(ev, None)
+                else:
+                    g.set_baselines(None, ev)
+
+    def _track(self, rec: Record) -> None:
+        if self.tracker is None:
+            return
+        try:
+            rec.run_id = self.tracker.log_candidate(rec.candidate, rec.verdict, {"index": rec.index})
+        except Exception as e:  # noqa: BLE001 - tracking trouble must not kill the search
+            log.warning("MLflow logging failed for %s: %s", rec.candidate.id, e)
+        if self.registry is not None and rec.verdict.status is Status.champion and rec.run_id:
+            try:
+                from kernelarc.registry import collect_versions_info
+
+                info = collect_versions_info(getattr(self.target, "name", None), device=self.devices[0])
+                rec.version = self.registry.register(rec.candidate, rec.verdict, rec.run_id, info)
+                self.versions[rec.candidate.id] = rec.version
+            except Exception as e:  # noqa: BLE001
+                log.warning("registering %s failed: %s", rec.candidate.id, e)
+
+    # -- evaluation ----------------------------------------------------------------------
+    def _guard_for(self, i: int) -> Guard:
+        return self.guards[i % len(self.guards)]
+
+    def _evaluate(self, cand: Candidate, champion: Candidate | None, trusted: bool, timeout: float | None, i: int):
+        t = time.monotonic()
+        ev = self._guard_for(i).evaluate(cand, champion, trusted=trusted, timeout_s=timeout)
+        dt = time.monotonic() - t
+        with self.lock:
+            self.eval_seconds += dt
+            self.timing_seconds += ev.verdict.phases.get("timing", 0.0)
+        return ev
+
+    def _baselines(self) -> None:
+        done = {(r.kind, r.candidate.strategy) for r in self.records}
+        todo = [("reference", reference_candidate(self.task))]
+        if self.cfg.guard.compile_baseline:
+            todo.append(("torch.compile", compiled_candidate(self.task)))
+        for label, cand in todo:
+            if ("baseline", label) in done:
+                continue
+            self.ui.line(f"measuring baseline: {label} ...")
+            ev = self._evaluate(cand, self.champion, True, self.cfg.guard.baseline_timeout_s, 0)
+            rec = Record(-1, "baseline", cand, ev.verdict, ev.samples, self.champion.id if self.champion else None)
+            if ev.verdict.correct:
+                for g in self.guards:
+                    g.set_baselines(ev if label == "reference" else None, ev if label != "reference" else None)
+                    g.refresh_metrics(ev)
+            self.state.append(rec)
+            self._replay(rec)
+            self._track(rec)
+            v = ev.verdict
+            self.ui.line(
+                f"  {label}: {v.status.value}"
+                + (f", {v.latency_ms:.4f} ms" if v.latency_ms else "")
+                + (f" ({v.errors[0].splitlines()[0][:100]})" if v.errors else "")
+            )
+        ref = next((r for r in self.records if r.kind == "baseline" and r.candidate.strategy == "reference"), None)
+        if ref is None or not ref.verdict.correct:
+            raise RuntimeError("the task's reference failed in the guard: " + "; ".join(ref.verdict.errors if ref else []))
+
+    def _incumbent(self) -> None:
+        """The registry's champion from earlier sessions, re-measured side by side in this run."""
+        if self.registry is None:
+            return
+        try:
+            found = self.registry.champion()
+        except Exception as e:  # noqa: BLE001
+            log.warning("could not read the registry champion: %s", e)
+            return
+        if not found:
+            return
+        version, cand, _tags = found
+        self.incumbent = (version, cand)
+        if any(r.kind == "incumbent" for r in self.records) or cand.id in self.seen:
+            return
+        self.ui.line(f"re-measuring registry champion v{version} side by side ...")
+        ev = self._evaluate(cand, self.champion, True, self.cfg.guard.timeout_s, 0)
+        rec = Record(-1, "incumbent", cand, ev.verdict, ev.samples, self.champion.id if self.champion else None,
+                     version=version)  # fmt: skip
+        self.state.append(rec)
+        self._replay(rec)
+        self.ui.line(f"  registry champion v{version}: {ev.verdict.status.value}")
+
+    # -- main loop -----------------------------------------------------------------------
+    def _budget_left(self) -> int:
+        return self.cfg.budget.candidates - self.evaluated
+
+    def _out_of_time(self) -> bool:
+        mins = (time.monotonic() - self.t0 + self.elapsed_before) / 60
+        if mins >= self.cfg.budget.minutes:
+            return True
+        return self.cfg.budget.usd is not None and self.usd >= self.cfg.budget.usd
+
+    def _context(self, agent) -> AgentContext:
+        with self.lock:
+            return AgentContext(
+                task=self.task,
+                target=self.target,
+                champion=self.champion,
+                champion_verdict=self.champion_verdict,
+                findings=self.board.view(self.cfg.memory.limit),
+                history=list(self.history.get(agent.name, [])),
+                seen=frozenset(self.seen),
+                redirect=self.redirect,
+                backups=sorted(self.backups, key=lambda cv: cv[1].latency_ms or math.inf)[:8],
+                budget_left=self._budget_left(),
+            )
+
+    def _propose_round(self, pool: ThreadPoolExecutor) -> list[Candidate]:
+        per = self.cfg.agents.per_round
+        futs = {pool.submit(a.propose, self._context(a), per): a for a in self.agents}
+        out: list[Candidate] = []
+        for fut, agent in futs.items():
+            try:
+                prop = fut.result()
+            except Exception as e:  # noqa: BLE001 - one agent's failure never stops the team
+                log.warning("agent %s failed to propose: %s", agent.name, e)
+                continue
+            for cid, lesson in prop.conclusions:
+                self._post_conclusion(agent, cid, lesson)
+            for k, v in prop.cost.items():
+                self.tokens[k] = self.tokens.get(k, 0.0) + float(v)
+            self.usd += float(prop.cost.get("usd", 0.0))
+            for f in prop.failures:
+                self.ui.line(f"  agent {agent.name}: {f[:150]}")
+            with self.lock:
+                for c in prop.candidates:
+                    if c.id not in self.seen:
+                        self.seen.add(c.id)
+                        out.append(c)
+        self.redirect = None
+        return out
+
+    def _post_conclusion(self, agent, cid: str, lesson: str) -> None:
+        rec = next((r for r in reversed(self.records) if r.candidate.id == cid), None)
+        if rec is None:
+            return
+        self._post(rec.candidate, rec.verdict, lesson)
+
+    def _post(self, cand: Candidate, v: Verdict, lesson: str) -> None:
+        gain = (v.speedup_vs_champion - 1.0) if v.speedup_vs_champion else None
+        self.board.post(Finding(agent=cand.agent, strategy=cand.strategy, candidate_id=cand.id, family=cand.family,
+                                knobs=cand.knobs, status=v.status, gain=gain, lesson=lesson.splitlines()[0][:200]))  # fmt: skip
+
+    def _on_verdict(self, cand: Candidate, ev: Evaluation, champion_id: str | None, pending_rematch: list) -> None:
+        v = ev.verdict
+        with self.lock:
+            if v.status is Status.champion and (self.champion.id if self.champion else None) != champion_id:
+                # The champion moved while this one was measured: measure again against the new one.
+                pending_rematch.append(cand)
+                return
+            rec = Record(self.evaluated, "candidate", cand, v, ev.samples, champion_id)
+            self.state.append(rec)
+            self._replay(rec)
+            idx = self.evaluated
+        self._track(rec)
+        if rec.version is not None:
+            self.state.save_meta({**self.state.meta(), "versions": self.versions})
+        agent = next((a for a in self.agents if a.name == cand.agent), None)
+        lesson = agent.observe(cand, v) if agent is not None else None
+        if lesson:
+            self._post(cand, v, lesson)
+        self.ui.candidate(idx, self.cfg.budget.candidates, cand, v,
+                          self.champion_verdict.latency_ms if self.champion_verdict else None)  # fmt: skip
+        event = self.plateau.update(v.status is Status.champion, idx)
+        if event is not None:
+            self._on_plateau(event)
+        if self.tracker is not None and self.champion_verdict is not None and self.champion_verdict.latency_ms:
+            try:
+                self.tracker.log_session_metrics(idx, best_latency_ms=self.champion_verdict.latency_ms,
+                                                 evaluated=idx, usd=self.usd)  # fmt: skip
+            except Exception as e:  # noqa: BLE001
+                log.debug("session metric failed: %s", e)
+
+    def _on_plateau(self, event) -> None:
+        self.redirect = event.action
+        self.ui.line(f"  ⟳ plateau after {event.since_gain} candidates without a gain: {event.action}")
+        if event.action.startswith("rotate") and len(self.agents) > 0:
+            strategies = [a.strategy for a in self.agents]
+            for a, s in zip(self.agents, strategies[1:] + strategies[:1], strict=True):
+                a.strategy = s
+        if self.tracker is not None:
+            try:
+                self.tracker.log_session_metrics(event.at_candidate, plateau=1.0)
+                self.tracker.client.set_tag(self.tracker.parent_run_id, f"kernelarc.plateau.{self.plateau.fired}",
+                                            f"at {event.at_candidate}: {event.action}")  # fmt: skip
+            except Exception as e:  # noqa: BLE001
+                log.debug("plateau tag failed: %s", e)
+
+    def run(self) -> dict[str, Any]:
+        meta = self.state.meta()
+        for rec in self.state.load():
+            self._replay(rec)
+        resumed = bool(self.records)
+        self.elapsed_before = float(meta.get("elapsed_s", 0.0)) if resumed else 0.0
+        if resumed:
+            self.ui.line(f"resuming session {self.state.dir} with {len(self.records)} measurements")
+        self._open_tracking(meta.get("parent_run_id") if resumed else None)
+        self.ui.line(f"task {self.task.name} on {self.target.name} ({', '.join(self.devices)}), "
+                     f"{len(self.guards[0].workloads)} workloads, {len(self.agents)} agents")  # fmt: skip
+        try:
+            self._baselines()
+            self._incumbent()
+            self._search()
+            final = self._finalize()
+        finally:
+            self.state.save_meta({**self.state.meta(), "elapsed_s": time.monotonic() - self.t0 + self.elapsed_before})
+            for g in self.guards:
+                g.close()
+        return final
+
+    def _search(self) -> None:
+        parallel = max(1, self.cfg.executor.parallel) * len(self.guards)
+        queue: list[Candidate] = []
+        rematch: list[Candidate] = []
+        inflight: dict[Future, tuple[Candidate, str | None]] = {}
+        n_submitted = 0
+        with ThreadPoolExecutor(max_workers=parallel) as epool, ThreadPoolExecutor(max_workers=max(1, len(self.agents))) as apool:
+            stalls = 0
+            while True:
+                budget_open = self._budget_left() - len(inflight) > 0 and not self._out_of_time()
+                while budget_open and len(inflight) < parallel and (queue or rematch):
+                    cand = rematch.pop(0) if rematch else queue.pop(0)
+                    champ = self.champion
+                    fut = epool.submit(self._evaluate, cand, champ, False, None, n_submitted)
+                    n_submitted += 1
+                    inflight[fut] = (cand, champ.id if champ else None)
+                    budget_open = self._budget_left() - len(inflight) > 0
+                if budget_open and not queue and len(inflight) < parallel:
+                    new = self._propose_round(apool)
+                    if not new:
+                        stalls += 1
+                        if stalls >= 3 and not inflight:
+                            self.ui.line("agents have nothing new to propose; stopping")
+                            break
+                        if not inflight:
+                            continue
+                    else:
+                        stalls = 0
+                        queue.extend(new)
+                        continue
+                if not inflight:
+                    break
+                done, _ = wait(list(inflight), return_when=FIRST_COMPLETED, timeout=5)
+                for fut in done:
+                    cand, champ_id = inflight.pop(fut)
+                    try:
+                        ev = fut.result()
+                    except Exception as e:  # noqa: BLE001 - the guard returns verdicts; this is a bug guard
+                        log.exception("evaluation of %s failed", cand.id)
+                        ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error, errors=[str(e)]))
+                    self._on_verdict(cand, ev, champ_id, rematch)
+
+    def _finalize(self) -> dict[str, Any]:
+        version = None
+        moved = False
+        if self.champion is not None and self.registry is not None:
+            version = self.versions.get(self.champion.id)
+            inc = self.incumbent
+            if inc is not None and inc[1].id == self.champion.id:
+                version, moved = inc[0], False
+            elif version is not None:
+                beat = True
+                if inc is not None:
+                    # Side by side, in this run, on this GPU: the alias moves only on a win.
+                    ev = self._evaluate(self.champion, inc[1], True, self.cfg.guard.timeout_s, 0)
+                    beat = ev.verdict.status is Status.champion
+                    rec = Record(-1, "final", self.champion, ev.verdict, ev.samples, inc[1].id)
+                    self.state.append(rec)
+                    self.ui.line(f"final side-by-side vs registry v{inc[0]}: {ev.decision.reason if ev.decision else ev.verdict.status.value}")
+                moved = self.registry.promote(version, beat)
+        if self.tracker is not None and self.best_history:
+            try:
+                self.tracker.log_best_so_far_plot(self.best_history)
+            except Exception as e:  # noqa: BLE001
+                log.warning("best-so-far plot failed: %s", e)
+        elapsed = time.monotonic() - self.t0 + self.elapsed_before
+        v = self.champion_verdict
+        gpu_min = self.timing_seconds / 60
+        summary = {
+            "task": self.task.name,
+            "gpu": self.target.name,
+            "champion": self.champion.id if self.champion else None,
+            "champion_family": (self.champion.family or self.champion.strategy) if self.champion else None,
+            "champion_agent": self.champion.agent if self.champion else None,
+            "latency_ms": v.latency_ms if v else None,
+            "tflops": v.tflops if v else None,
+            "tbps": v.tbps if v else None,
+            "sol_fraction": v.sol_fraction if v else None,
+            "speedup_vs_baseline": v.speedup_vs_baseline if v else None,
+            "speedup_vs_compile": v.speedup_vs_compile if v else None,
+            "evaluated": self.evaluated,
+            "by_status": self._by_status(),
+            "plateau_events": self.plateau.fired,
+            "elapsed_min": elapsed / 60,
+            "candidates_per_min": self.evaluated / (elapsed / 60) if elapsed > 0 else None,
+            "gpu_timing_min": gpu_min,
+            "usd": self.usd,
+            "mlflow_run_id": self.tracker.parent_run_id if self.tracker else None,
+            "registry_version": version,
+            "alias_moved": moved,
+            "state_dir": str(self.state.dir),
+        }
+        if self.tracker is not None:
+            try:
+                self.tracker.end_session("FINISHED", {k: v for k, v in summary.items() if not isinstance(v, dict)})
+            except Exception as e:  # noqa: BLE001
+                log.warning("closing the MLflow run failed: %s", e)
+        return summary
+
+    def _by_status(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.records:
+            if r.kind == "candidate":
+                out[r.verdict.status.value] = out.get(r.verdict.status.value, 0) + 1
+        return out

@@ -1,0 +1,178 @@
+"""CPU tests of the FlashAttention families: interpreted correctness and sm_90a AOT.
+
+TRITON_INTERPRET must be set before Triton is imported; the AOT test switches it off only
+while it imports the rendered module, so that @triton.jit builds real JIT functions.
+"""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import hashlib  # noqa: E402
+import importlib.util  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernelarc.families import STRATEGIES, families_for, get_family  # noqa: E402
+from kernelarc.families import _attn_common as ac  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+TOL_REL_NORM = 1e-2
+TOL_ELEM = 2e-2
+
+# (B, H, Hkv, S, D): the task's CPU shapes plus GQA and odd lengths
+SHAPES = [(1, 2, 1, 32, 16), (1, 2, 1, 40, 16), (2, 4, 2, 37, 32)]
+
+POINTS = [
+    {},
+    {"MEMORY": "tma", "SCALE": "q", "M_ORDER": "reverse", "GRID_ORDER": "heads_fastest", "BLOCK_N": 32},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "MEMORY": "tma"},
+    {"BLOCK_M": 16, "BLOCK_N": 16, "LOOP": "single", "WARP_SPECIALIZE": True, "num_stages": 3},
+]
+RESIDUAL_POINTS = [{}, {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "MEMORY": "tma", "LOOP": "single"}]
+
+FAMILIES = {"attention.flash": POINTS, "attention_residual.flash": RESIDUAL_POINTS}
+
+
+def load_source(src: str, tmp_dir, interpret: bool = True):
+    """Import a rendered candidate from a file (Triton's JIT needs real source files)."""
+    name = "cand_" + hashlib.sha1(src.encode()).hexdigest()[:16]
+    path = tmp_dir / f"{name}.py"
+    path.write_text(src)
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+    sys.modules.pop(name, None)
+    return module
+
+
+def reference(q, k, v, causal):
+    B, H, S, D = q.shape
+    group = H // k.shape[1]
+    k = k.double().repeat_interleave(group, dim=1)
+    v = v.double().repeat_interleave(group, dim=1)
+    s = q.double() @ k.transpose(-1, -2) / math.sqrt(D)
+    if causal:
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def check_close(out, ref):
+    assert out.shape == ref.shape and out.dtype == torch.bfloat16
+    out = out.double()
+    assert torch.isfinite(out).all(), "non-finite output"
+    rel = ((out - ref).norm() / ref.norm()).item()
+    assert rel < TOL_REL_NORM, f"relative error norm {rel:.3e}"
+    bad = (out - ref).abs() > TOL_ELEM * ref.abs().max() + TOL_ELEM * ref.abs()
+    if bad.any():
+        idx = tuple(bad.nonzero()[0].tolist())
+        raise AssertionError(f"first mismatch at {idx}: {out[idx].item()} vs {ref[idx].item()}")
+
+
+def test_discovered_for_tasks():
+    assert "attention.flash" in {f.name for f in families_for("attention")}
+    assert "attention_residual.flash" in {f.name for f in families_for("attention_residual")}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_knobs_and_start(name):
+    fam = get_family(name)
+    for knob in fam.knobs:
+        assert knob.strategy in STRATEGIES
+    start = fam.check_point({})
+    assert fam.valid(start)
+    assert (start["BLOCK_M"], start["BLOCK_N"], start["num_warps"], start["num_stages"]) == (64, 64, 4, 2)
+    for point in FAMILIES[name]:
+        assert fam.valid(fam.check_point(point)), point
+    # known-good Hopper points are in the space and valid
+    for bn in (64, 128):
+        assert fam.valid(fam.check_point({"BLOCK_M": 128, "BLOCK_N": bn, "num_warps": 8, "num_stages": 2}))
+    assert fam.valid(fam.check_point({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3,
+                                      "MEMORY": "tma"}))
+
+
+def test_valid_prunes_resource_failures():
+    fam = get_family("attention.flash")
+    # q + 2 x 4 stages x 256x128 K/V tiles: > 227 KB
+    assert not fam.valid(fam.check_point({"BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8, "num_stages": 4}))
+    # 128x128 scores + 128x128 accumulator over 4 warps: spills
+    assert not fam.valid(fam.check_point({"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2}))
+    # warp specialization after the split (two-loop) form crashes Triton 3.6 on sm_90a
+    assert not fam.valid(fam.check_point({"LOOP": "split", "WARP_SPECIALIZE": True}))
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_interpreted_correctness(name, tmp_path):
+    fam = get_family(name)
+    residual = fam.task == "attention_residual"
+    gen = torch.Generator().manual_seed(4321)
+    for point in FAMILIES[name]:
+        module = load_source(fam.render(fam.check_point(point)), tmp_path)
+        for B, H, HKV, S, D in SHAPES:
+            for causal in (0, 1):
+                q = torch.randn(B, H, S, D, generator=gen).to(torch.bfloat16)
+                k = torch.randn(B, HKV, S, D, generator=gen).to(torch.bfloat16)
+                v = torch.randn(B, HKV, S, D, generator=gen).to(torch.bfloat16)
+                ref = reference(q, k, v, causal)
+                if residual:
+                    r = torch.randn(B, H, S, D, generator=gen).to(torch.bfloat16)
+                    out = module.run(q, k, v, r, causal)
+                    ref = ref + r.double()
+                else:
+                    out = module.run(q, k, v, causal)
+                try:
+                    check_close(out, ref)
+                except AssertionError as e:
+                    raise AssertionError(f"{name} {point} shape {(B, H, HKV, S, D)} causal={causal}: {e}") from None
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_aot_compiles_for_sm90a_with_wgmma(name, tmp_path):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import triton
+
+    fam = get_family(name)
+    module = load_source(fam.render(fam.start), tmp_path, interpret=False)
+    residual = fam.task == "attention_residual"
+    for job in ac.aot_jobs(fam, fam.start, head_dim=128, causal=True, residual=residual):
+        fn = getattr(module, job["kernel"])
+        src = ASTSource(fn=fn, signature=job["signature"], constexprs=job["constexprs"], attrs=job["attrs"])
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
+        ptx = compiled.asm["ptx"]
+        assert ".target sm_90a" in ptx
+        assert "wgmma.mma_async" in ptx, f"{name}: no wgmma in the start point's PTX"
+        assert compiled.metadata.shared <= ac.SMEM_LIMIT
+
+
+def test_aot_warp_specialized_point_is_specialized(tmp_path):
+    """The one form of warp specialization valid() admits really is lowered on sm_90a."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import triton
+
+    fam = get_family("attention.flash")
+    point = fam.check_point({"BLOCK_M": 128, "BLOCK_N": 64, "MEMORY": "tma", "LOOP": "single",
+                             "WARP_SPECIALIZE": True, "num_stages": 2})
+    assert fam.valid(point)
+    module = load_source(fam.render(point), tmp_path, interpret=False)
+    (job,) = ac.aot_jobs(fam, point, head_dim=128, causal=True)
+    src = ASTSource(fn=module.attn_fwd_kernel, signature=job["signature"], constexprs=job["constexprs"],
+                    attrs=job["attrs"])
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
