@@ -1,0 +1,191 @@
+"""GPU benchmark: calibrate the device, run a search session per task with a fixed budget,
+then time each champion side by side with the library baselines in one process.
+
+Usage (on the GPU machine, repo root, wheels from scripts/build_wheels.sh installed):
+  python scripts/bench.py --tasks rmsnorm,softmax,matmul --candidates 30 --minutes 2.5 --out $OUT
+Prints one table per task last; writes bench.json and bench.md under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# Workloads per task for the bench (indices into the task's GPU workload list).
+DEFAULT_WORKLOADS = {
+    "matmul": [0, 1, 2, 3],
+    "attention": [0, 1],
+    "attention_residual": [0],
+    "rmsnorm": [0, 1],
+    "fused_add_rmsnorm": [0],
+    "softmax": [0, 1],
+    "swiglu": [0],
+    "rope": [0],
+}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+
+    from kernelarc.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return hcompose(config_name="config", overrides=overrides)
+
+
+def library_compare(task_name: str, champion_src: str, wl_axes: dict) -> dict:
+    """Champion vs library calls, interleaved in this process with triton's do_bench (medians)."""
+    import torch
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+
+    from kernelarc.tasks.inputs import load_module
+
+    mod = load_module(champion_src, "champion")
+    out: dict = {}
+    dev = "cuda"
+    if task_name in ("attention", "attention_residual"):
+        B, H, Hkv, S, D = (wl_axes[k] for k in ("B", "H", "Hkv", "S", "D"))
+        q = torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16)
+        res = torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16)
+        causal = int(wl_axes.get("causal", 0))
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        args = (q, k, v, res, causal) if task_name == "attention_residual" else (q, k, v, causal)
+        fns = {"champion": lambda: mod.run(*args)}
+        for name, be in (("cudnn_sdpa", SDPBackend.CUDNN_ATTENTION), ("flash_sdpa", SDPBackend.FLASH_ATTENTION)):
+            def f(be=be):
+                with sdpa_kernel([be]):
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), enable_gqa=Hkv != H)
+                return o + res if task_name == "attention_residual" else o
+            fns[name] = f
+        flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+    else:
+        return out
+    for rnd in range(2):  # two interleaved rounds: the spread says how far to trust a ratio
+        for name, f in fns.items():
+            try:
+                ms = do_bench(f, warmup=25, rep=100, return_mode="median")
+                out.setdefault(name, []).append(ms)
+            except Exception as e:  # noqa: BLE001
+                out[name + "_error"] = str(e)[:200]
+    res_ = {k: (min(v) if isinstance(v, list) else v) for k, v in out.items()}
+    res_["tflops"] = {k: flops / (v * 1e-3) / 1e12 for k, v in res_.items() if isinstance(v, float)}
+    return res_
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", default="rmsnorm,softmax,matmul")
+    ap.add_argument("--candidates", type=int, default=30)
+    ap.add_argument("--minutes", type=float, default=2.5)
+    ap.add_argument("--agents", type=int, default=4)
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--deadline-min", type=float, default=9.0, help="stop starting new tasks after this")
+    ap.add_argument("--out", default="bench_out")
+    ap.add_argument("--state", default="/tmp/kernelarc-bench", help="session state and MLflow store")
+    ap.add_argument("--no-compile-baseline", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    Path(args.state).mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    import torch
+
+    from kernelarc.hardware import calibrate, resolve_target
+
+    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tasks": {}}
+    target = resolve_target("auto")
+    log(f"device {torch.cuda.get_device_name(0)} -> target {target.name}; calibrating ...")
+    cal = calibrate(target, "cuda:0")
+    results["calibration"] = cal
+    log(f"calibration: {json.dumps({k: v for k, v in cal.items() if isinstance(v, int | float)})}")
+    (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
+
+    from kernelarc.app import build_agents, raw, typed
+    from kernelarc.session import SearchSession, load_task_from_config
+    from kernelarc.ui import Progress
+
+    for task_name in args.tasks.split(","):
+        if (time.monotonic() - t_start) / 60 > args.deadline_min:
+            log(f"deadline reached; skipping {task_name}")
+            continue
+        wls = DEFAULT_WORKLOADS.get(task_name)
+        overrides = [
+            f"+task={task_name}", f"gpu={target.name}", f"budget.candidates={args.candidates}",
+            f"budget.minutes={args.minutes}", f"agents.count={args.agents}", "agents.backend=search",
+            f"executor.parallel={args.parallel}", "executor.prestart=3", f"search.state_dir={args.state}/state",
+            f"tracking.uri=sqlite:///{args.state}/mlflow.db", f"task.workloads=[{','.join(map(str, wls))}]",
+            f"guard.compile_baseline={'false' if args.no_compile_baseline else 'true'}",
+        ]  # fmt: skip
+        log(f"search session: {task_name} ({' '.join(overrides)})")
+        try:
+            cfg = compose(overrides)
+            c = typed(cfg)
+            c.gpu = target  # calibrated ceilings
+            task = load_task_from_config(c, False)
+            session = SearchSession(c, raw(cfg), target, build_agents(c, task), progress=Progress(True))
+            summary = session.run()
+            champ_rec = next((r for r in reversed(session.records) if r.candidate.id == summary["champion"]), None)
+            per_wl = []
+            if session.champion_verdict:
+                for w in session.champion_verdict.workloads:
+                    per_wl.append({k: getattr(w, k) for k in ("index", "axes", "latency_ms", "tflops", "tbps",
+                                   "sol_fraction", "sol_bound", "baseline_ms", "compile_ms", "speedup_vs_baseline",
+                                   "speedup_vs_compile")})  # fmt: skip
+            summary["workloads"] = per_wl
+            if champ_rec is not None and task_name.startswith("attention"):
+                axes = dict(task.axes(wls[0]))
+                axes["causal"] = task.workloads[wls[0]].inputs["causal"].value
+                summary["library"] = library_compare(task_name, champ_rec.candidate.source, axes)
+            if champ_rec is not None:
+                (out / f"champion_{task_name}.py").write_text(champ_rec.candidate.source)
+            results["tasks"][task_name] = summary
+        except Exception as e:  # noqa: BLE001 - one task's failure must not lose the others
+            traceback.print_exc()
+            results["tasks"][task_name] = {"error": f"{type(e).__name__}: {e}"}
+        (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
+
+    lines = [f"# KernelArc bench {results['date']} on {torch.cuda.get_device_name(0)}", ""]
+    cal_s = ", ".join(f"{k}={v:.4g}" for k, v in cal.items() if isinstance(v, int | float))
+    lines.append(f"calibration: {cal_s}")
+    for name, s in results["tasks"].items():
+        lines += ["", f"## {name}"]
+        if "error" in s:
+            lines.append(f"error: {s['error']}")
+            continue
+        lines.append(f"champion {s['champion_family']} by {s['champion_agent']}; {s['evaluated']} candidates "
+                     f"{json.dumps(s['by_status'])}; {s['candidates_per_min']:.1f} candidates/min; "
+                     f"GPU timing {s['gpu_timing_min']:.2f} min of {s['elapsed_min']:.2f} min; plateau events {s['plateau_events']}")  # fmt: skip
+        lines.append("| workload | axes | champion ms | TFLOP/s | TB/s | SOL frac | bound | vs reference | vs torch.compile |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for w in s.get("workloads", []):
+            def f(x, p=3):
+                return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{p}f}"
+            lines.append(f"| {w['index']} | {w['axes']} | {f(w['latency_ms'], 4)} | {f(w['tflops'], 1)} | {f(w['tbps'], 2)} | "
+                         f"{f(w['sol_fraction'], 2)} | {w['sol_bound']} | {f(w['speedup_vs_baseline'], 2)}x | {f(w['speedup_vs_compile'], 2)}x |")  # fmt: skip
+        if s.get("library"):
+            lines.append(f"library side by side (do_bench medians, ms): {json.dumps(s['library'], default=str)}")
+    md = "\n".join(lines)
+    (out / "bench.md").write_text(md)
+    print(md, flush=True)
+
+
+if __name__ == "__main__":
+    main()
