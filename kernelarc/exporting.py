@@ -54,9 +54,8 @@ def _defines_run(source: str) -> bool:
             return True
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "run" for t in node.targets):
             return True
-        if isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
-            if node.target.id == "run":
-                return True
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "run":
+            return True
         if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == "run" for a in node.names):
             return True
     return False

@@ -44,7 +44,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class GpuTarget:
     device_match: list[str] = field(default_factory=list)
     calibrated: dict[str, float] = field(default_factory=dict)
     calibration_info: dict[str, str] = field(default_factory=dict)
-    source: Optional[str] = None
+    source: str | None = None
 
     @property
     def is_cpu(self) -> bool:
@@ -202,10 +202,8 @@ def peak(target: GpuTarget, dtype: Any, tensor_core: bool = True) -> float:
         measured = target.calibrated.get("gemm_bf16_tflops")
         if measured:
             sheet_bf16 = _lookup(target.peak_tflops, "bfloat16", ["float16"])
-            if key in ("bfloat16", "float16") or not sheet_bf16:
-                rate = measured
-            else:
-                rate = rate * measured / sheet_bf16
+            exact = key in ("bfloat16", "float16") or not sheet_bf16
+            rate = measured if exact else rate * measured / sheet_bf16  # type: ignore[operator]
         return rate * 1e12
     simt_key = key if key in SIMT_DTYPES else "float32"
     rate = _lookup(target.simt_tflops, simt_key, ["float32"])
@@ -397,8 +395,7 @@ def check_target(target: GpuTarget, *, allow_missing: bool = False, device: Any 
         )
     if not target.device_match:
         warnings.warn(
-            f"gpu target {target.name!r} has no device_match; cannot verify it against the present "
-            f"GPU {present!r}",
+            f"gpu target {target.name!r} has no device_match; cannot verify it against the present GPU {present!r}",
             stacklevel=3,
         )
         return
@@ -542,62 +539,76 @@ def _cuda_events_median(fn, reps: int, warmup: int) -> float:
     return statistics.median(times)
 
 
+def _measure_copy(dev: Any, nbytes: int) -> tuple[float, int]:
+    """(seconds per copy, bytes read + written) of a device-to-device copy of ``nbytes``."""
+    import torch
+
+    n = nbytes // 2
+    src = torch.randn(n, device=dev, dtype=torch.float32).to(torch.bfloat16)
+    dst = torch.empty_like(src)
+    secs = _cuda_events_median(lambda: dst.copy_(src), reps=30, warmup=5)
+    return secs, 2 * n * 2
+
+
+def _measure_gemm(dev: Any, m: int) -> float:
+    """Seconds per bf16 ``m^3`` matmul on random normal data (output checked non-zero)."""
+    import torch
+
+    a = torch.randn(m, m, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(m, m, device=dev, dtype=torch.bfloat16)
+    out = torch.empty(m, m, device=dev, dtype=torch.bfloat16)
+    secs = _cuda_events_median(lambda: torch.matmul(a, b, out=out), reps=20, warmup=5)
+    if not bool(torch.isfinite(out).all()) or int(torch.count_nonzero(out)) == 0:
+        raise RuntimeError("calibrate: GEMM produced non-finite or all-zero output")
+    return secs
+
+
 def _calibrate_cuda(target: GpuTarget, dev: Any, *, quick: bool = False) -> dict[str, Any]:
     import torch
 
     idx = _cuda_index(dev)
     props = torch.cuda.get_device_properties(idx)
     l2 = getattr(props, "L2_cache_size", 0) or int(target.l2_mb * 1e6)
+    nbytes = max(2**30, 8 * l2) if not quick else max(64 * 2**20, 4 * l2)
+    free, _total = torch.cuda.mem_get_info(idx)
+    if 2 * nbytes > 0.8 * free:
+        smaller = int(0.4 * free) // 2**20 * 2**20
+        if smaller < 4 * l2:
+            raise RuntimeError(f"calibrate: only {free / 2**30:.1f} GiB free, too little for an L2-excluding copy")
+        warnings.warn(f"calibrate: {free / 2**30:.1f} GiB free; copying {smaller / 2**30:.2f} GiB", stacklevel=3)
+        nbytes = smaller
+    m = 8192 if not quick else 2048
     with torch.cuda.device(idx):
-        nbytes = max(2**30, 8 * l2) if not quick else max(64 * 2**20, 4 * l2)
-        free, _total = torch.cuda.mem_get_info(idx)
-        if 2 * nbytes > 0.8 * free:
-            smaller = int(0.4 * free) // 2**20 * 2**20
-            if smaller < 4 * l2:
-                raise RuntimeError(f"calibrate: only {free / 2**30:.1f} GiB free, too little for an L2-excluding copy")
-            warnings.warn(f"calibrate: {free / 2**30:.1f} GiB free; copying {smaller / 2**30:.2f} GiB", stacklevel=3)
-            nbytes = smaller
-        n = nbytes // 2
-        src = torch.randn(n, device=dev, dtype=torch.float32).to(torch.bfloat16)
-        dst = torch.empty_like(src)
-        t_copy = _cuda_events_median(lambda: dst.copy_(src), reps=30, warmup=5)
-        copy_tbps = 2 * n * 2 / t_copy / 1e12
-        del src, dst
-        m = 8192 if not quick else 2048
-        a = torch.randn(m, m, device=dev, dtype=torch.bfloat16)
-        b = torch.randn(m, m, device=dev, dtype=torch.bfloat16)
-        out = torch.empty(m, m, device=dev, dtype=torch.bfloat16)
-        t_gemm = _cuda_events_median(lambda: torch.matmul(a, b, out=out), reps=20, warmup=5)
-        if not bool(torch.isfinite(out).all()) or int(torch.count_nonzero(out)) == 0:
-            raise RuntimeError("calibrate: GEMM produced non-finite or all-zero output")
-        gemm = 2 * m**3 / t_gemm / 1e12
-        del a, b, out
+        t_copy, moved = _measure_copy(dev, nbytes)
         torch.cuda.empty_cache()
+        t_gemm = _measure_gemm(dev, m)
+        torch.cuda.empty_cache()
+    copy_tbps = moved / t_copy / 1e12
+    gemm = 2 * m**3 / t_gemm / 1e12
     driver = ""
-    for getter in ("_cuda_getDriverVersion",):
-        fn = getattr(torch._C, getter, None)
-        if fn is not None:
-            try:
-                v = int(fn())
-                driver = f"{v // 1000}.{(v % 1000) // 10}"
-            except Exception:  # pragma: no cover
-                pass
+    fn = getattr(torch._C, "_cuda_getDriverVersion", None)
+    if fn is not None:
+        try:
+            v = int(fn())
+            driver = f"{v // 1000}.{(v % 1000) // 10}"
+        except Exception:  # pragma: no cover
+            pass
     result: dict[str, Any] = {
         "copy_tbps": copy_tbps,
         "gemm_bf16_tflops": gemm,
-        "copy_bytes": float(2 * n * 2),
+        "copy_bytes": float(moved),
         "gemm_size": float(m),
         "device_name": props.name,
         "cuda_runtime": str(torch.version.cuda),
         "driver_cuda_version": driver or "unknown",
         **_versions(),
     }
-    try:  # the kernel driver version proper, where NVML is importable
-        import pynvml  # type: ignore[import-not-found]
-
-        pynvml.nvmlInit()
-        result["driver_version"] = str(pynvml.nvmlSystemGetDriverVersion())
-    except Exception:
+    try:  # the kernel driver's own version (e.g. 580.65.06), from the Linux driver's proc file
+        text = Path("/proc/driver/nvidia/version").read_text()
+        found = re.search(r"Kernel Module(?: for \S+)?\s+([0-9][0-9.]+)", text)
+        if found:
+            result["driver_version"] = found.group(1)
+    except OSError:
         pass
     if not math.isfinite(copy_tbps) or not math.isfinite(gemm):
         raise RuntimeError(f"calibrate: non-finite measurement {result}")

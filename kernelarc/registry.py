@@ -11,6 +11,7 @@ the interleaved measurement; ``promote`` enforces the part it can see.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import logging
@@ -62,11 +63,16 @@ def collect_versions_info(gpu_name: str | None = None, **extra: Any) -> dict[str
     """Software versions for a version's tags, read from package metadata (imports nothing,
     touches no GPU). Pass the device name measured by the worker as ``gpu_name``."""
     info = {"python": platform.python_version(), "platform": platform.platform(terse=True)}
-    for dist in ("torch", "triton", "mlflow-skinny", "nvidia-cutlass"):
-        try:
-            info[dist.replace("-skinny", "")] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
+    for key, dists in (
+        ("torch", ("torch",)),
+        ("triton", ("triton",)),
+        ("mlflow", ("mlflow", "mlflow-skinny")),
+        ("nvidia-cutlass", ("nvidia-cutlass",)),
+    ):
+        for dist in dists:
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                info[key] = importlib.metadata.version(dist)
+                break
     if gpu_name:
         info["gpu_name"] = gpu_name
     info.update({k: str(v) for k, v in extra.items() if v is not None})
@@ -101,10 +107,8 @@ class Registry:
         self.gpu = gpu
         self.name = model_name(task, gpu)
         self._lock = threading.Lock()
-        try:
+        with contextlib.suppress(Exception):  # private API moved: logging is only slower
             tune_store(self.client._get_registry_client().store)
-        except Exception:  # pragma: no cover - private API moved: only slower
-            pass
 
     # -- writing -------------------------------------------------------------
 

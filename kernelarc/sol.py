@@ -174,8 +174,10 @@ def _sdpa_fwd_flops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     return 2 * bh * L * S * E + 2 * bh * L * S * Ev
 
 
-def _sdpa_scores(q: torch.Tensor, k: torch.Tensor) -> int:
-    return math.prod(q.shape[:-1]) * k.shape[-2]
+def _sdpa_scores(name: str, q: torch.Tensor, k: torch.Tensor) -> int:
+    # _flash/_efficient_attention_forward take [B, S, H, D]; the SDPA ops take [B, H, S, D].
+    k_len = k.shape[-3] if name in ("_flash_attention_forward", "_efficient_attention_forward") else k.shape[-2]
+    return math.prod(q.shape[:-1]) * k_len
 
 
 def _f_sdpa_cpu(q, k, v, *args, **kwargs) -> int:
@@ -318,7 +320,7 @@ class _WorkCounter(TorchDispatchMode):
                 key = "int8" if any(t.dtype in (torch.int8, torch.uint8) for t in operands) else key
             self.tc[dtype_key(key)] += float(n)
             if name in _SDPA_NAMES and len(ins) >= 2:
-                self.simt["float32"] += 2.0 * _sdpa_scores(ins[0], ins[1])
+                self.simt["float32"] += 2.0 * _sdpa_scores(name, ins[0], ins[1])
             for t in outs:
                 self._set_origin(t, _dname(t))
             return

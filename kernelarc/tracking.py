@@ -180,7 +180,7 @@ def sanitize_key(key: str) -> str:
         import hashlib
 
         digest = hashlib.sha1(key.encode()).hexdigest()[:10]
-        key = key[: MAX_KEY - 11] + "~" + digest
+        key = key[: MAX_KEY - 11] + "-" + digest
     return key
 
 
@@ -348,51 +348,60 @@ class Tracker:
             params, metrics, tags = params[MAX_PER_BATCH:], metrics[1000:], tags[MAX_PER_BATCH:]
 
     @staticmethod
-    def _params(items: Mapping[str, Any], keep_none: bool = False):
+    def _unique(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+        """Sanitized keys can collide ("a b!" and "a b?"); MLflow rejects duplicate keys in a
+        batch, so later ones get a ``__n`` suffix."""
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            unique, n = key, 1
+            while unique in out:
+                n += 1
+                unique = f"{key}__{n}"
+            out[unique] = value
+        return out
+
+    @classmethod
+    def _params(cls, items: Mapping[str, Any], keep_none: bool = False):
         """Candidate params skip None; config params keep it as "null" (memory.limit=null means
         "show everything", which is not the same as unset)."""
         from mlflow.entities import Param
 
         secrets = _env_secrets()
-        return [
-            Param(
-                sanitize_key(scrub_text(str(k), secrets)), _truncate(scrub_text(_fmt_value(v), secrets), MAX_PARAM_VAL)
-            )
+        pairs = cls._unique(
+            (sanitize_key(scrub_text(str(k), secrets)), _truncate(scrub_text(_fmt_value(v), secrets), MAX_PARAM_VAL))
             for k, v in items.items()
             if keep_none or v is not None
-        ]
+        )
+        return [Param(k, v) for k, v in pairs.items()]
 
-    @staticmethod
-    def _tags(items: Mapping[str, Any]):
+    @classmethod
+    def _tags(cls, items: Mapping[str, Any]):
         from mlflow.entities import RunTag
 
         secrets = _env_secrets()
-        return [
-            RunTag(
-                sanitize_key(scrub_text(str(k), secrets)), _truncate(scrub_text(_fmt_value(v), secrets), MAX_TAG_VAL)
-            )
+        pairs = cls._unique(
+            (sanitize_key(scrub_text(str(k), secrets)), _truncate(scrub_text(_fmt_value(v), secrets), MAX_TAG_VAL))
             for k, v in items.items()
             if v is not None
-        ]
+        )
+        return [RunTag(k, v) for k, v in pairs.items()]
 
-    @staticmethod
-    def _metrics(items: Mapping[str, Any], step: int = 0, timestamp: int | None = None):
+    @classmethod
+    def _metrics(cls, items: Mapping[str, Any], step: int = 0, timestamp: int | None = None):
         from mlflow.entities import Metric
 
         ts = timestamp if timestamp is not None else int(time.time() * 1000)
-        out = []
+        values = []
         for k, v in items.items():
             if v is None:
                 continue
             if isinstance(v, bool):
                 v = int(v)
             try:
-                value = float(v)
+                values.append((sanitize_key(k), float(v)))
             except (TypeError, ValueError):
                 log.debug("skipping non-numeric metric %s=%r", k, v)
-                continue
-            out.append(Metric(sanitize_key(k), value, ts, step))
-        return out
+        return [Metric(k, v, ts, step) for k, v in cls._unique(values).items()]
 
     # -- session -------------------------------------------------------------
 
@@ -400,6 +409,8 @@ class Tracker:
         self, config: Mapping[str, Any] | Any, run_name: str | None = None, resume_run_id: str | None = None
     ) -> str:
         """Open the parent run (or reopen ``resume_run_id``) and log the config as params."""
+        if self.parent_run_id is not None:
+            raise RuntimeError(f"session {self.parent_run_id} is still open: call end_session() first")
         flat = flatten(redact(_to_container(config) or {}))
         with self._lock:
             if resume_run_id:

@@ -147,9 +147,7 @@ def message(
     return FakeResponse(200, body, dict(headers or {}), delay)
 
 
-def tool_use_block(
-    input_: dict[str, Any], name: str = "submit_kernel", block_id: str | None = None
-) -> dict[str, Any]:
+def tool_use_block(input_: dict[str, Any], name: str = "submit_kernel", block_id: str | None = None) -> dict[str, Any]:
     return {"type": "tool_use", "id": block_id or f"toolu_fake{next(_ids):06d}", "name": name, "input": input_}
 
 

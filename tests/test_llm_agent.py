@@ -102,11 +102,22 @@ def run(x, weight):
 
 @dataclass
 class Target:
+    """A minimal stand-in with only the fields the brief names (the agent must cope with it)."""
+
     name: str = "h200"
     arch: str = "sm_90a"
     sm_count: int = 132
     peak_tflops: dict = field(default_factory=lambda: {"bf16": 989.0, "fp8": 1979.0, "fp32": 67.0})
     hbm_tbps: float = 4.8
+
+
+def test_prompt_with_the_real_gpu_target(server, task):
+    from kernelarc.hardware import KNOWN_TARGETS
+
+    server.push(kernel_reply(SRC))
+    assert make_agent().propose(make_ctx(task, target=KNOWN_TARGETS["b200"]), 1).candidates
+    system = server.requests[0].system_text
+    assert "sm_100a" in system and "148" in system and "8 TB/s" in system and "L2 126.5 MB" in system
 
 
 @pytest.fixture(autouse=True)
@@ -243,7 +254,9 @@ def test_dynamic_prompt_has_champion_history_board_redirect(server, task):
         latency_ms=0.0123,
         speedup_vs_baseline=1.87,
         sol_fraction=0.42,
-        workloads=[WorkloadResult(index=0, axes={"M": 8, "N": 64}, latency_ms=0.01, sol_fraction=0.4, sol_bound="memory")],
+        workloads=[
+            WorkloadResult(index=0, axes={"M": 8, "N": 64}, latency_ms=0.01, sol_fraction=0.4, sol_bound="memory")
+        ],
     )
     prev = Candidate(source=SRC2, language="pytorch", agent="agent0-tiling", strategy="tiling", rationale="try it")
     frames = "".join(
@@ -601,7 +614,8 @@ def test_knob_space_edge_cases():
     assert knob_space_of(src) == {"block": [64, 128, 256]}
     assert "BLOCK = 128" in render_with_knobs(src, {"block": 128})
     # rebound or non-literal constants are not knobs
-    src = "A = 1\nA = 2\nB = 3\nB += 1\nC = 2 * 4\nD = 1\nE = 5\nKNOBS = {'A': [1], 'B': [3], 'C': [8], 'D': [1, 2], 'E': [5]}\n"
+    src = "A = 1\nA = 2\nB = 3\nB += 1\nC = 2 * 4\nD = 1\nE = 5\n"
+    src += "KNOBS = {'A': [1], 'B': [3], 'C': [8], 'D': [1, 2], 'E': [5]}\n"
     src += "def f():\n    global E\n    E = 6\ndef run(x):\n    return x\n"
     assert knob_space_of(src) == {"D": [1, 2]}
     # KNOBS must be a dict literal

@@ -204,6 +204,8 @@ def test_config_params_flattened_and_truncated(workdir):
         "long": "x" * (MAX_PARAM_VAL + 500),
         "flag": True,
         "weird key!": 1,
+        "weird key?": 2,
+        "deep": {"k" * 300: "long key"},
         **{f"k{i}": i for i in range(150)},  # more than one log_batch's 100 params
     }
     pid = tr.start_session(config)
@@ -215,8 +217,13 @@ def test_config_params_flattened_and_truncated(workdir):
     assert params["strategies"] == '["tiling", "fusion"]'
     assert params["flag"] == "true"
     assert params["weird key_"] == "1"
+    assert params["weird key___2"] == "2"
+    (long_key,) = [k for k in params if k.startswith("deep.")]
+    assert len(long_key) == 250 and params[long_key] == "long key"
     assert len(params["long"]) == MAX_PARAM_VAL
     assert params["k149"] == "149"
+    with pytest.raises(RuntimeError, match="still open"):
+        tr.start_session({})
 
 
 def test_omegaconf_config_is_accepted(workdir):

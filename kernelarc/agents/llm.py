@@ -335,7 +335,9 @@ def trim_error(text: str, limit: int = ERROR_CHARS) -> str:
         return text
     head = limit // 3
     tail = max(0, limit - head - 40)
-    return text[:head].rstrip() + f"\n[... {len(text) - head - tail} chars cut ...]\n" + text[len(text) - tail :].lstrip()
+    return (
+        text[:head].rstrip() + f"\n[... {len(text) - head - tail} chars cut ...]\n" + text[len(text) - tail :].lstrip()
+    )
 
 
 def _one_line(text: Any, limit: int) -> str:
@@ -419,33 +421,50 @@ def _fmt_finding(f: Finding) -> str:
     gain = "" if f.gain is None else f" gain {100 * f.gain:+.1f}%"
     fam = f" family {f.family}" if f.family else ""
     knobs = f" knobs {dict(f.knobs)}" if f.knobs else ""
-    return (
-        f"- [{f.agent}/{f.strategy}] {f.candidate_id} {f.status.value}{gain}{fam}{knobs}: {_one_line(f.lesson, 300)}"
-    )
+    return f"- [{f.agent}/{f.strategy}] {f.candidate_id} {f.status.value}{gain}{fam}{knobs}: {_one_line(f.lesson, 300)}"
 
 
 def _target_text(target: Any) -> str:
+    """The hardware target's ceilings (kernelarc.hardware.GpuTarget, or any object/mapping with
+    name, arch, sm_count, peak_tflops, hbm_tbps and optionally simt_tflops, l2_mb,
+    smem_kb_per_sm, memory_gb, calibrated)."""
     if target is None:
         return "## Hardware target\n(unknown)"
-    get = lambda k, d=None: getattr(target, k, None) if not isinstance(target, Mapping) else target.get(k, d)
+
+    def get(k: str) -> Any:
+        return target.get(k) if isinstance(target, Mapping) else getattr(target, k, None)
+
     lines = ["## Hardware target"]
     lines.append(f"- name: {get('name')}, arch: {get('arch')}, SMs: {get('sm_count')}")
     peaks = get("peak_tflops") or {}
     if isinstance(peaks, Mapping) and peaks:
-        lines.append("- peak dense TFLOP/s: " + ", ".join(f"{k} {_num(v)}" for k, v in peaks.items()))
+        lines.append("- peak dense tensor-core TFLOP/s: " + ", ".join(f"{k} {_num(v)}" for k, v in peaks.items()))
+    simt = get("simt_tflops") or {}
+    if isinstance(simt, Mapping) and simt:
+        lines.append("- non-tensor (SIMT) TFLOP/s: " + ", ".join(f"{k} {_num(v)}" for k, v in simt.items()))
     hbm = get("hbm_tbps")
     if hbm:
         lines.append(f"- HBM bandwidth: {_num(hbm)} TB/s")
         if isinstance(peaks, Mapping):
-            for key in ("bf16", "bfloat16", "fp16"):
-                if key in peaks and peaks[key]:
-                    ridge = float(peaks[key]) * 1e12 / (float(hbm) * 1e12)
+            for key in ("bfloat16", "bf16", "float16", "fp16"):
+                if peaks.get(key):
+                    ridge = float(peaks[key]) / float(hbm)
                     lines.append(f"- ridge point ({key}): ~{ridge:.0f} FLOP/byte; below it a kernel is memory-bound")
                     break
-    for extra in ("smem_kb", "l2_mb", "notes"):
-        val = get(extra)
-        if val:
-            lines.append(f"- {extra}: {val}")
+    sizes = [
+        f"{label} {_num(get(k))} {unit}"
+        for k, label, unit in (
+            ("l2_mb", "L2", "MB"),
+            ("smem_kb_per_sm", "shared memory per SM", "KB"),
+            ("memory_gb", "device memory", "GB"),
+        )
+        if get(k)
+    ]
+    if sizes:
+        lines.append("- " + ", ".join(sizes))
+    cal = get("calibrated") or {}
+    if isinstance(cal, Mapping) and cal:
+        lines.append("- measured on this machine: " + ", ".join(f"{k} {_num(v)}" for k, v in cal.items()))
     lines.append(
         "SOL fraction = roofline time (max of FLOPs / peak of the dtype, unique input+output bytes / HBM "
         "bandwidth) / measured time; 100% is the speed of light."
@@ -506,19 +525,20 @@ def _task_text(task: Any) -> str:
 
 def _rules_text(languages: Sequence[str], knob_tuning: bool) -> str:
     langs = ", ".join(languages)
-    text = f"""You are a GPU kernel engineer on KernelArc, a team of agents that each optimize one kernel under one strategy.
-You propose one candidate at a time. A deterministic guard checks it on fresh random inputs (several seeds, every
-workload, outputs poisoned before each call, NaN/Inf and all-zero outputs rejected) and times it (warm-up, L2 flushed
-between iterations, rotating input buffers, median of many iterations). A candidate becomes the champion only if it is
-correct on every workload and measurably faster than the current champion, measured side by side.
+    text = f"""You are a GPU kernel engineer on KernelArc, a team of agents that each optimize one kernel under one
+strategy. You propose one candidate at a time. A deterministic guard checks it on fresh random inputs (several
+seeds, every workload, outputs poisoned before each call, NaN/Inf and all-zero outputs rejected) and times it (warm-up,
+L2 flushed between iterations, rotating input buffers, median of many iterations). A candidate becomes the champion
+only if it is correct on every workload and measurably faster than the current champion, measured side by side.
 
 ## Rules for a candidate (violations are rejected before anything runs)
 - Exactly one self-contained Python file: no markdown fences, no second file, no diff.
 - It defines `run(...)` taking the definition's inputs positionally, in the definition's order and with their names,
   and returns the outputs (one tensor, or a tuple in the definition's output order) as fresh tensors it allocated:
   never an input, a view or alias of an input, or a lazy/unmaterialized tensor.
-- language is one of: {langs}. triton: @triton.jit kernels launched from run (Triton 3.6; use tensor descriptors
-  `tl.make_tensor_descriptor` with `triton.set_allocator` rather than the deprecated `tl.make_block_ptr`).
+- language is one of: {langs}. triton: @triton.jit kernels launched from run (Triton 3.6;
+  use tensor descriptors `tl.make_tensor_descriptor` with `triton.set_allocator` rather than the deprecated
+  `tl.make_block_ptr`).
   cutlass: CUTLASS through its Python/C++ templates. pytorch: PyTorch operators only.
 - Forbidden: threads, processes, subprocess/multiprocessing, side CUDA streams or events, caching outputs or inputs
   across calls (memoized results, global buffers that carry results), reading the reference's results, printing or
@@ -726,9 +746,7 @@ def _check_source(source: str, n_inputs: int) -> str:
     return source
 
 
-def _validate_reply(
-    resp: Any, *, languages: Sequence[str], n_inputs: int, seen: set[str], knob_tuning: bool
-) -> _Reply:
+def _validate_reply(resp: Any, *, languages: Sequence[str], n_inputs: int, seen: set[str], knob_tuning: bool) -> _Reply:
     blocks = list(getattr(resp, "content", None) or [])
     uses = [b for b in blocks if getattr(b, "type", None) == "tool_use"]
     truncated = getattr(resp, "stop_reason", None) == "max_tokens"
@@ -967,6 +985,12 @@ class AnthropicAgent:
 
     __str__ = __repr__
 
+    def close(self) -> None:
+        """Close the HTTP client's connections (the agent is unusable afterwards)."""
+        close = getattr(self._client, "close", None)
+        if callable(close):
+            close()
+
     # -- Agent protocol ----------------------------------------------------------------
 
     def observe(self, candidate: Candidate, verdict: Verdict) -> str | None:
@@ -995,6 +1019,7 @@ class AnthropicAgent:
             )
             try:
                 reply = self._ask(system, user, ctx, seen, prop)
+                cand = self._candidate(reply, ctx)
             except AgentConfigError:
                 raise
             except _APIFailure as e:
@@ -1008,7 +1033,6 @@ class AnthropicAgent:
             except Exception as e:  # noqa: BLE001 - never let one bad call kill the search
                 self._fail(prop, f"unexpected error: {type(e).__name__}: {e}")
                 continue
-            cand = self._candidate(reply, ctx)
             seen.add(cand.id)
             prop.candidates.append(cand)
             want_conclusion = self._salvage(prop, prev, reply.conclusion, want_conclusion)
@@ -1078,7 +1102,9 @@ class AnthropicAgent:
             rationale=self._redact(reply.rationale),
         )
 
-    def _ask(self, system: list[dict[str, Any]], user: str, ctx: AgentContext, seen: set[str], prop: Proposal) -> _Reply:
+    def _ask(
+        self, system: list[dict[str, Any]], user: str, ctx: AgentContext, seen: set[str], prop: Proposal
+    ) -> _Reply:
         messages: list[dict[str, Any]] = [{"role": "user", "content": user}]
         check = dict(
             languages=self.languages,
@@ -1145,7 +1171,9 @@ class AnthropicAgent:
                     getattr(e, "api_message", None) or "", 200
                 )
                 if status == 400 and self.temperature is not None and "temperature" in what.lower():
-                    log.warning("%s: the API refuses `temperature` for %s; sending none from now on", self.name, self.model)
+                    log.warning(
+                        "%s: the API refuses `temperature` for %s; sending none from now on", self.name, self.model
+                    )
                     self.temperature = None
                     continue  # at once, without counting an attempt (happens at most once)
                 if not (status in (408, 409, 429) or status >= 500):

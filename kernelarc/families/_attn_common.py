@@ -65,17 +65,30 @@ START = {
 }
 
 
+def _uses_wgmma(k: Mapping[str, Any]) -> bool:
+    # Triton 3.6 uses wgmma when a warpgroup can own 64-row slabs (AOT sweep)
+    return k["BLOCK_M"] >= 64 and k["num_warps"] >= 4
+
+
 def smem_estimate(k: Mapping[str, Any], head_dim: int = MAX_HEAD_DIM) -> int:
+    """q tile once, K and V tiles num_stages deep (bytes); calibrated on sm_90a compiles."""
     bm, bn, stages = k["BLOCK_M"], k["BLOCK_N"], max(k["num_stages"], 1)
-    q = bm * head_dim * 2
-    kv = 2 * stages * bn * head_dim * 2
-    return q + kv
+    total = bm * head_dim * 2 + 2 * stages * bn * head_dim * 2
+    if k["WARP_SPECIALIZE"]:
+        total += 64 * head_dim * 2  # measured: +16.5 KB at D=128 for any tile shape
+    return total
 
 
 def regs_estimate(k: Mapping[str, Any], head_dim: int = MAX_HEAD_DIM) -> float:
-    """fp32 accumulator + fp32 scores + bf16 probabilities, per thread."""
+    """32-bit registers per thread: fp32 accumulator, fp32 scores, bf16 probabilities, and
+    q when it is an mma.sync register operand (no wgmma)."""
     bm, bn, warps = k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]
-    return (bm * head_dim + bm * bn + bm * bn / 2) / (32 * warps)
+    if k["WARP_SPECIALIZE"]:
+        warps *= 2  # measured: Triton runs the loop on two consumer warpgroups (setmaxnreg)
+    regs = bm * head_dim + bm * bn + bm * bn / 2
+    if not _uses_wgmma(k):
+        regs += bm * head_dim / 2
+    return regs / (32 * warps)
 
 
 def valid(k: Mapping[str, Any]) -> bool:
@@ -87,8 +100,9 @@ def valid(k: Mapping[str, Any]) -> bool:
         return False
     if k["WARP_SPECIALIZE"]:
         # Triton 3.6 on sm_90a (AOT-checked): a warp-specialized key loop followed by a
-        # second loop crashes the compiler, and with 8+ warps the request is ignored.
-        if k["LOOP"] != "single" or k["num_warps"] != 4 or k["num_stages"] < 2:
+        # second loop, or fed by pointer loads, crashes the compiler; with 8+ warps the
+        # request is silently ignored.
+        if k["LOOP"] != "single" or k["MEMORY"] != "tma" or k["num_warps"] != 4 or k["num_stages"] < 2:
             return False
     return True
 
@@ -133,7 +147,7 @@ def _attn_loop(acc, l_i, m_i, q, k_src, v_src, kv_row0, lo, hi, offs_m, seq_len,
         if TMA:
             k = k_src.load([kv_row0 + start_n, 0])
         else:
-            kv_offs = (kv_row0 + cols)[:, None] * HEAD_DIM + offs_d[None, :]
+            kv_offs = cols[:, None] * HEAD_DIM + offs_d[None, :]
             if MASK_LOADS:
                 k = tl.load(k_src + kv_offs, mask=cols[:, None] < seq_len, other=0.0)
             else:
@@ -210,6 +224,14 @@ def attn_fwd_kernel(q_src, k_src, v_src, r_ptr, o_ptr, qk_scale, seq_len, H, HKV
         q = tl.load(q_src + io_offs, mask=row_mask, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    if TMA:
+        k_base = k_src
+        v_base = v_src
+        kv_coord = kv_row0  # TMA row coordinate of this kv head
+    else:
+        k_base = k_src + kv_row0.to(tl.int64) * HEAD_DIM  # 64-bit head offset, 32-bit in-loop
+        v_base = v_src + kv_row0.to(tl.int64) * HEAD_DIM
+        kv_coord = 0
     if SCALE_Q:
         q = (q.to(tl.float32) * qk_scale).to(q.dtype)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
@@ -225,15 +247,15 @@ def attn_fwd_kernel(q_src, k_src, v_src, r_ptr, o_ptr, qk_scale, seq_len, H, HKV
         hi_mask = seq_len
     if SINGLE_LOOP:
         # one loop (what Triton 3.6 can warp-specialize on Hopper): mask every block
-        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, kv_row0, 0, hi_mask, offs_m,
+        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_base, v_base, kv_coord, 0, hi_mask, offs_m,
                                    seq_len, qk_scale, CAUSAL or not EVEN_N, not EVEN_N, CAUSAL,
                                    BLOCK_N, HEAD_DIM, TMA, SCALE_Q, UPCAST, WARP_SPECIALIZE)
     else:
-        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, kv_row0, 0, hi_full, offs_m,
+        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_base, v_base, kv_coord, 0, hi_full, offs_m,
                                    seq_len, qk_scale, False, False, CAUSAL, BLOCK_N, HEAD_DIM, TMA,
                                    SCALE_Q, UPCAST, WARP_SPECIALIZE)
         if CAUSAL or not EVEN_N:
-            acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, kv_row0, hi_full, hi_mask,
+            acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_base, v_base, kv_coord, hi_full, hi_mask,
                                        offs_m, seq_len, qk_scale, True, True, CAUSAL, BLOCK_N,
                                        HEAD_DIM, TMA, SCALE_Q, UPCAST, WARP_SPECIALIZE)
     acc = acc / l_i[:, None]

@@ -36,6 +36,25 @@ def _num_sms(device):
     if device.type == "cuda" and not INTERPRET:
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
+
+
+if INTERPRET:
+
+    @triton.jit
+    def _cast_out(x, DT: tl.constexpr):
+        # Triton's interpreter truncates fp32 -> bf16; round to nearest even as the GPU does.
+        if DT == tl.bfloat16:
+            b = x.to(tl.uint32, bitcast=True)
+            b = (b + (((b >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+            return b.to(tl.float32, bitcast=True).to(DT)
+        else:
+            return x.to(DT)
+
+else:
+
+    @triton.jit
+    def _cast_out(x, DT: tl.constexpr):
+        return x.to(DT)
 '''
 
 LOG2E = 1.4426950408889634
@@ -137,9 +156,8 @@ def grid_loop(persistent: bool, count: str, var: str, body: str, base_indent: in
     """A program's work: one block (``var = program_id``) or a grid-stride loop over blocks."""
     pad = " " * base_indent
     if persistent:
-        return (
-            f"{pad}for {var} in tl.range(tl.program_id(0), {count}, tl.num_programs(0)):\n"
-            + indent(body, base_indent + 4)
+        return f"{pad}for {var} in tl.range(tl.program_id(0), {count}, tl.num_programs(0)):\n" + indent(
+            body, base_indent + 4
         )
     return f"{pad}{var} = tl.program_id(0)\n" + indent(body, base_indent)
 
@@ -149,6 +167,37 @@ def grid_expr(persistent: int, blocks: str, device: str) -> str:
     if persistent:
         return f"max(1, min({blocks}, _num_sms({device}) * {persistent}))"
     return f"max(1, {blocks})"
+
+
+# ---------------------------------------------------------------------------------
+# shared memory of pipelined loops
+#
+# With num_stages > 1 Triton stages each pipelined load of a loop in shared memory,
+# (num_stages - 1) buffers of the loaded tile per load (measured on sm_90a PTX). Past
+# ~227 KB per program the launch fails, so tiles are kept under a budget: valid()
+# prunes points that cannot fit for bf16 inputs, and launchers clamp at run time for
+# any dtype and shape.
+
+SMEM_BUDGET = 160 * 1024
+
+
+def staged_bytes(stages: int, tile_elems: int, streams: int, elem_bytes: int = 2) -> int:
+    """Shared memory staged by pipelined loops: ``streams`` = loaded tiles summed over loops."""
+    return max(0, stages - 1) * tile_elems * streams * elem_bytes
+
+
+def fits_smem(stages: int, tile_elems: int, streams: int, elem_bytes: int = 2) -> bool:
+    return staged_bytes(stages, tile_elems, streams, elem_bytes) <= SMEM_BUDGET
+
+
+def clamp_block_src(var: str, rows: str, streams: int, esize: str, indent_: int = 4) -> str:
+    """Launcher lines halving ``var`` until the staged tiles fit the shared-memory budget."""
+    pad = " " * indent_
+    return (
+        f"{pad}while NUM_STAGES > 1 and {var} > 16 and "
+        f"(NUM_STAGES - 1) * {rows} * {var} * {streams} * {esize} > {SMEM_BUDGET}:\n"
+        f"{pad}    {var} //= 2\n"
+    )
 
 
 # ---------------------------------------------------------------------------------

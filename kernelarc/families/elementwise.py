@@ -52,7 +52,7 @@ mask = rmask[:, None] & (cols[None, :] < N)
 g = tl.load(xrow + cols[None, :], mask=mask, other=0.0{gkw}).to(tl.float32)
 u = tl.load(xrow + N + cols[None, :], mask=mask, other=0.0{gkw}).to(tl.float32)
 y = ({_silu_expr(k["silu"])}) * u
-tl.store(yrow + cols[None, :], y.to(Y.dtype.element_ty), mask=mask{skw})
+tl.store(yrow + cols[None, :], _cast_out(y, Y.dtype.element_ty), mask=mask{skw})
 """
 
 
@@ -79,9 +79,8 @@ cb = t % num_cb"""
 @triton.jit
 def _swiglu_tile_kernel(X, Y, M, N, stride_x, stride_y, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     num_cb = tl.cdiv(N, BLOCK_N)
-    num_tiles = tl.cdiv(M, ROWS) * num_cb
 """
-    return src + mc.grid_loop(bool(k["persistent"]), "num_tiles", "t", body)
+    return src + mc.grid_loop(bool(k["persistent"]), "tl.cdiv(M, ROWS) * num_cb", "t", body)
 
 
 def _swiglu_rowloop_kernel(k: Mapping[str, Any]) -> str:
@@ -92,9 +91,8 @@ def _swiglu_rowloop_kernel(k: Mapping[str, Any]) -> str:
 
 @triton.jit
 def _swiglu_rowloop_kernel(X, Y, M, N, stride_x, stride_y, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
-    num_blocks = tl.cdiv(M, ROWS)
 """
-    return src + mc.grid_loop(bool(k["persistent"]), "num_blocks", "rb", body)
+    return src + mc.grid_loop(bool(k["persistent"]), "tl.cdiv(M, ROWS)", "rb", body)
 
 
 _SWIGLU_PROLOGUE = """
@@ -110,7 +108,7 @@ def run(x):
     if M == 0 or N == 0:
         return y
     block_n = min(BLOCK_N, triton.next_power_of_2(N))
-"""
+""" + mc.clamp_block_src("block_n", "ROWS_PER_PROGRAM", 2, "x.element_size()")
 
 
 def _render_swiglu_tile(family: str, k: Mapping[str, Any]) -> str:
@@ -118,12 +116,15 @@ def _render_swiglu_tile(family: str, k: Mapping[str, Any]) -> str:
     src += f"\nNUM_WARPS = {k['num_warps']}\nNUM_STAGES = {k['num_stages']}\n"
     src += f"ROWS_PER_PROGRAM = {k['rows']}\nBLOCK_N = {k['block_n']}\n"
     src += _swiglu_tile_kernel(k)
-    src += _SWIGLU_PROLOGUE + f"""    tiles = triton.cdiv(M, ROWS_PER_PROGRAM) * triton.cdiv(N, block_n)
+    src += (
+        _SWIGLU_PROLOGUE
+        + f"""    tiles = triton.cdiv(M, ROWS_PER_PROGRAM) * triton.cdiv(N, block_n)
     grid = ({mc.grid_expr(k["persistent"], "tiles", "x.device")},)
     _swiglu_tile_kernel[grid](x, y, M, N, x.stride(0), y.stride(0), BLOCK_N=block_n, ROWS=ROWS_PER_PROGRAM,
                               num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return y
 """
+    )
     return mc.finish(src, k.get("num_stages", 1))
 
 
@@ -132,12 +133,15 @@ def _render_swiglu_rowloop(family: str, k: Mapping[str, Any]) -> str:
     src += f"\nNUM_WARPS = {k['num_warps']}\nNUM_STAGES = {k['num_stages']}\n"
     src += f"ROWS_PER_PROGRAM = {k['rows']}\nBLOCK_N = {k['block_n']}\n"
     src += _swiglu_rowloop_kernel(k)
-    src += _SWIGLU_PROLOGUE + f"""    blocks = triton.cdiv(M, ROWS_PER_PROGRAM)
+    src += (
+        _SWIGLU_PROLOGUE
+        + f"""    blocks = triton.cdiv(M, ROWS_PER_PROGRAM)
     grid = ({mc.grid_expr(k["persistent"], "blocks", "x.device")},)
     _swiglu_rowloop_kernel[grid](x, y, M, N, x.stride(0), y.stride(0), BLOCK_N=block_n, ROWS=ROWS_PER_PROGRAM,
                                  num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return y
 """
+    )
     return mc.finish(src, k.get("num_stages", 1))
 
 
@@ -148,16 +152,21 @@ def _swiglu_ept(k: Mapping[str, Any]) -> float:
 def _swiglu_tile_valid(k: Mapping[str, Any]) -> bool:
     if not k["persistent"] and k["num_stages"] != 1:
         return False
-    return 1 <= _swiglu_ept(k) <= 64
+    return 1 <= _swiglu_ept(k) <= 64 and mc.fits_smem(k["num_stages"], k["block_n"] * k["rows"], 2)
 
 
 def _swiglu_rowloop_valid(k: Mapping[str, Any]) -> bool:
-    return 1 <= _swiglu_ept(k) <= 64
+    return 1 <= _swiglu_ept(k) <= 64 and mc.fits_smem(k["num_stages"], k["block_n"] * k["rows"], 2)
 
 
 def _swiglu_knobs() -> tuple[Knob, ...]:
     return (
-        Knob("block_n", (64, 128, 256, 512, 1024, 2048, 4096, 8192), "tiling", "output columns per tile (clamped to next_pow2(N))"),
+        Knob(
+            "block_n",
+            (64, 128, 256, 512, 1024, 2048, 4096, 8192),
+            "tiling",
+            "output columns per tile (clamped to next_pow2(N))",
+        ),
         Knob("rows", (1, 2, 4, 8, 16), "tiling", "rows per tile"),
         mc.warps_knob(),
         mc.stages_knob(),
@@ -202,20 +211,26 @@ off = t64[:, None, None] * {sx}_t + h[None, :, None] * {sx}_h + d[None, None, :]
 ooff = t64[:, None, None] * {so}_t + h[None, :, None] * {so}_h + d[None, None, :]
 """
     if not join:
-        return head + f"""x1 = tl.load({X} + off, mask=m3, other=0.0{xkw}).to(tl.float32)
+        return (
+            head
+            + f"""x1 = tl.load({X} + off, mask=m3, other=0.0{xkw}).to(tl.float32)
 x2 = tl.load({X} + off + HALF, mask=m3, other=0.0{xkw}).to(tl.float32)
 o1 = x1 * c3 - x2 * s3
 o2 = x2 * c3 + x1 * s3
-tl.store({XO} + ooff, o1.to({XO}.dtype.element_ty), mask=m3{skw})
-tl.store({XO} + ooff + HALF, o2.to({XO}.dtype.element_ty), mask=m3{skw})
+tl.store({XO} + ooff, _cast_out(o1, {XO}.dtype.element_ty), mask=m3{skw})
+tl.store({XO} + ooff + HALF, _cast_out(o2, {XO}.dtype.element_ty), mask=m3{skw})
 """
-    return head + f"""x = tl.load({X} + off, mask=m3, other=0.0{xkw}).to(tl.float32)
+        )
+    return (
+        head
+        + f"""x = tl.load({X} + off, mask=m3, other=0.0{xkw}).to(tl.float32)
 x1, x2 = tl.split(tl.permute(tl.reshape(x, [BT, {bh}, 2, BD]), [0, 1, 3, 2]))
 o1 = x1 * c3 - x2 * s3
 o2 = x2 * c3 + x1 * s3
 o = tl.reshape(tl.permute(tl.join(o1, o2), [0, 1, 3, 2]), [BT, {bh}, 2 * BD])
-tl.store({XO} + ooff, o.to({XO}.dtype.element_ty), mask=m3{skw})
+tl.store({XO} + ooff, _cast_out(o, {XO}.dtype.element_ty), mask=m3{skw})
 """
+    )
 
 
 def _head_loop(nh: str, bh: str, body: str) -> str:
@@ -262,9 +277,8 @@ def _rope_fused_kernel(name: str, k: Mapping[str, Any], join: bool) -> str:
 def {name}(Q, K, COS, SIN, QO, KO, H, HKV, {_ROPE_ARGS},
            sq_t, sq_h, sk_t, sk_h, sqo_t, sqo_h, sko_t, sko_h,
            BT: tl.constexpr, BH: tl.constexpr, BHK: tl.constexpr, BD: tl.constexpr):
-    num_blocks = tl.cdiv(T, BT)
 """
-    return src + mc.grid_loop(bool(k["persistent"]), "num_blocks", "tb", body)
+    return src + mc.grid_loop(bool(k["persistent"]), "tl.cdiv(T, BT)", "tb", body)
 
 
 def _rope_tile_kernel(name: str, k: Mapping[str, Any], join: bool) -> str:
@@ -311,7 +325,6 @@ def run(q, k, cos, sin):
     if T == 0 or D == 0:
         return qo, ko
     bd = triton.next_power_of_2(HALF)
-    use_join = USE_JOIN and bd == HALF
 """
 
 
@@ -319,20 +332,28 @@ def _render_rope_fused(family: str, k: Mapping[str, Any]) -> str:
     join = k["halves"] == "join"
     src = mc.header(family, "rope: q and k in one launch, cos/sin loaded once per token block (rendered candidate).", k)
     src += f"\nNUM_WARPS = {k['num_warps']}\nNUM_STAGES = {k['num_stages']}\n"
-    src += f"BLOCK_T = {k['block_t']}\nBLOCK_H = {k['block_h']}\nBLOCK_HKV = {k['block_hkv']}\nUSE_JOIN = {join}\n"
+    src += f"BLOCK_T = {k['block_t']}\nBLOCK_H = {k['block_h']}\nBLOCK_HKV = {k['block_hkv']}\n"
     src += _rope_fused_kernel("_rope_fused_split_kernel", k, join=False)
     if join:
         src += _rope_fused_kernel("_rope_fused_join_kernel", k, join=True)
     src += _ROPE_PROLOGUE
+    pick = "_rope_fused_join_kernel if bd == HALF else _rope_fused_split_kernel" if join else "_rope_fused_split_kernel"
     src += f"""    blocks = triton.cdiv(T, BLOCK_T)
     grid = ({mc.grid_expr(k["persistent"], "blocks", "q.device")},)
-    kernel = {"_rope_fused_join_kernel if use_join else _rope_fused_split_kernel" if join else "_rope_fused_split_kernel"}
+    kernel = {pick}
+    bh = min(BLOCK_H, triton.next_power_of_2(max(H, 1)))
+    bhk = min(BLOCK_HKV, triton.next_power_of_2(max(HKV, 1)))
+    # Pipelined head loops stage (token, head, D) tiles in shared memory: keep them in budget.
+    row = 2 * bd * q.element_size()
+    while NUM_STAGES > 1 and max(bh, bhk) > 1 and (NUM_STAGES - 1) * BLOCK_T * (bh + bhk) * row > {mc.SMEM_BUDGET}:
+        if bh >= bhk:
+            bh //= 2
+        else:
+            bhk //= 2
     kernel[grid](q, k, cos, sin, qo, ko, H, HKV, T, HALF, cos.stride(0), sin.stride(0),
                  q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                  qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
-                 BT=BLOCK_T, BH=min(BLOCK_H, triton.next_power_of_2(H)),
-                 BHK=min(BLOCK_HKV, triton.next_power_of_2(HKV)), BD=bd,
-                 num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+                 BT=BLOCK_T, BH=bh, BHK=bhk, BD=bd, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return qo, ko
 """
     return mc.finish(src, k.get("num_stages", 1))
@@ -340,14 +361,17 @@ def _render_rope_fused(family: str, k: Mapping[str, Any]) -> str:
 
 def _render_rope_separate(family: str, k: Mapping[str, Any]) -> str:
     join = k["halves"] == "join"
-    src = mc.header(family, "rope: separate launches for q and k, one (token, head) tile per program (rendered candidate).", k)
+    src = mc.header(
+        family, "rope: separate launches for q and k, one (token, head) tile per program (rendered candidate).", k
+    )
     src += f"\nNUM_WARPS = {k['num_warps']}\n"
-    src += f"BLOCK_T = {k['block_t']}\nBLOCK_H = {k['block_h']}\nUSE_JOIN = {join}\n"
+    src += f"BLOCK_T = {k['block_t']}\nBLOCK_H = {k['block_h']}\n"
     src += _rope_tile_kernel("_rope_tile_split_kernel", k, join=False)
     if join:
         src += _rope_tile_kernel("_rope_tile_join_kernel", k, join=True)
     src += _ROPE_PROLOGUE
-    src += f"""    kernel = {"_rope_tile_join_kernel if use_join else _rope_tile_split_kernel" if join else "_rope_tile_split_kernel"}
+    pick = "_rope_tile_join_kernel if bd == HALF else _rope_tile_split_kernel" if join else "_rope_tile_split_kernel"
+    src += f"""    kernel = {pick}
     for x, xo in ((q, qo), (k, ko)):
         nh = x.shape[1]
         if nh == 0:
@@ -365,9 +389,10 @@ def _render_rope_separate(family: str, k: Mapping[str, Any]) -> str:
 def _rope_fused_valid(k: Mapping[str, Any]) -> bool:
     # (token, head) rows per tile against the threads: at D=128 a row is 4 fp32 per 32 threads.
     threads_rows = 32 * k["num_warps"]
-    if k["block_t"] * k["block_h"] > threads_rows or k["block_t"] * k["block_hkv"] > threads_rows:
+    if k["block_t"] * max(k["block_h"], k["block_hkv"]) > threads_rows:
         return False
-    return True
+    # staged head tiles at D = 128 (the largest head dim of the task's workloads)
+    return mc.fits_smem(k["num_stages"], k["block_t"] * (k["block_h"] + k["block_hkv"]) * 128, 1)
 
 
 def _rope_separate_valid(k: Mapping[str, Any]) -> bool:

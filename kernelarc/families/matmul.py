@@ -540,10 +540,31 @@ def valid_persistent(k: Mapping[str, Any]) -> bool:
     # TMA-store staging buffer (BLOCK_M x BLOCK_N/SUBTILE) comes on top of them
     epi = k["BLOCK_M"] * (bn // sub) * ELEM
     if k["WARP_SPECIALIZE"]:
-        if k["num_stages"] < 2:  # nothing for a producer warp to run ahead into
+        if not _ws_supported(k):
             return False
-        epi *= 2  # measured: the specialized kernel stages the epilogue twice
+        if k["DESCRIPTORS"] == "host":
+            epi *= 2  # measured: a second staging buffer with host-side descriptors
+        # the specialized loop runs on two consumer warpgroups: registers as for 8 warps
+        return _common_valid({**k, "num_warps": 2 * k["num_warps"]}, epilogue_smem=epi)
     return _common_valid(k, epilogue_smem=epi)
+
+
+def _ws_supported(k: Mapping[str, Any]) -> bool:
+    """Where Triton 3.6 warp-specializes this persistent loop on sm_90a (AOT sweep, NOTES).
+
+    4 warps only (with 8 or more the request is silently ignored), no loop flattening (it
+    wins over specialization), wgmma tiles (BLOCK_M >= 64); 64-row tiles up to 128 columns
+    with either descriptor kind; larger tiles only with in-kernel descriptors and a
+    single-slice epilogue (the other forms crash the compiler's warp-specialization pass).
+    """
+    if k["num_warps"] != 4 or k["FLATTEN"] or k["num_stages"] < 2:
+        return False
+    bm, bn = k["BLOCK_M"], k["BLOCK_N"]
+    if bm < 64:
+        return False
+    if bm == 64:
+        return bn <= 128
+    return k["DESCRIPTORS"] == "device" and k["EPILOGUE_SUBTILE"] == 1
 
 
 # ---------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def _rows_kernel(name: str, fused: bool, k: Mapping[str, Any]) -> str:
         """
         store_res = (
             "tl.store(RO + rows[:, None] * stride_ro + cols[None, :], "
-            f"x.to(RO.dtype.element_ty), mask=mask{skw})"
+            f"_cast_out(x, RO.dtype.element_ty), mask=mask{skw})"
         )
         if k["residual_store"] == "early":
             early = store_res
@@ -67,7 +67,7 @@ def _rows_kernel(name: str, fused: bool, k: Mapping[str, Any]) -> str:
     rstd = {mc.rsqrt_expr(k["rsqrt"], "ss / N + " + EPS)}
     y = (x * rstd[:, None]) * w[None, :]
     {late}
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask{skw})
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], _cast_out(y, Y.dtype.element_ty), mask=mask{skw})
     """
     body = "\n".join(line for line in body.splitlines() if line.strip())
     src = f"""
@@ -78,9 +78,8 @@ def {name}({_kernel_args(fused)}, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
     w = tl.load(W + cols, mask=cmask, other=0.0{mc.load_kw(k["w_evict"])}).to(tl.float32)
-    num_blocks = tl.cdiv(M, ROWS)
 """
-    return src + mc.grid_loop(bool(k["persistent"]), "num_blocks", "rb", body)
+    return src + mc.grid_loop(bool(k["persistent"]), "tl.cdiv(M, ROWS)", "rb", body)
 
 
 def _chunked_kernel(name: str, fused: bool, k: Mapping[str, Any]) -> str:
@@ -94,36 +93,38 @@ def _chunked_kernel(name: str, fused: bool, k: Mapping[str, Any]) -> str:
         pass1_add = f"""
             r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0{p1}).to(tl.float32)
             x = x + r
-            tl.store(RO + rows[:, None] * stride_ro + cols[None, :], x.to(RO.dtype.element_ty), mask=mask{skw})
+            tl.store(RO + rows[:, None] * stride_ro + cols[None, :], _cast_out(x, RO.dtype.element_ty), mask=mask{skw})
         """
     if fused and second == "residual_out":
         barrier = "tl.debug_barrier()  # residual_out written by other threads of this program"
-        reload = (
-            "x = tl.load(RO + rows[:, None] * stride_ro + cols[None, :], mask=mask, "
-            f"other=0.0{p2}).to(tl.float32)"
-        )
+        reload = f"x = tl.load(RO + rows[:, None] * stride_ro + cols[None, :], mask=mask, other=0.0{p2}).to(tl.float32)"
     else:
         barrier = ""
-        reload = (
-            "x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, "
-            f"other=0.0{p2}).to(tl.float32)"
-        )
+        reload = f"x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0{p2}).to(tl.float32)"
         if fused:
             reload += (
                 "\nx = x + tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, "
                 f"other=0.0{p2}).to(tl.float32)"
             )
+    if k["reduce"] == "lanewise":  # per-lane partial sums, one reduction at the end
+        acc_init = "acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)"
+        acc_step = "acc += x * x"
+        ss = "tl.sum(acc, axis=1)"
+    else:  # reduce every chunk: no tile-sized accumulator held in registers
+        acc_init = "ss = tl.zeros([ROWS], dtype=tl.float32)"
+        acc_step = "ss += tl.sum(x * x, axis=1)"
+        ss = "ss"
     body = f"""
 rows = rb * ROWS + tl.arange(0, ROWS)
 rmask = rows < M
 rows = rows.to(tl.int64)
-acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+{acc_init}
 for c0 in tl.range(0, N, BLOCK_N):
     cols = c0 + tl.arange(0, BLOCK_N)
     mask = rmask[:, None] & (cols[None, :] < N)
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0{p1}).to(tl.float32)
-{mc.indent(pass1_add, 4) if fused else ""}    acc += x * x
-rstd = {mc.rsqrt_expr(k["rsqrt"], "tl.sum(acc, axis=1) / N + " + EPS)}
+{mc.indent(pass1_add, 4) if fused else ""}    {acc_step}
+rstd = {mc.rsqrt_expr(k["rsqrt"], ss + " / N + " + EPS)}
 {barrier}
 for c0 in tl.range(0, N, BLOCK_N):
     cols = c0 + tl.arange(0, BLOCK_N)
@@ -131,7 +132,7 @@ for c0 in tl.range(0, N, BLOCK_N):
     mask = rmask[:, None] & cmask[None, :]
     w = tl.load(W + cols, mask=cmask, other=0.0{mc.load_kw(k["w_evict"])}).to(tl.float32)
 {mc.indent(reload, 4)}    y = (x * rstd[:, None]) * w[None, :]
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask{skw})
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], _cast_out(y, Y.dtype.element_ty), mask=mask{skw})
 """
     body = "\n".join(line for line in body.splitlines() if line.strip())
     src = f"""
@@ -139,9 +140,8 @@ for c0 in tl.range(0, N, BLOCK_N):
 
 @triton.jit
 def {name}({_kernel_args(fused)}, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
-    num_blocks = tl.cdiv(M, ROWS)
 """
-    return src + mc.grid_loop(bool(k["persistent"]), "num_blocks", "rb", body)
+    return src + mc.grid_loop(bool(k["persistent"]), "tl.cdiv(M, ROWS)", "rb", body)
 
 
 # ---------------------------------------------------------------------------------
@@ -197,6 +197,7 @@ def _render_rowblock(family: str, task: str, fused: bool, k: Mapping[str, Any]) 
         "rsqrt": k["rsqrt"],
         "persistent": k["persistent"],
         "second_pass": "inputs",
+        "reduce": "chunk",  # chunks as large as the register budget: keep no accumulator tile
     }
     kname = f"_{task}_rows_kernel"
     cname = f"_{task}_chunked_fallback_kernel"
@@ -207,20 +208,29 @@ def _render_rowblock(family: str, task: str, fused: bool, k: Mapping[str, Any]) 
     src += _chunked_kernel(cname, fused, fallback)
     src += _launch_prologue(fused)
     p = k["persistent"]
+    # Streams staged in shared memory when pipelined (fallback: pass 1 + pass 2 + weight).
+    streams = 5 if fused else 3
     src += f"""    cap = MAX_ELEMS_PER_THREAD * 32 * NUM_WARPS
-    block_n = triton.next_power_of_2(N)
+{mc.clamp_block_src("cap", "1", streams, "x.element_size()")}    block_n = triton.next_power_of_2(N)
     if block_n <= cap:
         rows = max(1, min(ROWS_PER_PROGRAM, cap // block_n))
         blocks = triton.cdiv(M, rows)
         grid = ({mc.grid_expr(p, "blocks", "x.device")},)
         {kname}[grid](*args, BLOCK_N=block_n, ROWS=rows, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     else:
-        # Row longer than the register budget: chunked two-pass kernel, chunk = budget.
+        # Row over the register (or staged shared-memory) budget: chunked two-pass kernel.
         blocks = M
         grid = ({mc.grid_expr(p, "blocks", "x.device")},)
         {cname}[grid](*args, BLOCK_N=cap, ROWS=1, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
 """
     return mc.finish(src + _ret(fused), k["num_stages"])
+
+
+def _chunked_streams(fused: bool, k: Mapping[str, Any]) -> int:
+    """Tiles loaded per chunk summed over both passes (weight counted as one)."""
+    if not fused:
+        return 3
+    return 4 if k["second_pass"] == "residual_out" else 5
 
 
 def _render_chunked(family: str, task: str, fused: bool, k: Mapping[str, Any]) -> str:
@@ -232,6 +242,7 @@ def _render_chunked(family: str, task: str, fused: bool, k: Mapping[str, Any]) -
     src += _launch_prologue(fused)
     p = k["persistent"]
     src += f"""    block_n = min(BLOCK_N, triton.next_power_of_2(N))
+{mc.clamp_block_src("block_n", "ROWS_PER_PROGRAM", _chunked_streams(fused, k), "x.element_size()")}\
     blocks = triton.cdiv(M, ROWS_PER_PROGRAM)
     grid = ({mc.grid_expr(p, "blocks", "x.device")},)
     {kname}[grid](*args, BLOCK_N=block_n, ROWS=ROWS_PER_PROGRAM, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
@@ -259,7 +270,8 @@ def _rowblock_knobs(fused: bool) -> tuple[Knob, ...]:
             "max_elems_per_thread",
             (16, 32, 64, 128),
             "tiling",
-            "register budget (fp32 elements per thread) for a [rows, next_pow2(N)] tile; longer rows use the chunked fallback",
+            "register budget (fp32 elements per thread) of a [rows, next_pow2(N)] tile; "
+            "longer rows take the chunked fallback",
         ),
         mc.warps_knob(),
         mc.persistent_knob(),
@@ -283,12 +295,24 @@ def _rowblock_knobs(fused: bool) -> tuple[Knob, ...]:
 
 def _chunked_knobs(fused: bool) -> tuple[Knob, ...]:
     knobs = [
-        Knob("block_n", (128, 256, 512, 1024, 2048, 4096, 8192, 16384), "tiling", "chunk width (clamped to next_pow2(N))"),
+        Knob(
+            "block_n", (128, 256, 512, 1024, 2048, 4096, 8192, 16384), "tiling", "chunk width (clamped to next_pow2(N))"
+        ),
         Knob("rows", (1, 2, 4, 8), "tiling", "rows per program step"),
         mc.warps_knob(),
         mc.stages_knob(),
         mc.persistent_knob(),
-        mc.evict_knob("pass1_evict", ("", "evict_last", "evict_first"), "eviction of first-pass loads (evict_last keeps the row in L2 for the re-read)"),
+        Knob(
+            "reduce",
+            ("lanewise", "chunk"),
+            "algorithmic",
+            "sum of squares kept per lane and reduced once (a tile of fp32 registers) or reduced every chunk",
+        ),
+        mc.evict_knob(
+            "pass1_evict",
+            ("", "evict_last", "evict_first"),
+            "eviction of first-pass loads (evict_last keeps the row in L2 for the re-read)",
+        ),
         mc.evict_knob("pass2_evict", ("", "evict_first", "evict_last"), "eviction of second-pass loads"),
         _W_EVICT,
         _STORE_CACHE,
@@ -300,7 +324,8 @@ def _chunked_knobs(fused: bool) -> tuple[Knob, ...]:
                 "second_pass",
                 ("inputs", "residual_out"),
                 "fusion",
-                "second pass re-reads x and residual, or the residual_out just written (half the bytes; bf16-rounded sum)",
+                "second pass re-reads x and residual, or the residual_out just written "
+                "(half the bytes; normalises the bf16-rounded sum)",
             )
         )
     return tuple(knobs)
@@ -330,6 +355,7 @@ def _chunked_start(fused: bool) -> dict[str, Any]:
         "num_warps": 4,
         "num_stages": 1,
         "persistent": 0,
+        "reduce": "lanewise",
         "pass1_evict": "",
         "pass2_evict": "",
         "w_evict": "",
@@ -343,14 +369,16 @@ def _chunked_start(fused: bool) -> dict[str, Any]:
 
 def _rowblock_valid(k: Mapping[str, Any]) -> bool:
     # Without a persistent loop there is no loop to pipeline: keep one stages value.
-    if not k["persistent"] and k["num_stages"] != 1:
-        return False
-    return True
+    return bool(k["persistent"]) or k["num_stages"] == 1
 
 
-def _chunked_valid(k: Mapping[str, Any]) -> bool:
-    ept = mc.elems_per_thread(k["block_n"] * k["rows"], k["num_warps"])
-    return 1 <= ept <= 128
+def _chunked_valid_for(fused: bool):
+    def valid(k: Mapping[str, Any]) -> bool:
+        tile = k["block_n"] * k["rows"]
+        ept = mc.elems_per_thread(tile, k["num_warps"])
+        return 1 <= ept <= 128 and mc.fits_smem(k["num_stages"], tile, _chunked_streams(fused, k))
+
+    return valid
 
 
 def _make(task: str, fused: bool) -> list[Family]:
@@ -359,7 +387,8 @@ def _make(task: str, fused: bool) -> list[Family]:
         Family(
             name=rb_name,
             task=task,
-            description="whole rows in registers, [rows, pow2(N)] tiles, optional persistent grid; chunked fallback for long rows",
+            description="whole rows in registers, [rows, pow2(N)] tiles, optional persistent grid; "
+            "chunked fallback for long rows",
             knobs=_rowblock_knobs(fused),
             start=_rowblock_start(fused),
             render=lambda k: _render_rowblock(rb_name, task, fused, k),
@@ -372,7 +401,7 @@ def _make(task: str, fused: bool) -> list[Family]:
             knobs=_chunked_knobs(fused),
             start=_chunked_start(fused),
             render=lambda k: _render_chunked(ch_name, task, fused, k),
-            valid=_chunked_valid,
+            valid=_chunked_valid_for(fused),
         ),
     ]
 

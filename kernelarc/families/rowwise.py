@@ -45,7 +45,7 @@ m = tl.where(rmask, m, 0.0)
 e = tl.exp(x - m[:, None])
 s = tl.sum(e, axis=1)
 y = {mc.normalize_expr(k["normalize"], "e", "s[:, None]")}
-tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask{skw})
+tl.store(Y + rows[:, None] * stride_y + cols[None, :], _cast_out(y, Y.dtype.element_ty), mask=mask{skw})
 """
     src = f"""
 
@@ -54,9 +54,8 @@ tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty),
 def {name}(X, Y, M, N, stride_x, stride_y, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
-    num_blocks = tl.cdiv(M, ROWS)
 """
-    return src + mc.grid_loop(bool(k["persistent"]), "num_blocks", "rb", body)
+    return src + mc.grid_loop(bool(k["persistent"]), "tl.cdiv(M, ROWS)", "rb", body)
 
 
 def _stats_loop(mode: str, load: str, lo: str, hi: str) -> str:
@@ -111,7 +110,9 @@ def _online_kernel(name: str, k: Mapping[str, Any]) -> str:
     p1 = mc.load_kw(k["pass1_evict"])
     p2 = mc.load_kw(k["pass2_evict"])
     skw = mc.store_kw(k["store_cache"])
-    load1 = f'x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=-float("inf"){p1}).to(tl.float32)'
+    load1 = (
+        f'x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=-float("inf"){p1}).to(tl.float32)'
+    )
     body = (
         """
 rows = rb * ROWS + tl.arange(0, ROWS)
@@ -126,7 +127,7 @@ for c0 in tl.range(0, N, BLOCK_N):
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0{p2}).to(tl.float32)
     e = tl.exp(x - m[:, None])
     y = {mc.normalize_expr(k["normalize"], "e", "s[:, None]")}
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask{skw})
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], _cast_out(y, Y.dtype.element_ty), mask=mask{skw})
 """
     )
     src = f"""
@@ -134,16 +135,17 @@ for c0 in tl.range(0, N, BLOCK_N):
 
 @triton.jit
 def {name}(X, Y, M, N, stride_x, stride_y, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
-    num_blocks = tl.cdiv(M, ROWS)
 """
-    return src + mc.grid_loop(bool(k["persistent"]), "num_blocks", "rb", body)
+    return src + mc.grid_loop(bool(k["persistent"]), "tl.cdiv(M, ROWS)", "rb", body)
 
 
 def _split_kernels(k: Mapping[str, Any]) -> str:
     p1 = mc.load_kw(k["pass1_evict"])
     p2 = mc.load_kw(k["pass2_evict"])
     skw = mc.store_kw(k["store_cache"])
-    load1 = f'x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=-float("inf"){p1}).to(tl.float32)'
+    load1 = (
+        f'x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=-float("inf"){p1}).to(tl.float32)'
+    )
     stats = _stats_loop(k["online_mode"], load1, "lo", "hi")
     pid2 = "num_programs - 1 - tl.program_id(0)" if k["norm_order"] == "reverse" else "tl.program_id(0)"
     src = f"""
@@ -189,7 +191,7 @@ def _softmax_split_norm_kernel(X, Y, WS, M, N, stride_x, stride_y, SPLITS, num_p
         x = tl.load(X + row64 * stride_x + cols, mask=mask, other=0.0{p2}).to(tl.float32)
         e = tl.exp(x - m)
         y = {mc.normalize_expr(k["normalize"], "e", "s")}
-        tl.store(Y + row64 * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask{skw})
+        tl.store(Y + row64 * stride_y + cols, _cast_out(y, Y.dtype.element_ty), mask=mask{skw})
 """
     return src
 
@@ -218,7 +220,8 @@ def _render_rowblock(family: str, k: Mapping[str, Any]) -> str:
         "store_cache": k["store_cache"],
         "normalize": k["normalize"],
         "persistent": k["persistent"],
-        "online_mode": "lanewise",
+        # chunks as large as the register budget: per-chunk reductions, no per-lane state tiles
+        "online_mode": "chunk_reduce",
     }
     src = mc.header(family, "softmax: whole rows in registers (rendered candidate).", k)
     src += f"\nNUM_WARPS = {k['num_warps']}\nNUM_STAGES = {k['num_stages']}\n"
@@ -226,22 +229,35 @@ def _render_rowblock(family: str, k: Mapping[str, Any]) -> str:
     src += _rows_kernel("_softmax_rows_kernel", k)
     src += _online_kernel("_softmax_online_fallback_kernel", fallback)
     p = k["persistent"]
-    src += _PROLOGUE + f"""    args = (x, y, M, N, x.stride(0), y.stride(0))
+    src += (
+        _PROLOGUE
+        + f"""    args = (x, y, M, N, x.stride(0), y.stride(0))
     cap = MAX_ELEMS_PER_THREAD * 32 * NUM_WARPS
-    block_n = triton.next_power_of_2(N)
+{mc.clamp_block_src("cap", "1", 2, "x.element_size()")}    block_n = triton.next_power_of_2(N)
     if block_n <= cap:
         rows = max(1, min(ROWS_PER_PROGRAM, cap // block_n))
         blocks = triton.cdiv(M, rows)
         grid = ({mc.grid_expr(p, "blocks", "x.device")},)
         _softmax_rows_kernel[grid](*args, BLOCK_N=block_n, ROWS=rows, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     else:
-        # Row longer than the register budget: online two-pass kernel, chunk = budget.
+        # Row over the register (or staged shared-memory) budget: online two-pass kernel.
         blocks = M
         grid = ({mc.grid_expr(p, "blocks", "x.device")},)
         _softmax_online_fallback_kernel[grid](*args, BLOCK_N=cap, ROWS=1, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return y
 """
+    )
     return mc.finish(src, k.get("num_stages", 1))
+
+
+def _online_streams(k: Mapping[str, Any]) -> int:
+    """Row tiles loaded per chunk, summed over the kernel's loops (staged when pipelined)."""
+    return 3 if k["online_mode"] == "three_pass" else 2
+
+
+def _split_streams(k: Mapping[str, Any]) -> int:
+    """Per kernel: the statistics kernel has two loops in three_pass mode, else one."""
+    return 2 if k["online_mode"] == "three_pass" else 1
 
 
 def _render_online(family: str, k: Mapping[str, Any]) -> str:
@@ -250,13 +266,17 @@ def _render_online(family: str, k: Mapping[str, Any]) -> str:
     src += f"ROWS_PER_PROGRAM = {k['rows']}\nBLOCK_N = {k['block_n']}\n"
     src += _online_kernel("_softmax_online_kernel", k)
     p = k["persistent"]
-    src += _PROLOGUE + f"""    block_n = min(BLOCK_N, triton.next_power_of_2(N))
+    src += (
+        _PROLOGUE
+        + f"""    block_n = min(BLOCK_N, triton.next_power_of_2(N))
+{mc.clamp_block_src("block_n", "ROWS_PER_PROGRAM", _online_streams(k), "x.element_size()")}\
     blocks = triton.cdiv(M, ROWS_PER_PROGRAM)
     grid = ({mc.grid_expr(p, "blocks", "x.device")},)
     _softmax_online_kernel[grid](x, y, M, N, x.stride(0), y.stride(0), BLOCK_N=block_n, ROWS=ROWS_PER_PROGRAM,
                                  num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return y
 """
+    )
     return mc.finish(src, k.get("num_stages", 1))
 
 
@@ -265,7 +285,10 @@ def _render_split(family: str, k: Mapping[str, Any]) -> str:
     src += f"\nNUM_WARPS = {k['num_warps']}\nNUM_STAGES = {k['num_stages']}\n"
     src += f"BLOCK_N = {k['block_n']}\nCHUNKS_PER_PROGRAM = {k['chunks']}\n"
     src += _split_kernels(k)
-    src += _PROLOGUE + """    block_n = min(BLOCK_N, triton.next_power_of_2(N))
+    src += (
+        _PROLOGUE
+        + f"""    block_n = min(BLOCK_N, triton.next_power_of_2(N))
+{mc.clamp_block_src("block_n", "1", _split_streams(k), "x.element_size()")}\
     span = block_n * CHUNKS_PER_PROGRAM
     splits = triton.cdiv(N, span)
     ws = torch.empty((M, splits, 2), dtype=torch.float32, device=x.device)
@@ -278,6 +301,7 @@ def _render_split(family: str, k: Mapping[str, Any]) -> str:
                                      num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return y
 """
+    )
     return mc.finish(src, k.get("num_stages", 1))
 
 
@@ -297,8 +321,14 @@ _ONLINE_MODE = Knob(
     "algorithmic",
     "statistics: max pass then sum pass; online per-chunk reduced; online per lane (reduced once at the end)",
 )
-_BLOCK_N = Knob("block_n", (128, 256, 512, 1024, 2048, 4096, 8192, 16384), "tiling", "chunk width (clamped to next_pow2(N))")
-_P1 = mc.evict_knob("pass1_evict", ("", "evict_last", "evict_first"), "eviction of statistics-pass loads (evict_last keeps rows in L2 for the re-read)")
+_BLOCK_N = Knob(
+    "block_n", (128, 256, 512, 1024, 2048, 4096, 8192, 16384), "tiling", "chunk width (clamped to next_pow2(N))"
+)
+_P1 = mc.evict_knob(
+    "pass1_evict",
+    ("", "evict_last", "evict_first"),
+    "eviction of statistics-pass loads (evict_last keeps rows in L2 for the re-read)",
+)
 _P2 = mc.evict_knob("pass2_evict", ("", "evict_first", "evict_last"), "eviction of normalising-pass loads")
 
 
@@ -307,20 +337,22 @@ def _rowblock_valid(k: Mapping[str, Any]) -> bool:
 
 
 def _online_valid(k: Mapping[str, Any]) -> bool:
-    ept = mc.elems_per_thread(k["block_n"] * k["rows"], k["num_warps"])
-    return 1 <= ept <= 128
+    tile = k["block_n"] * k["rows"]
+    ept = mc.elems_per_thread(tile, k["num_warps"])
+    return 1 <= ept <= 128 and mc.fits_smem(k["num_stages"], tile, _online_streams(k))
 
 
 def _split_valid(k: Mapping[str, Any]) -> bool:
     ept = mc.elems_per_thread(k["block_n"], k["num_warps"])
-    return 1 <= ept <= 128
+    return 1 <= ept <= 128 and mc.fits_smem(k["num_stages"], k["block_n"], _split_streams(k))
 
 
 FAMILIES: list[Family] = [
     Family(
         name="softmax.rowblock",
         task="softmax",
-        description="whole rows in registers, [rows, pow2(N)] tiles, optional persistent grid; online fallback for long rows",
+        description="whole rows in registers, [rows, pow2(N)] tiles, optional persistent grid; "
+        "online fallback for long rows",
         knobs=(
             Knob("rows", (1, 2, 4, 8, 16, 32), "tiling", "rows per program step (clamped by the register budget)"),
             Knob(

@@ -22,6 +22,11 @@ from typing import Any
 _perf_counter = time.perf_counter
 
 
+# Helper threads that torch itself starts (Inductor's compile machinery, its progress bar):
+# candidates cannot import threading (static check), so these names come from torch.
+TORCH_THREADS = {"InductorSubproc", "tqdm_monitor", "subproc_worker_timer"}
+
+
 class CandidateFailure(Exception):
     def __init__(self, status: str, message: str):
         super().__init__(message)
@@ -238,7 +243,9 @@ class Harness:
             if isinstance(e, KeyboardInterrupt | SystemExit):
                 raise CandidateFailure("rejected_hack", f"candidate raised {type(e).__name__}") from None
             raise _classify(e) from None
-        extra = [t for t in self.threading.enumerate() if t.ident not in self.threads0]
+        extra = [
+            t for t in self.threading.enumerate() if t.ident not in self.threads0 and t.name not in TORCH_THREADS
+        ]
         if extra:
             names = ", ".join(t.name for t in extra)
             raise CandidateFailure("rejected_hack", f"candidate started threads that outlive the call: {names}")
@@ -413,14 +420,14 @@ class Harness:
             raise _classify(e) from None
         _check_integrity(snap)
         median = sorted(samples)[len(samples) // 2]
-        if excess:
-            ex = sorted(excess)[1]
-            if ex > max(2.0, 3 * median):
-                raise CandidateFailure(
-                    "rejected_hack",
-                    f"workload {wl}: {ex:.2f} ms of device work outlives the timed region "
-                    f"(median event time {median:.3f} ms): side stream or deferred work",
-                )
+        ex = sorted(excess)[len(excess) // 2] if excess else 0.0
+        # Only a large, consistent excess counts: other workers' checks share the GPU and add delay.
+        if excess and min(excess) > max(20.0, 10 * median):
+            raise CandidateFailure(
+                "rejected_hack",
+                f"workload {wl}: {ex:.2f} ms of device work outlives the timed region "
+                f"(median event time {median:.3f} ms): side stream or deferred work",
+            )
         for set_idx, outs in kept:
             outs = self._normalize(outs)
             if not self.check_outputs("timed", wl, set_idx, outs):
@@ -432,6 +439,8 @@ def worker_main(conn, device: str, log_dir: str | None = None) -> None:
     """Entry point of a pre-started worker process."""
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
+    # torch.compile compiles in this process instead of a subprocess pool (no stray children).
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     # Redirect stdout/stderr before any candidate code exists: results travel only on `conn`.
     fd, log_path = tempfile.mkstemp(prefix="kernelarc-worker-", suffix=".log", dir=log_dir)
     sys.stdout.flush()

@@ -22,12 +22,39 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 INT_HIGH = 64
 
 
+_MODULE_DIR: str | None = None
+
+
 def load_module(source: str, name: str) -> types.ModuleType:
-    """Execute Python source as a fresh module (used for references and candidates)."""
-    mod = types.ModuleType(name)
-    mod.__file__ = f"<{name}>"
-    code = compile(source, f"<{name}>", "exec")
-    exec(code, mod.__dict__)  # noqa: S102 - references are task data; candidates only run in workers
+    """Import Python source as a module from a real file.
+
+    Triton's JIT reads kernel source from the defining file and torch.compile looks the
+    module up in ``sys.modules``, so the source is written to a private temp folder and
+    imported under a unique name (content hash) registered in ``sys.modules``.
+    """
+    import hashlib
+    import importlib.util
+    import sys
+    import tempfile
+
+    global _MODULE_DIR
+    if _MODULE_DIR is None:
+        _MODULE_DIR = tempfile.mkdtemp(prefix="kernelarc-modules-")
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    modname = f"kernelarc_{''.join(ch if ch.isalnum() else '_' for ch in name)}_{digest}"
+    if modname in sys.modules:
+        return sys.modules[modname]
+    path = Path(_MODULE_DIR) / f"{modname}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(modname, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(modname, None)
+        raise
     return mod
 
 

@@ -10,6 +10,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 
@@ -31,7 +32,7 @@ POINTS = [
     {},
     {"MEMORY": "tma", "SCALE": "q", "M_ORDER": "reverse", "GRID_ORDER": "heads_fastest", "BLOCK_N": 32},
     {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "MEMORY": "tma"},
-    {"BLOCK_M": 16, "BLOCK_N": 16, "LOOP": "single", "WARP_SPECIALIZE": True, "num_stages": 3},
+    {"BLOCK_M": 16, "BLOCK_N": 16, "LOOP": "single", "WARP_SPECIALIZE": True, "num_stages": 3, "MEMORY": "tma"},
 ]
 RESIDUAL_POINTS = [{}, {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "MEMORY": "tma", "LOOP": "single"}]
 
@@ -138,41 +139,87 @@ def test_interpreted_correctness(name, tmp_path):
                     raise AssertionError(f"{name} {point} shape {(B, H, HKV, S, D)} causal={causal}: {e}") from None
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_aot_compiles_for_sm90a_with_wgmma(name, tmp_path):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+# The interpreter flag is read when triton.language is imported (its own @jit helpers such
+# as tl.cdiv become interpreted functions), so ahead-of-time compilation runs in a child
+# process without TRITON_INTERPRET.
+_AOT_CHILD = r"""
+import importlib.util, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+out = {}
+for label, path, jobs in json.load(sys.stdin):
+    spec = importlib.util.spec_from_file_location("cand_" + label.replace(".", "_"), path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = []
+    for job in jobs:
+        attrs = {tuple(k): v for k, v in job["attrs"]}
+        src = ASTSource(fn=getattr(mod, job["kernel"]), signature=job["signature"],
+                        constexprs=job["constexprs"], attrs=attrs)
+        try:
+            c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
+        except Exception as e:
+            res.append({"kernel": job["kernel"], "error": f"{type(e).__name__}: {e}"[-2000:]})
+            continue
+        ptx = c.asm["ptx"]
+        res.append({"kernel": job["kernel"], "sm90a": ".target sm_90a" in ptx,
+                    "wgmma": "wgmma.mma_async" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
+                    "setmaxnreg": "setmaxnreg" in ptx, "shared": c.metadata.shared})
+    out[label] = res
+print(json.dumps(out))
+"""
 
-    import triton
 
-    fam = get_family(name)
-    module = load_source(fam.render(fam.start), tmp_path, interpret=False)
-    residual = fam.task == "attention_residual"
-    for job in ac.aot_jobs(fam, fam.start, head_dim=128, causal=True, residual=residual):
-        fn = getattr(module, job["kernel"])
-        src = ASTSource(fn=fn, signature=job["signature"], constexprs=job["constexprs"], attrs=job["attrs"])
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
-        ptx = compiled.asm["ptx"]
-        assert ".target sm_90a" in ptx
-        assert "wgmma.mma_async" in ptx, f"{name}: no wgmma in the start point's PTX"
-        assert compiled.metadata.shared <= ac.SMEM_LIMIT
+def aot_compile(items, tmp_dir):
+    """items: [(label, source, jobs)] -> {label: [per-kernel result dict]} (sm_90a, no GPU)."""
+    import subprocess
+
+    payload = []
+    for label, src, jobs in items:
+        path = tmp_dir / f"aot_{label.replace('.', '_')}.py"
+        path.write_text(src)
+        jobs = [{**j, "attrs": [[list(k), v] for k, v in j["attrs"].items()]} for j in jobs]
+        payload.append((label, str(path), jobs))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _AOT_CHILD], input=json.dumps(payload), capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_aot_warp_specialized_point_is_specialized(tmp_path):
-    """The one form of warp specialization valid() admits really is lowered on sm_90a."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+WS_POINT = {"BLOCK_M": 128, "BLOCK_N": 64, "MEMORY": "tma", "LOOP": "single", "WARP_SPECIALIZE": True,
+            "num_stages": 2}
 
-    import triton
 
+@pytest.fixture(scope="module")
+def aot_points(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("aot")
+    items = []
+    for name in sorted(FAMILIES):
+        fam = get_family(name)
+        residual = fam.task == "attention_residual"
+        items.append((name, fam.render(fam.start),
+                      ac.aot_jobs(fam, fam.start, head_dim=128, causal=True, residual=residual)))
     fam = get_family("attention.flash")
-    point = fam.check_point({"BLOCK_M": 128, "BLOCK_N": 64, "MEMORY": "tma", "LOOP": "single",
-                             "WARP_SPECIALIZE": True, "num_stages": 2})
-    assert fam.valid(point)
-    module = load_source(fam.render(point), tmp_path, interpret=False)
-    (job,) = ac.aot_jobs(fam, point, head_dim=128, causal=True)
-    src = ASTSource(fn=module.attn_fwd_kernel, signature=job["signature"], constexprs=job["constexprs"],
-                    attrs=job["attrs"])
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
-    ptx = compiled.asm["ptx"]
-    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
+    point = fam.check_point(WS_POINT)
+    items.append(("ws", fam.render(point), ac.aot_jobs(fam, point, head_dim=128, causal=True)))
+    return aot_compile(items, tmp)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_aot_compiles_for_sm90a_with_wgmma(name, aot_points):
+    (res,) = aot_points[name]
+    assert "error" not in res, res.get("error")
+    assert res["sm90a"]
+    assert res["wgmma"], f"{name}: no wgmma in the start point's PTX"
+    assert res["shared"] <= ac.SMEM_LIMIT
+
+
+def test_aot_warp_specialized_point_is_specialized(aot_points):
+    """The one form of warp specialization valid() admits really is lowered on sm_90a."""
+    fam = get_family("attention.flash")
+    assert fam.valid(fam.check_point(WS_POINT))
+    (res,) = aot_points["ws"]
+    assert "error" not in res, res.get("error")
+    assert res["wgmma"] and res["setmaxnreg"] and res["tma"]

@@ -10,6 +10,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
+import json  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
@@ -38,7 +39,7 @@ POINTS = {
         {},
         {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         {"EPILOGUE_SUBTILE": 4, "DESCRIPTORS": "device", "GROUP_M": 2, "FLATTEN": True},
-        {"BLOCK_M": 128, "BLOCK_N": 128, "WARP_SPECIALIZE": True, "EPILOGUE_SUBTILE": 2, "NUM_SMS_MULT": 2},
+        {"BLOCK_M": 128, "BLOCK_N": 128, "WARP_SPECIALIZE": True, "DESCRIPTORS": "device", "NUM_SMS_MULT": 2},
     ],
     "matmul.splitk": [
         {},
@@ -112,8 +113,14 @@ def test_space_contains_known_good_hopper_points():
     pers = get_family("matmul.persistent_tma")
     assert pers.valid(pers.check_point({**good, "num_stages": 3}))
     assert pers.valid(pers.check_point({**good, "num_stages": 4, "EPILOGUE_SUBTILE": 2}))
-    assert pers.valid(pers.check_point({**good, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4,
+    # warp-specialized forms that Triton 3.6 lowers on sm_90a
+    assert pers.valid(pers.check_point({**good, "num_warps": 4, "num_stages": 3, "WARP_SPECIALIZE": True,
+                                        "DESCRIPTORS": "device"}))
+    assert pers.valid(pers.check_point({**good, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4,
                                         "WARP_SPECIALIZE": True}))
+    # ... and forms it crashes on or ignores
+    assert not pers.valid(pers.check_point({**good, "num_warps": 4, "num_stages": 3, "WARP_SPECIALIZE": True}))
+    assert not pers.valid(pers.check_point({**good, "num_stages": 3, "WARP_SPECIALIZE": True}))
 
 
 def test_valid_prunes_resource_failures():
@@ -154,23 +161,72 @@ def test_degenerate_shape_one(tmp_path):
         check_close(module.run(A, B), A.double() @ B.double().T)
 
 
+# The interpreter flag is read when triton.language is imported (its own @jit helpers such
+# as tl.cdiv become interpreted functions), so ahead-of-time compilation runs in a child
+# process without TRITON_INTERPRET.
+_AOT_CHILD = r"""
+import importlib.util, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+out = {}
+for label, path, jobs in json.load(sys.stdin):
+    spec = importlib.util.spec_from_file_location("cand_" + label.replace(".", "_"), path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = []
+    for job in jobs:
+        attrs = {tuple(k): v for k, v in job["attrs"]}
+        src = ASTSource(fn=getattr(mod, job["kernel"]), signature=job["signature"],
+                        constexprs=job["constexprs"], attrs=attrs)
+        try:
+            c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
+        except Exception as e:
+            res.append({"kernel": job["kernel"], "error": f"{type(e).__name__}: {e}"[-2000:]})
+            continue
+        ptx = c.asm["ptx"]
+        res.append({"kernel": job["kernel"], "sm90a": ".target sm_90a" in ptx,
+                    "wgmma": "wgmma.mma_async" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
+                    "setmaxnreg": "setmaxnreg" in ptx, "shared": c.metadata.shared})
+    out[label] = res
+print(json.dumps(out))
+"""
+
+
+def aot_compile(items, tmp_dir):
+    """items: [(label, source, jobs)] -> {label: [per-kernel result dict]} (sm_90a, no GPU)."""
+    import subprocess
+
+    payload = []
+    for label, src, jobs in items:
+        path = tmp_dir / f"aot_{label.replace('.', '_')}.py"
+        path.write_text(src)
+        jobs = [{**j, "attrs": [[list(k), v] for k, v in j["attrs"].items()]} for j in jobs]
+        payload.append((label, str(path), jobs))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _AOT_CHILD], input=json.dumps(payload), capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def aot_start_points(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("aot")
+    items = [(name, get_family(name).render(get_family(name).start), mm._aot_jobs(name, get_family(name).start))
+             for name in sorted(POINTS)]
+    return aot_compile(items, tmp)
+
+
 @pytest.mark.parametrize("name", sorted(POINTS))
-def test_aot_compiles_for_sm90a_with_wgmma(name, tmp_path):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    import triton
-
-    fam = get_family(name)
-    module = load_source(fam.render(fam.start), tmp_path, interpret=False)
-    for job in mm._aot_jobs(name, fam.start):
-        fn = getattr(module, job["kernel"])
-        src = ASTSource(fn=fn, signature=job["signature"], constexprs=job["constexprs"], attrs=job["attrs"])
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
-        ptx = compiled.asm["ptx"]
-        assert ".target sm_90a" in ptx
-        if job["kernel"] == "matmul_kernel":
-            assert "wgmma.mma_async" in ptx, f"{name}: no wgmma in the start point's PTX"
+def test_aot_compiles_for_sm90a_with_wgmma(name, aot_start_points):
+    results = aot_start_points[name]
+    assert results, name
+    for res in results:
+        assert "error" not in res, res.get("error")
+        assert res["sm90a"]
+        if res["kernel"] == "matmul_kernel":
+            assert res["wgmma"], f"{name}: no wgmma in the start point's PTX"
         if name == "matmul.persistent_tma":
-            assert "cp.async.bulk.tensor" in ptx, "persistent_tma start point does not use TMA"
-        assert compiled.metadata.shared <= mm.SMEM_LIMIT
+            assert res["tma"], "persistent_tma start point does not use TMA"
+        assert res["shared"] <= mm.SMEM_LIMIT

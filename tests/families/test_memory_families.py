@@ -14,19 +14,20 @@ if not (__name__ == "__main__" and "--aot" in sys.argv):
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
 
 import importlib.util
-import traceback
 import math
 import random
+import traceback
 import zlib
 
 import pytest
 import torch
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from kernelarc.families import families_for, get_family
+from kernelarc.families import families_for
 
 # The interpreter converts 1-element arrays to loop bounds (numpy deprecation noise);
 # masked-off rows divide by zero in lanes that are never stored.
@@ -173,7 +174,7 @@ POINTS = {
     ],
     "rmsnorm.chunked": [
         dict(block_n=128, rows=2, num_warps=1, num_stages=2, pass1_evict="evict_last", pass2_evict="evict_first"),
-        dict(block_n=256, rows=4, num_warps=4, persistent=4, rsqrt="rsqrt", store_cache=".cs"),
+        dict(block_n=256, rows=4, num_warps=4, persistent=4, rsqrt="rsqrt", store_cache=".cs", reduce="chunk"),
         dict(block_n=4096, num_warps=8, persistent=1, num_stages=3),
     ],
     "fused_add_rmsnorm.rowblock": [
@@ -183,7 +184,7 @@ POINTS = {
     ],
     "fused_add_rmsnorm.chunked": [
         dict(block_n=128, rows=2, num_warps=1, second_pass="residual_out", pass1_evict="evict_last"),
-        dict(block_n=256, rows=4, num_warps=4, persistent=4, num_stages=2, rsqrt="rsqrt"),
+        dict(block_n=256, rows=4, num_warps=4, persistent=4, num_stages=2, rsqrt="rsqrt", reduce="chunk"),
         dict(block_n=2048, num_warps=8, persistent=1, second_pass="residual_out", pass2_evict="evict_first"),
     ],
     "softmax.rowblock": [
@@ -194,7 +195,15 @@ POINTS = {
     ],
     "softmax.online": [
         dict(block_n=128, rows=2, num_warps=1, online_mode="lanewise", pass1_evict="evict_last"),
-        dict(block_n=256, rows=4, num_warps=2, persistent=4, num_stages=2, online_mode="chunk_reduce", normalize="mul_rcp"),
+        dict(
+            block_n=256,
+            rows=4,
+            num_warps=2,
+            persistent=4,
+            num_stages=2,
+            online_mode="chunk_reduce",
+            normalize="mul_rcp",
+        ),
         dict(block_n=4096, num_warps=8, persistent=1, online_mode="lanewise", normalize="div"),
     ],
     "softmax.split_row": [
@@ -263,14 +272,15 @@ def _check(task, outs, ref):
         outs = (outs,)
     assert len(outs) == len(ref)
     atol, rtol = TOL[task]
-    for o, r in zip(outs, ref):
+    for o, r in zip(outs, ref, strict=True):
         assert o.shape == r.shape and o.dtype == torch.bfloat16
         d = o.double()
         assert torch.isfinite(d).all()
         bad = (d - r).abs() > atol + rtol * r.abs()
         if bad.any():
             idx = bad.nonzero()[0].tolist()
-            pytest.fail(f"{bad.sum().item()} mismatches, first at {idx}: got {d[tuple(idx)].item()} want {r[tuple(idx)].item()}")
+            got, want = d[tuple(idx)].item(), r[tuple(idx)].item()
+            pytest.fail(f"{bad.sum().item()} mismatches, first at {idx}: got {got} want {want}")
 
 
 def _all_families():
@@ -310,6 +320,66 @@ def test_family_correct_interpreter(fam, tmp_path):
                 raise AssertionError(f"{fam.name} point {i} {point} shape {shape}: {e}") from e
 
 
+@triton.jit
+def _cast_roundtrip_kernel(X, Y, Z, N, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    m = o < N
+    x = tl.load(X + o, mask=m, other=0.0).to(tl.float32)
+    tl.store(Y + o, _cast_out(x * 3.0 + 0.1, Y.dtype.element_ty), mask=m)  # noqa: F821 (set by the test)
+    tl.store(Z + o, (x * 3.0 + 0.1).to(Z.dtype.element_ty), mask=m)
+
+
+def test_interpreter_bf16_store_rounding(tmp_path):
+    """bf16 loads upcast exactly; the candidates' store cast rounds to nearest even.
+
+    Triton 3.6's interpreter truncates a plain fp32 -> bf16 ``.to`` (the GPU rounds to
+    nearest even), so rendered candidates store through ``_cast_out``, which emulates
+    round-to-nearest-even when interpreting.
+    """
+    fam = families_for("rmsnorm")[0]
+    mod = _load(fam.render(dict(fam.start)), tmp_path, "cast_check")
+    globals()["_cast_out"] = mod._cast_out
+    gen = torch.Generator().manual_seed(3)
+    x = _rand(gen, (4000,), 2.0)
+    y, z = torch.empty_like(x), torch.empty_like(x)
+    _cast_roundtrip_kernel[(1,)](x, y, z, x.numel(), BLOCK=4096)
+    want = (x.float() * 3.0 + 0.1).to(torch.bfloat16)
+    assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+    # documents the interpreter behaviour the helper works around (a plain cast truncates)
+    trunc = ((x.float() * 3.0 + 0.1).view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+    assert torch.equal(z.view(torch.int16), trunc.view(torch.int16))
+
+
+def _strided(task, inputs):
+    """The same values as views with padded row strides (a slice of a wider buffer)."""
+
+    def pad_rows(t, extra=7):
+        buf = torch.empty((*t.shape[:-1], t.shape[-1] + extra), dtype=t.dtype)
+        buf[..., : t.shape[-1]] = t
+        return buf[..., : t.shape[-1]]
+
+    if task == "rope":
+        q, k, cos, sin = inputs
+        t, h, d = q.shape
+        qkv = torch.empty((t, h + 2 * k.shape[1] + 1, d), dtype=q.dtype)
+        qkv[:, :h] = q
+        qkv[:, h : h + k.shape[1]] = k
+        return (qkv[:, :h], qkv[:, h : h + k.shape[1]], pad_rows(cos), pad_rows(sin))
+    return tuple(pad_rows(x) if x.dim() == 2 else x for x in inputs)
+
+
+@pytest.mark.parametrize("fam", _all_families(), ids=lambda f: f.name)
+def test_family_strided_inputs(fam, tmp_path):
+    for i, point in enumerate(_points(fam)[:2]):
+        mod = _load(fam.render(point), tmp_path, f"{fam.name.replace('.', '_')}_strided_{i}")
+        shape = CPU_SHAPES[fam.task][1]
+        gen = torch.Generator().manual_seed(zlib.crc32(f"strided/{fam.name}/{i}".encode()))
+        inputs = _inputs(fam.task, shape, gen)
+        strided = _strided(fam.task, inputs)
+        assert any(not x.is_contiguous() for x in strided)
+        _check(fam.task, mod.run(*strided), _reference(fam.task, inputs))
+
+
 # ---------------------------------------------------------------------------------
 # ahead-of-time compilation for Hopper (sm_90a)
 #
@@ -343,10 +413,10 @@ def _compile_recorded(rec):
         kwargs = dict(kwargs)
         opts = {k: kwargs.pop(k) for k in list(kwargs) if k in _LAUNCH_OPTS}
         names = jit.arg_names
-        values = dict(zip(names, args))
+        values = dict(zip(names, args, strict=False))  # the rest come as keywords
         values.update(kwargs)
         sig, consts, attrs = {}, {}, {}
-        for i, (name, p) in enumerate(zip(names, jit.params)):
+        for i, (name, p) in enumerate(zip(names, jit.params, strict=True)):
             v = values[name]
             if p.is_constexpr:
                 sig[name] = "constexpr"
@@ -379,7 +449,8 @@ def _aot_point(fam, point, tmp_path, tag, shapes):
     mod = _load(fam.render(point), tmp_path, tag)
     recs = {}
     for name, obj in list(vars(mod).items()):
-        if isinstance(obj, JITFunction):
+        # launched kernels end in _kernel; other jit functions are helpers they call
+        if isinstance(obj, JITFunction) and name.endswith("_kernel"):
             recs[name] = _Recorder(obj)
             setattr(mod, name, recs[name])
     assert recs, "no kernels found in the rendered module"
