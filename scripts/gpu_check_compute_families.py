@@ -145,9 +145,15 @@ def shapes_for(task: str, shapes):
     return list(table) if shapes is None else list(shapes)
 
 
-def module_path(fam_name: str, knobs: dict) -> Path:
-    from kernelarc.families import get_family
+def get_family(fam_name: str):
+    # only this script's own family modules: the package's discovery would import every
+    # family module in the tree, including ones other people are editing right now
+    from kernelarc.families import attention, matmul
 
+    return {f.name: f for f in (*matmul.FAMILIES, *attention.FAMILIES)}[fam_name]
+
+
+def module_path(fam_name: str, knobs: dict) -> Path:
     fam = get_family(fam_name)
     src = fam.render(fam.check_point(knobs))
     name = "cand_" + hashlib.sha1(src.encode()).hexdigest()[:16]
@@ -271,6 +277,8 @@ def _warm_one(job):
     except Exception as e:  # noqa: BLE001
         return label, time.time() - t0, {"*": f"{type(e).__name__}: {e}"[:300]}
     task = cand_task(fam_name)
+    if DRY and os.environ.get("GPU_CHECK_DRY_HANG") == label:
+        time.sleep(1e6)  # rehearse a hung warm-up run
     for s in shapes_for(task, shapes):
         try:
             inputs = make_inputs(task, s, seed=1)
@@ -296,26 +304,34 @@ def mode_precompile(workers: int, budget: float) -> None:
     jobs = list(CANDIDATES)
     log(f"[precompile] {len(jobs)} candidates on {workers} workers")
     ctx = mp.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futs = {pool.submit(_warm_one, j): j[1] for j in jobs}
-        try:
-            for fut in cf.as_completed(futs, timeout=budget):
-                try:
-                    label, dt, errors = fut.result()
-                    log(f"[precompile] {label:32s} {dt:6.1f}s {'ERR ' + json.dumps(errors) if errors else 'ok'}")
-                except Exception as e:  # noqa: BLE001
-                    log(f"[precompile] {futs[fut]} worker failed: {e}")
-        except cf.TimeoutError:
-            log("[precompile] budget reached; the groups compile what is left")
+    pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    futs = {pool.submit(_warm_one, j): j[1] for j in jobs}
+    pending = set(futs)
+    last_done = time.time()
+    while pending:
+        done, pending = cf.wait(pending, timeout=1.0, return_when=cf.FIRST_COMPLETED)
+        for fut in done:
+            last_done = time.time()
+            try:
+                label, dt, errors = fut.result()
+                log(f"[precompile] {label:32s} {dt:6.1f}s {'ERR ' + json.dumps(errors) if errors else 'ok'}")
+            except Exception as e:  # noqa: BLE001
+                log(f"[precompile] {futs[fut]} worker failed: {e}")
+        stalled = time.time() - last_done > STALL_S
+        if pending and (time.time() - t0 > budget or stalled):
+            log(f"[precompile] {'stalled' if stalled else 'budget reached'}; left for the groups: "
+                f"{sorted(futs[f] for f in pending)}")
             # end the workers this pool started (a hung warm-up run would block shutdown)
             for proc in list(getattr(pool, "_processes", {}).values()):
                 proc.terminate()
-            pool.shutdown(wait=False, cancel_futures=True)
+            break
+    pool.shutdown(wait=False, cancel_futures=True)
     log(f"[precompile] done in {time.time() - t0:.1f}s")
 
 
 _WATCH = {"deadline": None, "key": None}
 STEP_LIMIT_S = 8 if DRY else 40
+STALL_S = 10.0 if DRY else 40.0  # pre-compile: no job finished for this long -> a warm-up run hangs
 
 
 def _watchdog() -> None:
@@ -469,7 +485,8 @@ def summary() -> str:
             best = min(ok, key=lambda r: r["ms"])
             ratio = f"{base['ms'] / best['ms']:.2f}" if base else "-"
             bt = f"{base['tflops']:.0f}" if base else "-"
-            out.append(f"{task[:9]:9s} {shape:20s} {best['cand']:30s} {best['tflops']:6.0f} TF vs {bt:>4s} x{ratio}")
+            short = {"matmul": "matmul", "attention": "attn", "attention_residual": "attn+res"}[task]
+            out.append(f"{short:9s} {shape:20s} {best['cand']:30s} {best['tflops']:6.0f} TF vs {bt:>4s} x{ratio}")
     nfail = sum(1 for r in recs.values() if "error" in r)
     out.append(f"failed measurements: {nfail} of {len(recs)}")
     return "\n".join(out)
@@ -510,9 +527,10 @@ def mode_orchestrate() -> None:
              min(110.0, left() * 0.4))
     plan = [("matmul", 0.45), ("attention", 0.95)]
     for group, share in plan:
-        deadline = t0 + TOTAL_BUDGET_S * 1.0
+        # each group gets a fixed slice; retries (after a hung candidate) stay inside it
+        deadline = time.time() + left() * share
         tries = 0
-        while tries < 8 and left() > 15:
+        while tries < 8 and deadline - time.time() > 15:
             tries += 1
             recs, started = read_results()
             skip = set(recs)
@@ -531,9 +549,9 @@ def mode_orchestrate() -> None:
                         skip.add(key)
             skip_file = OUT / "skip.json"
             skip_file.write_text(json.dumps(sorted(skip)))
-            limit = (deadline - time.time()) if group == "attention" else left() * share
-            rc = run_step([*me, "--mode", "group", "--group", group, "--skip", str(skip_file)], limit)
-            if rc == 0:
+            rc = run_step([*me, "--mode", "group", "--group", group, "--skip", str(skip_file)],
+                          deadline - time.time())
+            if rc in (0, 124, 137):  # done, or its time slice is spent
                 break
     table = render_table()
     (OUT / "table.txt").write_text(table + "\n" + summary() + "\n")

@@ -57,15 +57,8 @@ else:
         return x.to(DT)
 '''
 
-LOG2E = 1.4426950408889634
-
 # ---------------------------------------------------------------------------------
 # source helpers
-
-
-def fill(template: str, **subs: Any) -> str:
-    """Dedent ``template`` and substitute ``$name`` placeholders (all must be given)."""
-    return Template(textwrap.dedent(template)).substitute(**{k: str(v) for k, v in subs.items()})
 
 
 def indent(src: str, spaces: int) -> str:
