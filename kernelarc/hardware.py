@@ -462,8 +462,9 @@ def calibrate(target: GpuTarget, device: Any = None, *, quick: bool = False) -> 
     (well under 2 s). ``quick`` shrinks the GPU sizes (for smoke tests only).
 
     The measured ``copy_tbps`` and ``gemm_bf16_tflops`` go to ``target.calibrated`` (used by
-    :func:`peak` / :func:`bandwidth` from then on); the device name, driver, CUDA, torch and
-    triton versions go to ``target.calibration_info``. Returns all of them in one dict.
+    :func:`peak` / :func:`bandwidth` from then on); the device name, driver (from
+    ``/proc/driver/nvidia/version``), CUDA runtime, torch and triton versions and the sizes
+    measured go to ``target.calibration_info`` as strings. Returns all of them in one dict.
     """
     import torch
 
@@ -515,6 +516,8 @@ def _calibrate_cpu() -> dict[str, Any]:
     return {
         "copy_tbps": copy_tbps,
         "gemm_bf16_tflops": gemm,
+        "copy_bytes": str(2 * src.numel() * 4),
+        "gemm_shape": f"{m}x{m}x{m} bfloat16",
         "device_name": platform.processor() or platform.machine(),
         "torch_threads": str(torch.get_num_threads()),
         **_versions(),
@@ -585,22 +588,14 @@ def _calibrate_cuda(target: GpuTarget, dev: Any, *, quick: bool = False) -> dict
         torch.cuda.empty_cache()
     copy_tbps = moved / t_copy / 1e12
     gemm = 2 * m**3 / t_gemm / 1e12
-    driver = ""
-    fn = getattr(torch._C, "_cuda_getDriverVersion", None)
-    if fn is not None:
-        try:
-            v = int(fn())
-            driver = f"{v // 1000}.{(v % 1000) // 10}"
-        except Exception:  # pragma: no cover
-            pass
     result: dict[str, Any] = {
         "copy_tbps": copy_tbps,
         "gemm_bf16_tflops": gemm,
-        "copy_bytes": float(moved),
-        "gemm_size": float(m),
+        "copy_bytes": str(moved),
+        "gemm_shape": f"{m}x{m}x{m} bfloat16",
         "device_name": props.name,
         "cuda_runtime": str(torch.version.cuda),
-        "driver_cuda_version": driver or "unknown",
+        "driver_version": "unknown",
         **_versions(),
     }
     try:  # the kernel driver's own version (e.g. 580.65.06), from the Linux driver's proc file

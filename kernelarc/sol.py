@@ -165,27 +165,39 @@ def _bmm_like(a: torch.Tensor, b: torch.Tensor) -> int:
     return 2 * a.numel() * b.shape[-1] if a.dim() >= 1 and b.dim() >= 1 else 0
 
 
-def _sdpa_fwd_flops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
-    # q [B, Hq, L, E], k [B, Hk, S, E], v [B, Hk, S, Ev]; GQA broadcasts k/v heads to Hq.
-    *batch_q, L, E = q.shape
-    S = k.shape[-2]
+def _sdpa_fwd_flops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_dim: int = -2) -> int:
+    """Q@K^T and P@V, each 2*MACs; GQA broadcasts k/v heads to the query heads.
+
+    ``seq_dim=-2``: the SDPA ops' [B, H, S, D]; ``seq_dim=-3``: flash/efficient [B, S, H, D].
+    """
+    E = q.shape[-1]
+    L = q.shape[seq_dim]
+    S = k.shape[seq_dim]
     Ev = v.shape[-1]
-    bh = math.prod(batch_q)
+    bh = q.numel() // (L * E)
     return 2 * bh * L * S * E + 2 * bh * L * S * Ev
 
 
 def _sdpa_scores(name: str, q: torch.Tensor, k: torch.Tensor) -> int:
     # _flash/_efficient_attention_forward take [B, S, H, D]; the SDPA ops take [B, H, S, D].
     k_len = k.shape[-3] if name in ("_flash_attention_forward", "_efficient_attention_forward") else k.shape[-2]
-    return math.prod(q.shape[:-1]) * k_len
+    return q.numel() // q.shape[-1] * k_len
 
 
-def _f_sdpa_cpu(q, k, v, *args, **kwargs) -> int:
+def _f_sdpa(q, k, v, *args, **kwargs) -> int:
     return _sdpa_fwd_flops(q, k, v)
 
 
-def _f_sdpa_cpu_bwd(grad_out, q, k, v, *args, **kwargs) -> int:
+def _f_sdpa_bwd(grad_out, q, k, v, *args, **kwargs) -> int:
     return int(2.5 * _sdpa_fwd_flops(q, k, v))  # dV, dP, dQ, dK matmuls + recompute of S
+
+
+def _f_flash(q, k, v, *args, **kwargs) -> int:
+    return _sdpa_fwd_flops(q, k, v, seq_dim=-3)
+
+
+def _f_flash_bwd(grad_out, q, k, v, *args, **kwargs) -> int:
+    return int(2.5 * _sdpa_fwd_flops(q, k, v, seq_dim=-3))
 
 
 def _f_int_mm(a, b, *args, **kwargs) -> int:
@@ -226,10 +238,23 @@ def _f_scaled_grouped_mm(a, b, *args, **kwargs) -> int:
     return _f_grouped_mm(a, b)
 
 
+# Own formulas first (attention ones support GQA on every torch version); torch's
+# flop_counter registry for the rest (mm, addmm, bmm, baddbmm, convolution, _scaled_mm...).
 _RAW_TC: dict[str, Callable[..., int]] = {
-    "_scaled_dot_product_flash_attention_for_cpu": _f_sdpa_cpu,
-    "_scaled_dot_product_fused_attention_overrideable": _f_sdpa_cpu,
-    "_scaled_dot_product_flash_attention_for_cpu_backward": _f_sdpa_cpu_bwd,
+    "_scaled_dot_product_flash_attention_for_cpu": _f_sdpa,
+    "_scaled_dot_product_fused_attention_overrideable": _f_sdpa,
+    "_scaled_dot_product_flash_attention": _f_sdpa,
+    "_scaled_dot_product_efficient_attention": _f_sdpa,
+    "_scaled_dot_product_cudnn_attention": _f_sdpa,
+    "_scaled_dot_product_flash_attention_for_cpu_backward": _f_sdpa_bwd,
+    "_scaled_dot_product_fused_attention_overrideable_backward": _f_sdpa_bwd,
+    "_scaled_dot_product_flash_attention_backward": _f_sdpa_bwd,
+    "_scaled_dot_product_efficient_attention_backward": _f_sdpa_bwd,
+    "_scaled_dot_product_cudnn_attention_backward": _f_sdpa_bwd,
+    "_flash_attention_forward": _f_flash,
+    "_efficient_attention_forward": _f_flash,
+    "_flash_attention_backward": _f_flash_bwd,
+    "_efficient_attention_backward": _f_flash_bwd,
     "_int_mm": _f_int_mm,
     "mv": _f_mv,
     "addmv": _f_addmv,

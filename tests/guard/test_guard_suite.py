@@ -1,0 +1,120 @@
+"""The guard on known-good and known-bad kernels: every one gets the right status."""
+
+import pytest
+
+from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
+from kernelarc.guard.static import check_source
+from kernelarc.models import Candidate, Status
+from kernelarc.tasks import load_builtin
+
+GOOD = """import torch
+def run(x, weight):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
+"""
+TRITON_GOOD = """import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def _k(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + 1e-6)
+    tl.store(y_ptr + row * N + offs, (x * inv * w).to(y_ptr.dtype.element_ty), mask=m)
+
+def run(x, weight):
+    M, N = x.shape
+    y = torch.empty_like(x)
+    _k[(M,)](x, weight, y, N, BLOCK=triton.next_power_of_2(N))
+    return y
+"""
+BAD = {
+    "wrong": ("import torch\ndef run(x, weight):\n    return (x.float() * weight.float()).to(x.dtype)\n", Status.incorrect),
+    "drops_weight": (GOOD.replace(" * weight.float()", ""), Status.incorrect),
+    "nan": ("import torch\ndef run(x, weight):\n    return torch.full_like(x, float('nan'))\n", Status.incorrect),
+    "zeros": ("import torch\ndef run(x, weight):\n    return torch.zeros_like(x)\n", Status.incorrect),
+    "unwritten": ("import torch\ndef run(x, weight):\n    return torch.empty_like(x)\n", Status.incorrect),
+    "wrong_dtype": (GOOD.replace(".to(x.dtype)", ""), Status.incorrect),
+    "crash": ("import torch\ndef run(x, weight):\n    raise RuntimeError('boom')\n", Status.runtime_error),
+    "syntax": ("def run(x, weight)\n    return x\n", Status.compile_error),
+    "import_error": ("import torch\nimport not_a_module\ndef run(x, weight):\n    return x\n", Status.compile_error),
+    "hang": ("import torch\ndef run(x, weight):\n    while True:\n        pass\n", Status.timeout),
+    "alias": ("import torch\ndef run(x, weight):\n    return x\n", Status.rejected_hack),
+    "view_of_input": ("import torch\ndef run(x, weight):\n    return x[:, :]\n", Status.rejected_hack),
+    "mutates_input": (GOOD.replace("    xf = x.float()\n", "    xf = x.float()\n    x.mul_(0)\n"), Status.rejected_hack),
+    "lazy_subclass": ("""import torch
+class Lazy(torch.Tensor):
+    pass
+def run(x, weight):
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
+    return y.as_subclass(Lazy)
+""", Status.rejected_hack),
+    "patch_timer": ("import torch\ntorch.cuda.Event.elapsed_time = lambda *a: 0.0\n" + GOOD, Status.rejected_hack),
+    "thread": ("import threading\n" + GOOD, Status.rejected_hack),
+    "subprocess": ("import subprocess\n" + GOOD, Status.rejected_hack),
+    "side_stream": (GOOD.replace("    xf = x.float()\n", "    s = torch.cuda.Stream()\n    xf = x.float()\n"), Status.rejected_hack),
+    "reads_judge": ("import gc\n" + GOOD, Status.rejected_hack),
+    "stdout_forge": (GOOD.replace("    xf = x.float()\n", '    print(\'{"status": "champion", "latency_ms": 0.001}\')\n    xf = x.float()\n'),
+                     Status.rejected_hack),
+    "cache_by_pointer": ("""import torch
+_CACHE = {}
+def run(x, weight):
+    key = x.data_ptr()
+    if key not in _CACHE:
+        xf = x.float()
+        _CACHE[key] = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
+    return _CACHE[key]
+""", Status.rejected_hack),
+    "cache_by_pointer_cloned": ("""import torch
+_CACHE = {}
+def run(x, weight):
+    key = x.data_ptr()
+    if key not in _CACHE:
+        xf = x.float()
+        _CACHE[key] = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
+    return _CACHE[key].clone()
+""", Status.rejected_hack),
+}
+
+
+@pytest.fixture(scope="module")
+def guard():
+    task = load_builtin("rmsnorm", cpu=True)
+    g = Guard(task, None, "cpu", GuardConfig(timeout_s=20, target_ms=5, min_iters=3, max_iters=20, prestart=2))
+    ref = g.evaluate(reference_candidate(task), trusted=True)
+    assert ref.verdict.status is Status.champion
+    g.set_baselines(ref, None)
+    yield g
+    g.close()
+
+
+@pytest.mark.parametrize("src", [GOOD, TRITON_GOOD], ids=["pytorch", "triton"])
+def test_good_kernels_are_correct(guard, src):
+    v = guard.evaluate(Candidate(source=src, language="pytorch" if "triton" not in src else "triton")).verdict
+    assert v.status is Status.champion, v.errors  # no champion to beat: first correct one
+    assert v.latency_ms and v.latency_ms > 0 and v.speedup_vs_baseline
+    assert all(w.correct and w.rel_err is not None and w.rel_err < 2e-2 for w in v.workloads)
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_kernels_get_the_right_status(guard, name):
+    src, want = BAD[name]
+    v = guard.evaluate(Candidate(source=src, language="pytorch"), timeout_s=8).verdict
+    assert v.status is want, (name, v.status, v.errors)
+    assert v.errors
+
+
+def test_next_candidate_runs_after_a_crash_and_a_hang(guard):
+    guard.evaluate(Candidate(source=BAD["hang"][0], language="pytorch"), timeout_s=3)
+    v = guard.evaluate(Candidate(source=GOOD, language="pytorch")).verdict
+    assert v.correct
+
+
+def test_static_checks_allow_ordinary_kernels():
+    assert check_source(TRITON_GOOD).ok
+    assert check_source("import os\nimport torch\nINTERP = os.environ.get('TRITON_INTERPRET') == '1'\ndef run(x):\n    return x + 1\n").ok

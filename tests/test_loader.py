@@ -1,0 +1,73 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from kernelarc.tasks import TaskError, builtin_tasks, load_builtin, load_task
+from kernelarc.tasks.inputs import load_module, make_inputs
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "sol-execbench"
+PROBLEMS = sorted(p.parent for p in SHARED.glob("*/*/definition.json"))
+
+
+def test_all_45_problems_load_and_validate():
+    assert len(PROBLEMS) == 45
+    for p in PROBLEMS:
+        t = load_task(p)
+        assert t.workloads and t.definition.reference
+        for i in range(len(t.workloads)):
+            t.axes(i)
+
+
+def test_misspelt_tolerance_key_is_read_with_a_warning():
+    p = next(p for p in PROBLEMS if "required_match_ratio" in (p / "workload.jsonl").read_text())
+    t = load_task(p)
+    assert any("required_match_ratio" in w for w in t.warnings)
+    assert any(w.tolerance and w.tolerance.required_matched_ratio is not None for w in t.workloads)
+
+
+@pytest.mark.parametrize("p", [p for p in PROBLEMS if "FlashInfer" in str(p) or "L1/011" in str(p)], ids=lambda p: p.name)
+def test_small_references_run_on_cpu(p):
+    t = load_task(p)
+    i = min(range(len(t.workloads)), key=t.io_bytes)
+    out = load_module(t.definition.reference, "ref").run(*make_inputs(t, i, 0, "cpu"))
+    assert out is not None
+
+
+def test_builtin_tasks_run_on_cpu():
+    assert set(builtin_tasks()) >= {"matmul", "attention", "attention_residual", "rmsnorm", "fused_add_rmsnorm",
+                                    "softmax", "swiglu", "rope"}  # fmt: skip
+    for name in builtin_tasks():
+        t = load_builtin(name, cpu=True)
+        ref = load_module(t.definition.reference, "ref")
+        for i in range(len(t.workloads)):
+            ref.run(*make_inputs(t, i, 1, "cpu"))
+
+
+def test_inputs_are_deterministic_and_not_zero():
+    t = load_builtin("rmsnorm", cpu=True)
+    a = make_inputs(t, 0, 5, "cpu")
+    b = make_inputs(t, 0, 5, "cpu")
+    assert all((x == y).all() for x, y in zip(a, b, strict=True))
+    assert all(x.abs().sum() > 0 for x in a)
+
+
+def _write(tmp_path, definition, workloads):
+    (tmp_path / "definition.json").write_text(json.dumps(definition))
+    (tmp_path / "workload.jsonl").write_text("\n".join(json.dumps(w) for w in workloads))
+    return tmp_path
+
+
+def test_errors_name_file_field_and_expectation(tmp_path):
+    d = json.loads((Path(load_builtin("rmsnorm").path) / "definition.json").read_text())
+    bad = dict(d, inputs={"x": {"shape": ["M", "Q"], "dtype": "bfloat16"}, "weight": d["inputs"]["weight"]})
+    with pytest.raises(TaskError, match="definition.json.*unknown axis 'Q'"):
+        load_task(_write(tmp_path, bad, [{"uuid": "a", "axes": {"M": 1, "N": 2}, "inputs": {}}]))
+    wl = {"uuid": "a", "axes": {"M": 4}, "inputs": {"x": {"type": "random"}, "weight": {"type": "random"}}}
+    with pytest.raises(TaskError, match=r"workload.jsonl:1: field 'axes' lacks var axes \['N'\]"):
+        load_task(_write(tmp_path, d, [wl]))
+    (tmp_path / "workload.jsonl").write_text("{not json")
+    with pytest.raises(TaskError, match="workload.jsonl:1: invalid JSON"):
+        load_task(tmp_path)
+    with pytest.raises(TaskError, match="unknown task"):
+        load_builtin("nope")

@@ -1,0 +1,79 @@
+"""A CPU search session end to end: MLflow runs, registry champion, board, promote rule."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelarc.board import Board
+from kernelarc.guard.decision import decide
+from kernelarc.models import Finding, Status
+from kernelarc.plateau import PlateauDetector
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path, *args, timeout=420):
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "kernelarc", "+task=rmsnorm", "guard.compile_baseline=false", "agents.count=2",
+           "executor.parallel=2", "guard.target_ms=5", "guard.max_iters=20", *args]  # fmt: skip
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_cpu_session_tracks_every_candidate_and_registers_a_champion(tmp_path):
+    r = _run(tmp_path, "budget.candidates=3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = c.get_experiment_by_name("kernelarc/rmsnorm/cpu")
+    runs = c.search_runs([exp.experiment_id])
+    children = [x for x in runs if x.data.tags.get("mlflow.parentRunId")]
+    assert len(children) == 3 + 1  # the reference baseline plus three candidates
+    for ch in children:
+        assert "kernelarc.verdict" in ch.data.tags and "correct" in ch.data.metrics
+    mv = c.get_model_version_by_alias("kernelarc.rmsnorm.cpu", "champion")
+    assert mv.version
+    # A second session re-measures the registry champion and only moves the alias on a win.
+    r2 = _run(tmp_path, "budget.candidates=2", "seed=1")
+    assert r2.returncode == 0, r2.stderr[-2000:]
+    assert "alias_moved" in r2.stdout
+    assert c.get_model_version_by_alias("kernelarc.rmsnorm.cpu", "champion").version
+
+
+def test_missing_task_is_a_clear_error(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "kernelarc"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "+task=NAME" in r.stderr
+
+
+def test_promote_only_if_faster_beyond_noise():
+    champ = {0: [1.0, 1.01, 0.99, 1.0]}
+    assert decide({0: [0.8, 0.81, 0.79, 0.8]}, champ).promote
+    assert not decide({0: [0.995, 1.0, 0.99, 1.0]}, champ).promote
+    noisy = {0: [0.9, 1.2, 0.7, 1.1]}
+    assert not decide(noisy, champ).promote  # 10% faster median but noise is larger
+    assert decide({0: [1.0]}, None).promote
+
+
+def test_board_memory_limits_and_persistence(tmp_path):
+    b = Board(tmp_path / "board.jsonl")
+    for i in range(20):
+        st = Status.champion if i % 5 == 0 else Status.correct_slower
+        b.post(Finding(agent="a", strategy="tiling", candidate_id=str(i), status=st, gain=i / 10, lesson=f"l{i}"))
+    assert b.view(0) == []
+    assert len(b.view(4)) == 4 and len(b.view(None)) == 20
+    assert {f.candidate_id for f in b.view(4)} <= {str(i) for i in range(20)}
+    assert any(f.status is Status.champion for f in b.view(4))
+    assert len(Board(tmp_path / "board.jsonl")) == 20  # resumes from disk
+
+
+def test_plateau_fires_and_rotates_actions():
+    p = PlateauDetector(patience=3)
+    events = [p.update(False, i) for i in range(9)]
+    fired = [e for e in events if e]
+    assert len(fired) == 3 and len({e.action for e in fired}) == 3
+    assert p.update(True, 10) is None and p.since_gain == 0
