@@ -15,11 +15,13 @@ Kernel design (FlashAttention-2 forward, Hopper-minded):
   skip every block above the diagonal and pay for masks only where needed;
 * GQA by head index mapping (no K/V copies);
 * K/V (and q) loaded through pointers or TMA tensor descriptors; pipelined by num_stages;
-  optional warp specialization of the key loop (Triton 3.6 lowers it on sm_90a);
 * the residual add (attention_residual) is fused into the epilogue.
 
+No warp-specialization knob: with Triton 3.6 on sm_90a the only form that compiles (one
+key loop, TMA loads, 4 warps) deadlocked on the H200 (NOTES_compute.md).
+
 Under ``TRITON_INTERPRET=1`` the kernel upcasts operands to fp32 (bf16 arithmetic is wrong
-in Triton's interpreter) and ignores warp specialization.
+in Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ KNOBS = (
         "algorithmic",
         "split: unmasked blocks, then the masked diagonal/tail blocks; single: one loop masking every block",
     ),
-    Knob("WARP_SPECIALIZE", (False, True), "scheduling", "warp-specialize the key loop (single loop, 4 warps)"),
 )
 
 START = {
@@ -61,7 +62,6 @@ START = {
     "M_ORDER": "forward",
     "GRID_ORDER": "m_fastest",
     "LOOP": "split",
-    "WARP_SPECIALIZE": False,
 }
 
 
@@ -73,18 +73,13 @@ def _uses_wgmma(k: Mapping[str, Any]) -> bool:
 def smem_estimate(k: Mapping[str, Any], head_dim: int = MAX_HEAD_DIM) -> int:
     """q tile once, K and V tiles num_stages deep (bytes); calibrated on sm_90a compiles."""
     bm, bn, stages = k["BLOCK_M"], k["BLOCK_N"], max(k["num_stages"], 1)
-    total = bm * head_dim * 2 + 2 * stages * bn * head_dim * 2
-    if k["WARP_SPECIALIZE"]:
-        total += 64 * head_dim * 2  # measured: +16.5 KB at D=128 for any tile shape
-    return total
+    return bm * head_dim * 2 + 2 * stages * bn * head_dim * 2
 
 
 def regs_estimate(k: Mapping[str, Any], head_dim: int = MAX_HEAD_DIM) -> float:
     """32-bit registers per thread: fp32 accumulator, fp32 scores, bf16 probabilities, and
     q when it is an mma.sync register operand (no wgmma)."""
     bm, bn, warps = k["BLOCK_M"], k["BLOCK_N"], k["num_warps"]
-    if k["WARP_SPECIALIZE"]:
-        warps *= 2  # measured: Triton runs the loop on two consumer warpgroups (setmaxnreg)
     regs = bm * head_dim + bm * bn + bm * bn / 2
     if not _uses_wgmma(k):
         regs += bm * head_dim / 2
@@ -96,15 +91,7 @@ def valid(k: Mapping[str, Any]) -> bool:
         return False
     # measured (AOT sweep): kernels use about 64-90 registers beyond this estimate; the cap
     # is 255 per thread, and 65536 / threads when that is lower (16 warps: 128)
-    if regs_estimate(k) + 64 > min(255, 65536 // (32 * k["num_warps"])):
-        return False
-    if k["WARP_SPECIALIZE"]:
-        # Triton 3.6 on sm_90a (AOT-checked): a warp-specialized key loop followed by a
-        # second loop, or fed by pointer loads, crashes the compiler; with 8+ warps the
-        # request is silently ignored.
-        if k["LOOP"] != "single" or k["MEMORY"] != "tma" or k["num_warps"] != 4 or k["num_stages"] < 2:
-            return False
-    return True
+    return regs_estimate(k) + 64 <= min(255, 65536 // (32 * k["num_warps"]))
 
 
 _SRC = '''"""KernelArc candidate rendered by kernel family {family}.
@@ -129,7 +116,6 @@ USE_TMA = {use_tma}
 SCALE_Q = {scale_q}
 M_REVERSE = {m_reverse}
 HEADS_FASTEST = {heads_fastest}
-WARP_SPECIALIZE = {warp_specialize}
 SINGLE_LOOP = {single_loop}
 LOG2E = 1.4426950408889634
 
@@ -138,10 +124,10 @@ LOG2E = 1.4426950408889634
 def _attn_loop(acc, l_i, m_i, q, k_src, v_src, kv_row0, lo, hi, offs_m, seq_len, qk_scale,
                MASK: tl.constexpr, MASK_LOADS: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
                HEAD_DIM: tl.constexpr, TMA: tl.constexpr, SCALE_Q: tl.constexpr,
-               UPCAST: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+               UPCAST: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         if TMA:
@@ -196,7 +182,7 @@ def attn_fwd_kernel(q_src, k_src, v_src, r_ptr, o_ptr, qk_scale, seq_len, H, HKV
                     CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, SINGLE_LOOP: tl.constexpr,
                     M_REVERSE: tl.constexpr, HEADS_FASTEST: tl.constexpr,
                     TMA: tl.constexpr, SCALE_Q: tl.constexpr, RESIDUAL: tl.constexpr,
-                    UPCAST: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                    UPCAST: tl.constexpr):
     if HEADS_FASTEST:
         pid_m = tl.program_id(1)
         off_bh = tl.program_id(0)
@@ -246,18 +232,18 @@ def attn_fwd_kernel(q_src, k_src, v_src, r_ptr, o_ptr, qk_scale, seq_len, H, HKV
         hi_full = seq_len // BLOCK_N * BLOCK_N
         hi_mask = seq_len
     if SINGLE_LOOP:
-        # one loop (what Triton 3.6 can warp-specialize on Hopper): mask every block
+        # one loop that masks every block (fewer loops to pipeline, more mask arithmetic)
         acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_base, v_base, kv_coord, 0, hi_mask, offs_m,
                                    seq_len, qk_scale, CAUSAL or not EVEN_N, not EVEN_N, CAUSAL,
-                                   BLOCK_N, HEAD_DIM, TMA, SCALE_Q, UPCAST, WARP_SPECIALIZE)
+                                   BLOCK_N, HEAD_DIM, TMA, SCALE_Q, UPCAST)
     else:
         acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_base, v_base, kv_coord, 0, hi_full, offs_m,
                                    seq_len, qk_scale, False, False, CAUSAL, BLOCK_N, HEAD_DIM, TMA,
-                                   SCALE_Q, UPCAST, WARP_SPECIALIZE)
+                                   SCALE_Q, UPCAST)
         if CAUSAL or not EVEN_N:
             acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_base, v_base, kv_coord, hi_full, hi_mask,
                                        offs_m, seq_len, qk_scale, True, True, CAUSAL, BLOCK_N,
-                                       HEAD_DIM, TMA, SCALE_Q, UPCAST, WARP_SPECIALIZE)
+                                       HEAD_DIM, TMA, SCALE_Q, UPCAST)
     acc = acc / l_i[:, None]
     if RESIDUAL:
         acc += tl.load(r_ptr + io_offs, mask=row_mask, other=0.0).to(tl.float32)
@@ -287,23 +273,23 @@ def _attention(q, k, v, residual, causal):
         HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal), EVEN_N=S % BLOCK_N == 0,
         SINGLE_LOOP=SINGLE_LOOP, M_REVERSE=M_REVERSE,
         HEADS_FASTEST=HEADS_FASTEST, TMA=USE_TMA, SCALE_Q=SCALE_Q, RESIDUAL=residual is not None,
-        UPCAST=INTERPRET, WARP_SPECIALIZE=WARP_SPECIALIZE and not INTERPRET,
+        UPCAST=INTERPRET,
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     return o
 '''
 
-_RUN_PLAIN = '''
+_RUN_PLAIN = """
 
 def run(q, k, v, causal):
     return _attention(q, k, v, None, causal)
-'''
+"""
 
-_RUN_RESIDUAL = '''
+_RUN_RESIDUAL = """
 
 def run(q, k, v, residual, causal):
     return _attention(q, k, v, residual, causal)
-'''
+"""
 
 
 def render(family: Family, knobs: Mapping[str, Any], residual: bool) -> str:
@@ -321,7 +307,6 @@ def render(family: Family, knobs: Mapping[str, Any], residual: bool) -> str:
         scale_q=k["SCALE"] == "q",
         m_reverse=k["M_ORDER"] == "reverse",
         heads_fastest=k["GRID_ORDER"] == "heads_fastest",
-        warp_specialize=k["WARP_SPECIALIZE"],
         single_loop=k["LOOP"] == "single",
     )
     return src + (_RUN_RESIDUAL if residual else _RUN_PLAIN)
@@ -379,7 +364,6 @@ def aot_jobs(
             "SCALE_Q": k["SCALE"] == "q",
             "RESIDUAL": residual,
             "UPCAST": False,
-            "WARP_SPECIALIZE": k["WARP_SPECIALIZE"],
         }
     )
     for n in consts:

@@ -78,9 +78,7 @@ def _common_valid(k: Mapping[str, Any], epilogue_smem: int = 0) -> bool:
     if _mainloop_smem(bm, bn, bk, warps, stages) + epilogue_smem > SMEM_LIMIT - SMEM_SLACK:
         return False
     # at or above the per-thread cap ptxas spills (or, at 16 warps, refuses to compile)
-    if _regs_estimate(bm, bn, bk, warps, stages) >= _reg_cap(warps):
-        return False
-    return True
+    return _regs_estimate(bm, bn, bk, warps, stages) < _reg_cap(warps)
 
 
 # ---------------------------------------------------------------------------------------
@@ -127,7 +125,7 @@ def _aligned_k(A, B):
     return Ap, Bp, Kp
 '''
 
-_GROUPED_PID = '''
+_GROUPED_PID = """
 
 @triton.jit
 def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
@@ -140,7 +138,7 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
     pid_n = (tile_id % num_pid_in_group) // group_size_m
     return pid_m, pid_n
-'''
+"""
 
 
 # ---------------------------------------------------------------------------------------
@@ -153,10 +151,7 @@ def _tiled_kernel_src(memory: str, split_k: int, reduce: str) -> str:
     if tma:
         args = "x_desc, y_desc, c_ptr, P, Q, K, stride_cp, stride_cq, k_per_split, split_stride"
     else:
-        args = (
-            "x_ptr, y_ptr, c_ptr, P, Q, K, stride_xp, stride_yq, stride_cp, stride_cq, "
-            "k_per_split, split_stride"
-        )
+        args = "x_ptr, y_ptr, c_ptr, P, Q, K, stride_xp, stride_yq, stride_cp, stride_cq, k_per_split, split_stride"
     lines = [
         "",
         "",
@@ -233,7 +228,7 @@ def _tiled_kernel_src(memory: str, split_k: int, reduce: str) -> str:
     if split_k == 1:
         lines += ["    tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)"]
     elif reduce == "atomic":
-        lines += ["    tl.atomic_add(c_ptr + c_offs, acc, mask=c_mask, sem=\"relaxed\")"]
+        lines += ['    tl.atomic_add(c_ptr + c_offs, acc, mask=c_mask, sem="relaxed")']
     else:
         lines += [
             "    # fp32 partial of split pid_k, laid out like C (reduced by splitk_reduce_kernel)",
@@ -242,7 +237,7 @@ def _tiled_kernel_src(memory: str, split_k: int, reduce: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-_REDUCE_KERNEL = '''
+_REDUCE_KERNEL = """
 
 @triton.jit
 def splitk_reduce_kernel(ws_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
@@ -252,7 +247,7 @@ def splitk_reduce_kernel(ws_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.
     for s in tl.static_range(1, SPLIT_K):
         acc += tl.load(ws_ptr + s * numel + offs, mask=mask, other=0.0)
     tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-'''
+"""
 
 
 def _tiled_launcher_src(memory: str, split_k: int, reduce: str) -> str:
@@ -371,13 +366,12 @@ def _subtile_store_lines(subtile: int, indent: str) -> list[str]:
     levels = {2: 1, 4: 2, 8: 3}[subtile]
     names = ["parts0"]
     width = "BLOCK_N"
-    for lvl in range(levels):
+    for _ in range(levels):
         new = []
         for name in names:
             a, b = f"{name}a", f"{name}b"
             out.append(
-                f"{indent}{a}, {b} = tl.split(tl.permute(tl.reshape({name}, "
-                f"(BLOCK_M, 2, {width} // 2)), (0, 2, 1)))"
+                f"{indent}{a}, {b} = tl.split(tl.permute(tl.reshape({name}, (BLOCK_M, 2, {width} // 2)), (0, 2, 1)))"
             )
             new += [a, b]
         names = new
@@ -389,10 +383,7 @@ def _subtile_store_lines(subtile: int, indent: str) -> list[str]:
 
 def _persistent_kernel_src(k: Mapping[str, Any]) -> str:
     device_desc = k["DESCRIPTORS"] == "device"
-    if device_desc:
-        args = "a_ptr, b_ptr, c_ptr, M, N, K"
-    else:
-        args = "a_desc, b_desc, c_desc, c_ptr, M, N, K"
+    args = "a_ptr, b_ptr, c_ptr, M, N, K" if device_desc else "a_desc, b_desc, c_desc, c_ptr, M, N, K"
     lines = [
         "",
         "",
@@ -460,7 +451,7 @@ def _persistent_launcher_src(k: Mapping[str, Any]) -> str:
         "",
         "",
         "def _num_sms(device):",
-        "    if device.type == \"cuda\":",
+        '    if device.type == "cuda":',
         "        return torch.cuda.get_device_properties(device).multi_processor_count",
         "    return 4  # interpreter: a few programs, so the tile loop runs several times",
     ]
@@ -470,8 +461,8 @@ def _persistent_launcher_src(k: Mapping[str, Any]) -> str:
             "",
             "def _alloc(size, alignment, stream):",
             "    # scratch for the descriptors the kernel builds on the device",
-            "    return torch.empty(size, device=\"cuda\" if torch.cuda.is_available() and not INTERPRET",
-            "                       else \"cpu\", dtype=torch.int8)",
+            '    return torch.empty(size, device="cuda" if torch.cuda.is_available() and not INTERPRET',
+            '                       else "cpu", dtype=torch.int8)',
         ]
     lines += [
         "",
@@ -618,7 +609,7 @@ PERSISTENT = Family(
         _K_GROUP,
         _K_WARPS,
         _K_STAGES,
-        Knob("NUM_SMS_MULT", (1, 2, 3, 4), "scheduling", "persistent programs per SM"),
+        Knob("NUM_SMS_MULT", (1, 2, 3, 4, 6, 8), "scheduling", "persistent programs per SM"),
         Knob("FLATTEN", (False, True), "scheduling", "flatten the tile and K loops into one pipeline"),
         Knob("WARP_SPECIALIZE", (False, True), "scheduling", "producer/consumer warp specialization"),
         Knob("EPILOGUE_SUBTILE", (1, 2, 4), "memory", "store C in this many column slices"),

@@ -114,10 +114,14 @@ def test_space_contains_known_good_hopper_points():
     assert pers.valid(pers.check_point({**good, "num_stages": 3}))
     assert pers.valid(pers.check_point({**good, "num_stages": 4, "EPILOGUE_SUBTILE": 2}))
     # warp-specialized forms that Triton 3.6 lowers on sm_90a
-    assert pers.valid(pers.check_point({**good, "num_warps": 4, "num_stages": 3, "WARP_SPECIALIZE": True,
-                                        "DESCRIPTORS": "device"}))
-    assert pers.valid(pers.check_point({**good, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4,
-                                        "WARP_SPECIALIZE": True}))
+    assert pers.valid(
+        pers.check_point({**good, "num_warps": 4, "num_stages": 3, "WARP_SPECIALIZE": True, "DESCRIPTORS": "device"})
+    )
+    assert pers.valid(
+        pers.check_point(
+            {**good, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4, "WARP_SPECIALIZE": True}
+        )
+    )
     # ... and forms it crashes on or ignores
     assert not pers.valid(pers.check_point({**good, "num_warps": 4, "num_stages": 3, "WARP_SPECIALIZE": True}))
     assert not pers.valid(pers.check_point({**good, "num_stages": 3, "WARP_SPECIALIZE": True}))
@@ -204,8 +208,14 @@ def aot_compile(items, tmp_dir):
         jobs = [{**j, "attrs": [[list(k), v] for k, v in j["attrs"].items()]} for j in jobs]
         payload.append((label, str(path), jobs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _AOT_CHILD], input=json.dumps(payload), capture_output=True,
-                          text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _AOT_CHILD],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -213,8 +223,10 @@ def aot_compile(items, tmp_dir):
 @pytest.fixture(scope="module")
 def aot_start_points(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("aot")
-    items = [(name, get_family(name).render(get_family(name).start), mm._aot_jobs(name, get_family(name).start))
-             for name in sorted(POINTS)]
+    items = [
+        (name, get_family(name).render(get_family(name).start), mm._aot_jobs(name, get_family(name).start))
+        for name in sorted(POINTS)
+    ]
     return aot_compile(items, tmp)
 
 
