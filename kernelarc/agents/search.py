@@ -116,16 +116,26 @@ class SearchAgent:
                 return fam, point, None, f"exploring family {fam.name}"
         if champ is not None and champ.family in self.families and champ.knobs:
             return self.families[champ.family], dict(champ.knobs), champ.id, "from the champion"
-        # Champion is not a family kernel yet: start a family nobody has tried, else mutate the best own point.
-        tried = {c.family for c, _ in ctx.history}
+        # Champion is not a family kernel: build on the best family point known, from this agent's own
+        # attempts and from the board (bounded by memory.limit), or start a family nobody has tried.
+        tried = {c.family for c, _ in ctx.history} | {f.family for f in ctx.findings if f.family}
         untried = [f for f in fams if f.name not in tried and f.language != "pytorch"]
-        if untried:
+        known: list[tuple[float, Family, dict[str, Any], str, str]] = []
+        for c, v in ctx.history:
+            if v.correct and c.family in self.families and c.knobs:
+                known.append((v.speedup_vs_champion or 0.0, self.families[c.family], dict(c.knobs), c.id, "from my best point"))
+        for f in ctx.findings:
+            if f.status in (Status.champion, Status.correct_slower) and f.family in self.families and f.knobs:
+                known.append((1.0 + (f.gain or -1.0), self.families[f.family], dict(f.knobs), f.candidate_id,
+                              f"from the board's best point ({f.agent})"))  # fmt: skip
+        if untried and (not known or self.rng.random() < 0.3):
             fam = untried[self.rng.randrange(len(untried))]
             return fam, dict(fam.start), None, f"starting family {fam.name}"
-        good = [(c, v) for c, v in ctx.history if v.correct and c.family in self.families]
-        if good:
-            c, _ = min(good, key=lambda cv: cv[1].latency_ms or math.inf)
-            return self.families[c.family], dict(c.knobs), c.id, "from my best point"
+        if known:
+            known.sort(key=lambda k: k[0], reverse=True)
+            pick = known[0] if self.rng.random() < 0.75 else self.rng.choice(known[:4])
+            _, fam, point, cid, why = pick
+            return fam, point, cid, why
         fam = self.rng.choice(fams)
         return fam, dict(fam.start), None, f"starting family {fam.name}"
 
@@ -144,7 +154,11 @@ class SearchAgent:
         for knob in self.rng.sample(owned, k=min(steps, len(owned))):
             cur = new.get(knob.name, fam.start.get(knob.name))
             idx = knob.values.index(cur) if cur in knob.values else 0
-            options = [v for j, v in enumerate(knob.values) if 0 < abs(j - idx) <= 2] or list(knob.values)
+            if self.rng.random() < 0.25:
+                # A long jump: any value of the knob (large design changes are often where the gains are).
+                options = [v for v in knob.values if v != cur] or list(knob.values)
+            else:
+                options = [v for j, v in enumerate(knob.values) if 0 < abs(j - idx) <= 2] or list(knob.values)
             weights = []
             for v in options:
                 key = (fam.name, knob.name, repr(v))

@@ -1,0 +1,51 @@
+"""Offline search agents: board-guided, deduplicating, strategy-owned moves."""
+
+from kernelarc.agents.base import AgentContext
+from kernelarc.agents.search import SearchAgent
+from kernelarc.families import families_for
+from kernelarc.models import Finding, Status
+from kernelarc.tasks import load_builtin
+
+
+def _ctx(task, findings, seen=frozenset()):
+    return AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=findings, history=[],
+                        seen=seen)  # fmt: skip
+
+
+def test_proposals_are_new_valid_and_explained():
+    task = load_builtin("rmsnorm", cpu=True)
+    agent = SearchAgent("a0-tiling", "tiling", task, seed=0)
+    prop = agent.propose(_ctx(task, []), 4)
+    assert len(prop.candidates) == 4
+    assert len({c.id for c in prop.candidates}) == 4
+    for c in prop.candidates:
+        assert c.rationale and c.family and "def run" in c.source
+    again = agent.propose(_ctx(task, [], frozenset(c.id for c in prop.candidates)), 4)
+    assert not {c.id for c in again.candidates} & {c.id for c in prop.candidates}
+
+
+def test_board_findings_change_what_an_agent_builds_on():
+    """memory.limit bounds the findings; with them, agents build on the board's best point."""
+    task = load_builtin("rmsnorm", cpu=True)
+    fam = families_for("rmsnorm")[0]
+    good = dict(fam.start)
+    k = next(kn for kn in fam.knobs if kn.strategy == "scheduling")
+    good[k.name] = k.values[-1]
+    finding = Finding(agent="other", strategy="scheduling", candidate_id="x", family=fam.name, knobs=good,
+                      status=Status.correct_slower, gain=0.5, lesson="faster")  # fmt: skip
+    with_board = SearchAgent("a", "tiling", task, seed=1).propose(_ctx(task, [finding] * 1), 6)
+    without = SearchAgent("a", "tiling", task, seed=1).propose(_ctx(task, []), 6)
+    assert any("board" in c.rationale for c in with_board.candidates)
+    assert not any("board" in c.rationale for c in without.candidates)
+
+
+def test_strategy_owns_its_knobs():
+    task = load_builtin("matmul", cpu=True)
+    fam = next(f for f in families_for("matmul") if f.name == "matmul.tiled")
+    agent = SearchAgent("a", "scheduling", task, seed=2, families=[fam])
+    base = dict(fam.start)
+    owned = {k.name for k in fam.knobs if k.strategy == "scheduling"}
+    for _ in range(20):
+        new, _note = agent._mutate(fam, base, {}, {})
+        changed = {k for k in new if new[k] != base.get(k)}
+        assert changed <= owned
