@@ -36,7 +36,7 @@ class AgentsConfig:
     per_round: int = 2  # candidates each agent proposes per round
     model: str = "claude-sonnet-4-5"
     max_tokens: int = 8000
-    temperature: float = 0.7
+    temperature: float | None = None  # anthropic 2.14 sends it only as an extra body field
     timeout_s: float = 120.0
     max_retries: int = 2
     pricing: dict[str, dict[str, float]] = field(

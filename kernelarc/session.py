@@ -175,6 +175,9 @@ class SearchSession:
         self.registry = None
         self.incumbent: tuple[int, Candidate] | None = None
         self.versions: dict[str, int] = {}
+        self.pending_conclusions: dict[str, list[str]] = {}
+        self.cand_cost: dict[str, dict[str, float]] = {}  # LLM tokens and USD per candidate
+        self.busy: dict[str, int] = {}  # agent -> its candidates queued or in flight
         self.t0 = time.monotonic()
         self.elapsed_before = 0.0
         self.eval_seconds = 0.0
@@ -230,7 +233,8 @@ class SearchSession:
         if self.tracker is None:
             return
         try:
-            rec.run_id = self.tracker.log_candidate(rec.candidate, rec.verdict, {"index": rec.index})
+            extra = {"index": rec.index, **self.cand_cost.pop(rec.candidate.id, {})}
+            rec.run_id = self.tracker.log_candidate(rec.candidate, rec.verdict, extra)
         except Exception as e:  # noqa: BLE001 - tracking trouble must not kill the search
             log.warning("MLflow logging failed for %s: %s", rec.candidate.id, e)
         if self.registry is not None and rec.verdict.status is Status.champion and rec.run_id:
@@ -334,7 +338,10 @@ class SearchSession:
 
     def _propose_round(self, pool: ThreadPoolExecutor) -> list[Candidate]:
         per = self.cfg.agents.per_round
-        futs = {pool.submit(a.propose, self._context(a), per): a for a in self.agents}
+        # An agent proposes again only once its earlier candidates have verdicts, so that every
+        # proposal can learn from the agent's own results.
+        ready = [a for a in self.agents if self.busy.get(a.name, 0) == 0]
+        futs = {pool.submit(a.propose, self._context(a), per): a for a in ready}
         out: list[Candidate] = []
         for fut, agent in futs.items():
             try:
@@ -346,6 +353,10 @@ class SearchSession:
                 self._post_conclusion(agent, cid, lesson)
             for k, v in prop.cost.items():
                 self.tokens[k] = self.tokens.get(k, 0.0) + float(v)
+            if prop.cost and prop.candidates:
+                share = {f"llm.{k}": float(v) / len(prop.candidates) for k, v in prop.cost.items()}
+                for c in prop.candidates:
+                    self.cand_cost[c.id] = share
             self.usd += float(prop.cost.get("usd", 0.0))
             for f in prop.failures:
                 self.ui.line(f"  agent {agent.name}: {f[:150]}")
@@ -353,6 +364,7 @@ class SearchSession:
                 for c in prop.candidates:
                     if c.id not in self.seen:
                         self.seen.add(c.id)
+                        self.busy[c.agent] = self.busy.get(c.agent, 0) + 1
                         out.append(c)
         self.redirect = None
         return out
@@ -360,6 +372,8 @@ class SearchSession:
     def _post_conclusion(self, agent, cid: str, lesson: str) -> None:
         rec = next((r for r in reversed(self.records) if r.candidate.id == cid), None)
         if rec is None:
+            # Its verdict has not arrived yet: post the conclusion when it does.
+            self.pending_conclusions.setdefault(cid, []).append(lesson)
             return
         self._post(rec.candidate, rec.verdict, lesson)
 
@@ -386,6 +400,10 @@ class SearchSession:
         lesson = agent.observe(cand, v) if agent is not None else None
         if lesson:
             self._post(cand, v, lesson)
+        for pending in self.pending_conclusions.pop(cand.id, []):
+            self._post(cand, v, pending)
+        with self.lock:
+            self.busy[cand.agent] = max(0, self.busy.get(cand.agent, 0) - 1)
         self.ui.candidate(idx, self.cfg.budget.candidates, cand, v,
                           self.champion_verdict.latency_ms if self.champion_verdict else None)  # fmt: skip
         event = self.plateau.update(v.status is Status.champion, idx)
@@ -393,8 +411,9 @@ class SearchSession:
             self._on_plateau(event)
         if self.tracker is not None and self.champion_verdict is not None and self.champion_verdict.latency_ms:
             try:
+                tokens = {f"llm_{k}": v for k, v in self.tokens.items() if k != "usd"}
                 self.tracker.log_session_metrics(idx, best_latency_ms=self.champion_verdict.latency_ms,
-                                                 evaluated=idx, usd=self.usd)  # fmt: skip
+                                                 evaluated=idx, usd=self.usd, **tokens)  # fmt: skip
             except Exception as e:  # noqa: BLE001
                 log.debug("session metric failed: %s", e)
 
