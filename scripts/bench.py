@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--state", default="/tmp/kernelarc-bench", help="session state and MLflow store")
     ap.add_argument("--no-compile-baseline", action="store_true")
+    ap.add_argument("--compare-agents", default="", help="e.g. 1,4: equal-budget sessions per agent count instead")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -112,8 +113,10 @@ def main() -> None:
 
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tasks": {}}
     target = resolve_target("auto")
-    log(f"device {torch.cuda.get_device_name(0)} -> target {target.name}; calibrating ...")
-    cal = calibrate(target, "cuda:0")
+    on_gpu = torch.cuda.is_available()
+    dev_name = torch.cuda.get_device_name(0) if on_gpu else "cpu"
+    log(f"device {dev_name} -> target {target.name}; calibrating ...")
+    cal = calibrate(target, "cuda:0" if on_gpu else "cpu")
     results["calibration"] = cal
     log(f"calibration: {json.dumps({k: v for k, v in cal.items() if isinstance(v, int | float)})}")
     (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
@@ -122,24 +125,30 @@ def main() -> None:
     from kernelarc.session import SearchSession, load_task_from_config
     from kernelarc.ui import Progress
 
-    for task_name in args.tasks.split(","):
+    runs = [(t, None) for t in args.tasks.split(",")]
+    if args.compare_agents:
+        runs = [(t, int(n)) for t in args.tasks.split(",") for n in args.compare_agents.split(",")]
+    for task_name, n_agents in runs:
         if (time.monotonic() - t_start) / 60 > args.deadline_min:
             log(f"deadline reached; skipping {task_name}")
             continue
+        key = task_name if n_agents is None else f"{task_name}@agents={n_agents}"
+        state = args.state if n_agents is None else f"{args.state}/agents{n_agents}"
         wls = DEFAULT_WORKLOADS.get(task_name)
         overrides = [
             f"+task={task_name}", f"gpu={target.name}", f"budget.candidates={args.candidates}",
-            f"budget.minutes={args.minutes}", f"agents.count={args.agents}", "agents.backend=search",
-            f"executor.parallel={args.parallel}", "executor.prestart=3", f"search.state_dir={args.state}/state",
-            f"tracking.uri=sqlite:///{args.state}/mlflow.db", f"task.workloads=[{','.join(map(str, wls))}]",
+            f"budget.minutes={args.minutes}", f"agents.count={n_agents or args.agents}", "agents.backend=search",
+            f"executor.parallel={args.parallel}", "executor.prestart=3", f"search.state_dir={state}/state",
+            f"tracking.uri=sqlite:///{state}/mlflow.db", f"task.workloads=[{','.join(map(str, wls))}]" if on_gpu else "task.workloads=null",
             f"guard.compile_baseline={'false' if args.no_compile_baseline else 'true'}",
         ]  # fmt: skip
-        log(f"search session: {task_name} ({' '.join(overrides)})")
+        Path(state).mkdir(parents=True, exist_ok=True)
+        log(f"search session: {key} ({' '.join(overrides)})")
         try:
             cfg = compose(overrides)
             c = typed(cfg)
             c.gpu = target  # calibrated ceilings
-            task = load_task_from_config(c, False)
+            task = load_task_from_config(c, not on_gpu)
             session = SearchSession(c, raw(cfg), target, build_agents(c, task), progress=Progress(True))
             summary = session.run()
             champ_rec = next((r for r in reversed(session.records) if r.candidate.id == summary["champion"]), None)
@@ -150,19 +159,22 @@ def main() -> None:
                                    "sol_fraction", "sol_bound", "baseline_ms", "compile_ms", "speedup_vs_baseline",
                                    "speedup_vs_compile")})  # fmt: skip
             summary["workloads"] = per_wl
-            if champ_rec is not None and task_name.startswith("attention"):
+            if on_gpu and champ_rec is not None and task_name.startswith("attention"):
                 axes = dict(task.axes(wls[0]))
                 axes["causal"] = task.workloads[wls[0]].inputs["causal"].value
                 summary["library"] = library_compare(task_name, champ_rec.candidate.source, axes)
             if champ_rec is not None:
                 (out / f"champion_{task_name}.py").write_text(champ_rec.candidate.source)
-            results["tasks"][task_name] = summary
+            cands = [r for r in session.records if r.kind == "candidate"]
+            best_at = next((r.index + 1 for r in reversed(cands) if r.candidate.id == summary["champion"]), 0)
+            summary["champion_found_at"] = best_at
+            results["tasks"][key] = summary
         except Exception as e:  # noqa: BLE001 - one task's failure must not lose the others
             traceback.print_exc()
-            results["tasks"][task_name] = {"error": f"{type(e).__name__}: {e}"}
+            results["tasks"][key] = {"error": f"{type(e).__name__}: {e}"}
         (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
 
-    lines = [f"# KernelArc bench {results['date']} on {torch.cuda.get_device_name(0)}", ""]
+    lines = [f"# KernelArc bench {results['date']} on {dev_name}", ""]
     cal_s = ", ".join(f"{k}={v:.4g}" for k, v in cal.items() if isinstance(v, int | float))
     lines.append(f"calibration: {cal_s}")
     for name, s in results["tasks"].items():
@@ -173,12 +185,14 @@ def main() -> None:
         lines.append(f"champion {s['champion_family']} by {s['champion_agent']}; {s['evaluated']} candidates "
                      f"{json.dumps(s['by_status'])}; {s['candidates_per_min']:.1f} candidates/min; "
                      f"GPU timing {s['gpu_timing_min']:.2f} min of {s['elapsed_min']:.2f} min; plateau events {s['plateau_events']}")  # fmt: skip
-        lines.append("| workload | axes | champion ms | TFLOP/s | TB/s | SOL frac | bound | vs reference | vs torch.compile |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+        lines.append(f"champion found at candidate {s.get('champion_found_at')} (0 = a baseline or the registry champion)")
+        lines.append("| workload | axes | reference ms | torch.compile ms | champion ms | TFLOP/s | TB/s | SOL frac | bound "
+                     "| vs reference | vs torch.compile |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for w in s.get("workloads", []):
             def f(x, p=3):
                 return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{p}f}"
-            lines.append(f"| {w['index']} | {w['axes']} | {f(w['latency_ms'], 4)} | {f(w['tflops'], 1)} | {f(w['tbps'], 2)} | "
+            lines.append(f"| {w['index']} | {w['axes']} | {f(w['baseline_ms'], 4)} | {f(w['compile_ms'], 4)} | {f(w['latency_ms'], 4)} | {f(w['tflops'], 1)} | {f(w['tbps'], 2)} | "
                          f"{f(w['sol_fraction'], 2)} | {w['sol_bound']} | {f(w['speedup_vs_baseline'], 2)}x | {f(w['speedup_vs_compile'], 2)}x |")  # fmt: skip
         if s.get("library"):
             lines.append(f"library side by side (do_bench medians, ms): {json.dumps(s['library'], default=str)}")
