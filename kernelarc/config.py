@@ -89,6 +89,7 @@ class GuardSettings:
     flush_mb: int = 256
     min_gain: float = 0.01
     noise_factor: float = 1.0
+    consistency: float | None = None  # null: 1.5 on a GPU, 4 on the CPU (noisy timers)
     hp_reference: bool = True
     compile_baseline: bool = True
 

@@ -59,6 +59,7 @@ def guard_config(cfg: KernelArcConfig, task: Task, on_cpu: bool) -> GuardConfig:
         warmup_ms=g.warmup_ms, target_ms=g.target_ms, min_iters=g.min_iters, max_iters=g.max_iters,
         flush_bytes=g.flush_mb << 20, min_gain=g.min_gain, noise_factor=g.noise_factor, prestart=cfg.executor.prestart,
         hp_reference=g.hp_reference, workloads=workloads,
+        consistency=g.consistency if g.consistency is not None else (4.0 if on_cpu else 1.5),
     )  # fmt: skip
 
 
@@ -251,9 +252,18 @@ class SearchSession:
     def _guard_for(self, i: int) -> Guard:
         return self.guards[i % len(self.guards)]
 
+    def _champion_reference(self, champion: Candidate | None) -> dict[int, float] | None:
+        if champion is None:
+            return None
+        rec = next((r for r in reversed(self.records) if r.candidate.id == champion.id and r.verdict.correct), None)
+        if rec is None:
+            return None
+        return {w.index: w.latency_ms for w in rec.verdict.workloads if w.latency_ms}
+
     def _evaluate(self, cand: Candidate, champion: Candidate | None, trusted: bool, timeout: float | None, i: int):
         t = time.monotonic()
-        ev = self._guard_for(i).evaluate(cand, champion, trusted=trusted, timeout_s=timeout)
+        ev = self._guard_for(i).evaluate(cand, champion, trusted=trusted, timeout_s=timeout,
+                                         champion_reference=self._champion_reference(champion))  # fmt: skip
         dt = time.monotonic() - t
         with self.lock:
             self.eval_seconds += dt

@@ -77,3 +77,10 @@ def test_plateau_fires_and_rotates_actions():
     fired = [e for e in events if e]
     assert len(fired) == 3 and len({e.action for e in fired}) == 3
     assert p.update(True, 10) is None and p.since_gain == 0
+
+
+def test_inconsistent_side_by_side_is_not_promoted():
+    # The champion ran 2x slower next to the challenger than when it was crowned: void comparison.
+    d = decide({0: [0.17] * 5}, {0: [0.19] * 5}, champion_reference={0: 0.088})
+    assert not d.promote and "inconsistent" in d.reason
+    assert decide({0: [0.08] * 5}, {0: [0.09] * 5}, champion_reference={0: 0.088}).promote

@@ -56,11 +56,15 @@ def decide(
     *,
     min_gain: float = 0.01,
     noise_factor: float = 1.0,
+    champion_reference: dict[int, float] | None = None,
+    consistency: float = 1.5,
 ) -> Decision:
     """Promote iff the challenger is faster than the champion by more than the noise.
 
     ``challenger`` and ``champion`` map workload index to latency samples (ms) measured
-    interleaved. The required speedup is ``1 + max(min_gain, noise_factor * noise)`` where
+    interleaved. ``champion_reference`` (workload -> the champion's own median when it was
+    crowned) voids comparisons where the champion ran more than ``consistency`` times slower
+    or faster than that. The required speedup is ``1 + max(min_gain, noise_factor * noise)`` where
     noise is the largest relative IQR of either side over the workloads.
     """
     if not challenger:
@@ -70,6 +74,19 @@ def decide(
     common = sorted(set(challenger) & set(champion))
     if not common:
         return Decision(False, math.nan, math.nan, "no workload timed for both")
+    if champion_reference:
+        # The champion timed side by side must look like the champion timed alone; if it does not,
+        # something in the challenger's process slowed it (or sped it up) and the comparison is void.
+        for w in common:
+            ref = champion_reference.get(w)
+            if ref and ref > 0:
+                r = median(champion[w]) / ref
+                if not (1 / consistency <= r <= consistency):
+                    return Decision(
+                        False, math.nan, math.nan,
+                        f"champion measured {median(champion[w]):.4g} ms side by side vs {ref:.4g} ms alone on "
+                        f"workload {w}: inconsistent comparison, not promoted",
+                    )  # fmt: skip
     ratios = [median(champion[w]) / median(challenger[w]) for w in common]
     speedup = geomean(ratios)
     noise = max(max(rel_noise(challenger[w]), rel_noise(champion[w])) for w in common)

@@ -44,6 +44,7 @@ class GuardConfig:
     flush_bytes: int = 256 << 20  # > the 50 MB L2 of an H200, cleared before every timed call
     min_gain: float = 0.01  # promotion needs at least this speedup ...
     noise_factor: float = 1.0  # ... and more than this many relative IQRs
+    consistency: float = 1.5  # champion side by side vs alone may differ at most this factor
     prestart: int = 2  # workers kept started per device
     timing: bool = True
     hp_reference: bool = True  # also compare against a float64 run of the reference
@@ -180,6 +181,7 @@ class Guard:
         *,
         trusted: bool = False,
         timeout_s: float | None = None,
+        champion_reference: dict[int, float] | None = None,
     ) -> Evaluation:
         t_start = time.monotonic()
         errors: list[str] = []
@@ -230,7 +232,7 @@ class Guard:
         status, res = self._drive(worker, job, seeds, limit)
         errors += res["errors"]
         warnings += res["warnings"]
-        ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None)
+        ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference)
         return ev
 
     def _drive(self, w: Worker, job: dict, seeds: list[int], limit: float) -> tuple[Status | None, dict]:
@@ -351,7 +353,7 @@ class Guard:
         v = Verdict(candidate_id=cand.id, status=status, errors=errors, eval_seconds=time.monotonic() - t_start)
         return Evaluation(v)
 
-    def _finish(self, cand, status, errors, warnings, res, t_start, had_champion: bool) -> Evaluation:
+    def _finish(self, cand, status, errors, warnings, res, t_start, had_champion: bool, champ_ref=None) -> Evaluation:
         samples: dict[int, list[float]] = res["samples"]
         correct = status is None
         if correct and self.cfg.timing and set(samples) != set(self.workloads):
@@ -366,8 +368,12 @@ class Guard:
                     res["champion_samples"] if had_champion else None,
                     min_gain=self.cfg.min_gain,
                     noise_factor=self.cfg.noise_factor,
+                    champion_reference=champ_ref,
+                    consistency=self.cfg.consistency,
                 )
                 status = Status.champion if decision.promote else Status.correct_slower
+                if "inconsistent" in decision.reason:
+                    warnings.append(decision.reason)
             else:
                 status = Status.correct_slower
         results = []
