@@ -23,7 +23,8 @@ class UsageError(Exception):
 def typed(cfg: DictConfig) -> KernelArcConfig:
     if "task" not in cfg or cfg.task is None or cfg.task.get("name") in (None, "???"):
         raise UsageError(
-            "no task given: add +task=NAME, one of " + ", ".join(builtin_tasks())
+            "no task given: add +task=NAME, one of "
+            + ", ".join(builtin_tasks())
             + " (or +task=sol_execbench task.path=DIR)"
         )
     try:
@@ -31,7 +32,9 @@ def typed(cfg: DictConfig) -> KernelArcConfig:
     except Exception as e:  # noqa: BLE001 - OmegaConf validation and missing values
         raise UsageError(f"invalid configuration: {e}") from None
     if obj.task.name not in builtin_tasks() and obj.task.name != "sol_execbench":
-        raise UsageError(f"unknown task {obj.task.name!r}; built-in tasks: {', '.join(builtin_tasks())} (or sol_execbench)")
+        raise UsageError(
+            f"unknown task {obj.task.name!r}; built-in tasks: {', '.join(builtin_tasks())} (or sol_execbench)"
+        )
     bad = [s for s in obj.strategies.names if s not in STRATEGIES]
     if bad:
         raise UsageError(f"unknown strategies {bad}; known: {', '.join(STRATEGIES)}")
@@ -76,9 +79,15 @@ def build_agents(cfg: KernelArcConfig, task) -> list[Any]:
             try:
                 agents.append(
                     AnthropicAgent(
-                        name, strategy, load_brief(strategy, cfg.strategies.briefs_dir), cfg.agents.model,
-                        max_tokens=cfg.agents.max_tokens, temperature=cfg.agents.temperature,
-                        pricing=cfg.agents.pricing, timeout=cfg.agents.timeout_s, max_retries=cfg.agents.max_retries,
+                        name,
+                        strategy,
+                        load_brief(strategy, cfg.strategies.briefs_dir),
+                        cfg.agents.model,
+                        max_tokens=cfg.agents.max_tokens,
+                        temperature=cfg.agents.temperature,
+                        pricing=cfg.agents.pricing,
+                        timeout=cfg.agents.timeout_s,
+                        max_retries=cfg.agents.max_retries,
                     )  # fmt: skip
                 )
             except AgentConfigError as e:

@@ -8,7 +8,6 @@ session resumes with everything it had learned.
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 

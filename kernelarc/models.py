@@ -113,6 +113,8 @@ class Finding(BaseModel):
     family: str | None = None
     knobs: dict[str, Any] = Field(default_factory=dict)
     status: Status
-    gain: float | None = Field(default=None, description="Champion latency / candidate latency - 1 (positive = faster).")
+    gain: float | None = Field(
+        default=None, description="Champion latency / candidate latency - 1 (positive = faster)."
+    )
     lesson: str = Field(description="One-line conclusion: what worked or failed, and why.")
     seq: int = 0

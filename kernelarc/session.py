@@ -296,7 +296,9 @@ class SearchSession:
             )
         ref = next((r for r in self.records if r.kind == "baseline" and r.candidate.strategy == "reference"), None)
         if ref is None or not ref.verdict.correct:
-            raise RuntimeError("the task's reference failed in the guard: " + "; ".join(ref.verdict.errors if ref else []))
+            raise RuntimeError(
+                "the task's reference failed in the guard: " + "; ".join(ref.verdict.errors if ref else [])
+            )
 
     def _incumbent(self) -> None:
         """The registry's champion from earlier sessions, re-measured side by side in this run."""
@@ -470,7 +472,10 @@ class SearchSession:
         rematch: list[Candidate] = []
         inflight: dict[Future, tuple[Candidate, str | None]] = {}
         n_submitted = 0
-        with ThreadPoolExecutor(max_workers=parallel) as epool, ThreadPoolExecutor(max_workers=max(1, len(self.agents))) as apool:
+        with (
+            ThreadPoolExecutor(max_workers=parallel) as epool,
+            ThreadPoolExecutor(max_workers=max(1, len(self.agents))) as apool,
+        ):
             stalls = 0
             while True:
                 budget_open = self._budget_left() - len(inflight) > 0 and not self._out_of_time()
@@ -522,7 +527,9 @@ class SearchSession:
                     beat = ev.verdict.status is Status.champion
                     rec = Record(-1, "final", self.champion, ev.verdict, ev.samples, inc[1].id)
                     self.state.append(rec)
-                    self.ui.line(f"final side-by-side vs registry v{inc[0]}: {ev.decision.reason if ev.decision else ev.verdict.status.value}")
+                    self.ui.line(
+                        f"final side-by-side vs registry v{inc[0]}: {ev.decision.reason if ev.decision else ev.verdict.status.value}"
+                    )
                 moved = self.registry.promote(version, beat)
         if self.tracker is not None and self.best_history:
             try:

@@ -70,10 +70,12 @@ def library_compare(task_name: str, champion_src: str, wl_axes: dict) -> dict:
         args = (q, k, v, res, causal) if task_name == "attention_residual" else (q, k, v, causal)
         fns = {"champion": lambda: mod.run(*args)}
         for name, be in (("cudnn_sdpa", SDPBackend.CUDNN_ATTENTION), ("flash_sdpa", SDPBackend.FLASH_ATTENTION)):
+
             def f(be=be):
                 with sdpa_kernel([be]):
                     o = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), enable_gqa=Hkv != H)
                 return o + res if task_name == "attention_residual" else o
+
             fns[name] = f
         flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
     else:
@@ -185,13 +187,19 @@ def main() -> None:
         lines.append(f"champion {s['champion_family']} by {s['champion_agent']}; {s['evaluated']} candidates "
                      f"{json.dumps(s['by_status'])}; {s['candidates_per_min']:.1f} candidates/min; "
                      f"GPU timing {s['gpu_timing_min']:.2f} min of {s['elapsed_min']:.2f} min; plateau events {s['plateau_events']}")  # fmt: skip
-        lines.append(f"champion found at candidate {s.get('champion_found_at')} (0 = a baseline or the registry champion)")
-        lines.append("| workload | axes | reference ms | torch.compile ms | champion ms | TFLOP/s | TB/s | SOL frac | bound "
-                     "| vs reference | vs torch.compile |")
+        lines.append(
+            f"champion found at candidate {s.get('champion_found_at')} (0 = a baseline or the registry champion)"
+        )
+        lines.append(
+            "| workload | axes | reference ms | torch.compile ms | champion ms | TFLOP/s | TB/s | SOL frac | bound "
+            "| vs reference | vs torch.compile |"
+        )
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for w in s.get("workloads", []):
+
             def f(x, p=3):
                 return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{p}f}"
+
             lines.append(f"| {w['index']} | {w['axes']} | {f(w['baseline_ms'], 4)} | {f(w['compile_ms'], 4)} | {f(w['latency_ms'], 4)} | {f(w['tflops'], 1)} | {f(w['tbps'], 2)} | "
                          f"{f(w['sol_fraction'], 2)} | {w['sol_bound']} | {f(w['speedup_vs_baseline'], 2)}x | {f(w['speedup_vs_compile'], 2)}x |")  # fmt: skip
         if s.get("library"):

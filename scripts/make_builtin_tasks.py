@@ -24,7 +24,7 @@ def var(desc):
     return {"type": "var", "description": desc}
 
 
-ATTN_REF = '''import math
+ATTN_REF = """import math
 import torch
 
 
@@ -41,7 +41,7 @@ def run(q, k, v{extra}causal):
         scores = scores.masked_fill(~mask, float("-inf"))
     p = torch.softmax(scores, dim=-1)
     o = torch.matmul(p, v)
-{ret}'''
+{ret}"""
 
 TASKS = {
     "matmul": dict(
@@ -50,32 +50,62 @@ TASKS = {
         inputs={"A": t(["M", "K"]), "B": t(["N", "K"])},
         outputs={"C": t(["M", "N"])},
         reference="import torch\n\n\n@torch.no_grad()\ndef run(A, B):\n    return torch.matmul(A, B.T)\n",
-        gpu=[dict(M=4096, N=4096, K=4096), dict(M=8192, N=8192, K=8192), dict(M=16384, N=8192, K=1024),
-             dict(M=4096, N=14336, K=4096), dict(M=16, N=8192, K=8192)],
+        gpu=[
+            dict(M=4096, N=4096, K=4096),
+            dict(M=8192, N=8192, K=8192),
+            dict(M=16384, N=8192, K=1024),
+            dict(M=4096, N=14336, K=4096),
+            dict(M=16, N=8192, K=8192),
+        ],
         cpu=[dict(M=64, N=32, K=48), dict(M=37, N=50, K=70)],
     ),
     "attention": dict(
         description="Scaled dot-product attention forward, bf16, optional causal mask, GQA.",
-        axes={"B": var("batch"), "H": var("query heads"), "Hkv": var("key/value heads"),
-              "S": var("sequence length"), "D": var("head dim")},
+        axes={
+            "B": var("batch"),
+            "H": var("query heads"),
+            "Hkv": var("key/value heads"),
+            "S": var("sequence length"),
+            "D": var("head dim"),
+        },
         constraints=["H % Hkv == 0"],
-        inputs={"q": t(["B", "H", "S", "D"]), "k": t(["B", "Hkv", "S", "D"]), "v": t(["B", "Hkv", "S", "D"]),
-                "causal": t(None, "int32", "1: query i attends to keys j <= i")},
+        inputs={
+            "q": t(["B", "H", "S", "D"]),
+            "k": t(["B", "Hkv", "S", "D"]),
+            "v": t(["B", "Hkv", "S", "D"]),
+            "causal": t(None, "int32", "1: query i attends to keys j <= i"),
+        },
         outputs={"o": t(["B", "H", "S", "D"])},
         reference=ATTN_REF.format(extra=", ", ret="    return o.to(q.dtype)\n"),
-        gpu=[dict(B=4, H=32, Hkv=32, S=4096, D=128, causal=0), dict(B=4, H=32, Hkv=32, S=4096, D=128, causal=1),
-             dict(B=4, H=32, Hkv=8, S=4096, D=128, causal=1), dict(B=8, H=16, Hkv=16, S=2048, D=64, causal=0)],
+        gpu=[
+            dict(B=4, H=32, Hkv=32, S=4096, D=128, causal=0),
+            dict(B=4, H=32, Hkv=32, S=4096, D=128, causal=1),
+            dict(B=4, H=32, Hkv=8, S=4096, D=128, causal=1),
+            dict(B=8, H=16, Hkv=16, S=2048, D=64, causal=0),
+        ],
         cpu=[dict(B=1, H=2, Hkv=1, S=32, D=16, causal=0), dict(B=1, H=2, Hkv=2, S=40, D=16, causal=1)],
     ),
     "attention_residual": dict(
         description="Attention forward followed by a residual add: o = attention(q, k, v) + residual.",
-        axes={"B": var("batch"), "H": var("query heads"), "Hkv": var("key/value heads"),
-              "S": var("sequence length"), "D": var("head dim")},
+        axes={
+            "B": var("batch"),
+            "H": var("query heads"),
+            "Hkv": var("key/value heads"),
+            "S": var("sequence length"),
+            "D": var("head dim"),
+        },
         constraints=["H % Hkv == 0"],
-        inputs={"q": t(["B", "H", "S", "D"]), "k": t(["B", "Hkv", "S", "D"]), "v": t(["B", "Hkv", "S", "D"]),
-                "residual": t(["B", "H", "S", "D"]), "causal": t(None, "int32", "1: causal mask")},
+        inputs={
+            "q": t(["B", "H", "S", "D"]),
+            "k": t(["B", "Hkv", "S", "D"]),
+            "v": t(["B", "Hkv", "S", "D"]),
+            "residual": t(["B", "H", "S", "D"]),
+            "causal": t(None, "int32", "1: causal mask"),
+        },
         outputs={"o": t(["B", "H", "S", "D"])},
-        reference=ATTN_REF.format(extra=", residual, ", ret="    return (o + residual.to(torch.float32)).to(q.dtype)\n"),
+        reference=ATTN_REF.format(
+            extra=", residual, ", ret="    return (o + residual.to(torch.float32)).to(q.dtype)\n"
+        ),
         gpu=[dict(B=4, H=32, Hkv=32, S=4096, D=128, causal=0), dict(B=4, H=32, Hkv=32, S=4096, D=128, causal=1)],
         cpu=[dict(B=1, H=2, Hkv=1, S=32, D=16, causal=1), dict(B=1, H=2, Hkv=2, S=24, D=16, causal=0)],
     ),
@@ -84,9 +114,11 @@ TASKS = {
         axes={"M": var("tokens"), "N": var("hidden size")},
         inputs={"x": t(["M", "N"]), "weight": t(["N"])},
         outputs={"y": t(["M", "N"])},
-        reference=("import torch\n\n\n@torch.no_grad()\ndef run(x, weight):\n    xf = x.to(torch.float32)\n"
-                   "    inv = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + 1e-6)\n"
-                   "    return (xf * inv * weight.to(torch.float32)).to(x.dtype)\n"),
+        reference=(
+            "import torch\n\n\n@torch.no_grad()\ndef run(x, weight):\n    xf = x.to(torch.float32)\n"
+            "    inv = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + 1e-6)\n"
+            "    return (xf * inv * weight.to(torch.float32)).to(x.dtype)\n"
+        ),
         gpu=[dict(M=32768, N=4096), dict(M=16384, N=8192), dict(M=4096, N=2048)],
         cpu=[dict(M=8, N=64), dict(M=5, N=100)],
     ),
@@ -95,10 +127,12 @@ TASKS = {
         axes={"M": var("tokens"), "N": var("hidden size")},
         inputs={"x": t(["M", "N"]), "residual": t(["M", "N"]), "weight": t(["N"])},
         outputs={"out": t(["M", "N"]), "residual_out": t(["M", "N"])},
-        reference=("import torch\n\n\n@torch.no_grad()\ndef run(x, residual, weight):\n"
-                   "    r = x.to(torch.float32) + residual.to(torch.float32)\n"
-                   "    inv = torch.rsqrt(r.pow(2).mean(dim=-1, keepdim=True) + 1e-6)\n"
-                   "    return (r * inv * weight.to(torch.float32)).to(x.dtype), r.to(x.dtype)\n"),
+        reference=(
+            "import torch\n\n\n@torch.no_grad()\ndef run(x, residual, weight):\n"
+            "    r = x.to(torch.float32) + residual.to(torch.float32)\n"
+            "    inv = torch.rsqrt(r.pow(2).mean(dim=-1, keepdim=True) + 1e-6)\n"
+            "    return (r * inv * weight.to(torch.float32)).to(x.dtype), r.to(x.dtype)\n"
+        ),
         gpu=[dict(M=32768, N=4096), dict(M=16384, N=8192), dict(M=4096, N=2048)],
         cpu=[dict(M=8, N=64), dict(M=5, N=100)],
     ),
@@ -107,8 +141,10 @@ TASKS = {
         axes={"M": var("rows"), "N": var("row length")},
         inputs={"x": t(["M", "N"])},
         outputs={"y": t(["M", "N"])},
-        reference=("import torch\n\n\n@torch.no_grad()\ndef run(x):\n"
-                   "    return torch.softmax(x.to(torch.float32), dim=-1).to(x.dtype)\n"),
+        reference=(
+            "import torch\n\n\n@torch.no_grad()\ndef run(x):\n"
+            "    return torch.softmax(x.to(torch.float32), dim=-1).to(x.dtype)\n"
+        ),
         gpu=[dict(M=8192, N=4096), dict(M=4096, N=32768), dict(M=65536, N=1024)],
         cpu=[dict(M=6, N=50), dict(M=4, N=300)],
     ),
@@ -117,25 +153,38 @@ TASKS = {
         axes={"M": var("tokens"), "N": var("intermediate size"), "N2": {"type": "expr", "expression": "N * 2"}},
         inputs={"x": t(["M", "N2"])},
         outputs={"y": t(["M", "N"])},
-        reference=("import torch\n\n\n@torch.no_grad()\ndef run(x):\n    n = x.shape[-1] // 2\n"
-                   "    gate = x[..., :n].to(torch.float32)\n    up = x[..., n:].to(torch.float32)\n"
-                   "    return (gate * torch.sigmoid(gate) * up).to(x.dtype)\n"),
+        reference=(
+            "import torch\n\n\n@torch.no_grad()\ndef run(x):\n    n = x.shape[-1] // 2\n"
+            "    gate = x[..., :n].to(torch.float32)\n    up = x[..., n:].to(torch.float32)\n"
+            "    return (gate * torch.sigmoid(gate) * up).to(x.dtype)\n"
+        ),
         gpu=[dict(M=8192, N=14336), dict(M=16384, N=4096)],
         cpu=[dict(M=5, N=24), dict(M=3, N=70)],
     ),
     "rope": dict(
         description="NeoX (rotate-half) rotary embedding applied to q and k.",
-        axes={"T": var("tokens"), "H": var("query heads"), "Hkv": var("key heads"), "D": var("head dim"),
-              "D2": {"type": "expr", "expression": "D // 2"}},
+        axes={
+            "T": var("tokens"),
+            "H": var("query heads"),
+            "Hkv": var("key heads"),
+            "D": var("head dim"),
+            "D2": {"type": "expr", "expression": "D // 2"},
+        },
         constraints=["D % 2 == 0"],
-        inputs={"q": t(["T", "H", "D"]), "k": t(["T", "Hkv", "D"]), "cos": t(["T", "D2"], "float32"),
-                "sin": t(["T", "D2"], "float32")},
+        inputs={
+            "q": t(["T", "H", "D"]),
+            "k": t(["T", "Hkv", "D"]),
+            "cos": t(["T", "D2"], "float32"),
+            "sin": t(["T", "D2"], "float32"),
+        },
         outputs={"q_out": t(["T", "H", "D"]), "k_out": t(["T", "Hkv", "D"])},
-        reference=("import torch\n\n\ndef _rot(x, cos, sin):\n    h = x.shape[-1] // 2\n"
-                   "    x1 = x[..., :h].to(torch.float32)\n    x2 = x[..., h:].to(torch.float32)\n"
-                   "    c = cos[:, None, :]\n    s = sin[:, None, :]\n"
-                   "    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)\n\n\n"
-                   "@torch.no_grad()\ndef run(q, k, cos, sin):\n    return _rot(q, cos, sin), _rot(k, cos, sin)\n"),
+        reference=(
+            "import torch\n\n\ndef _rot(x, cos, sin):\n    h = x.shape[-1] // 2\n"
+            "    x1 = x[..., :h].to(torch.float32)\n    x2 = x[..., h:].to(torch.float32)\n"
+            "    c = cos[:, None, :]\n    s = sin[:, None, :]\n"
+            "    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)\n\n\n"
+            "@torch.no_grad()\ndef run(q, k, cos, sin):\n    return _rot(q, cos, sin), _rot(k, cos, sin)\n"
+        ),
         gpu=[dict(T=16384, H=32, Hkv=8, D=128), dict(T=65536, H=8, Hkv=2, D=64)],
         cpu=[dict(T=7, H=2, Hkv=1, D=16), dict(T=5, H=3, Hkv=3, D=8)],
     ),

@@ -26,7 +26,9 @@ def test_misspelt_tolerance_key_is_read_with_a_warning():
     assert any(w.tolerance and w.tolerance.required_matched_ratio is not None for w in t.workloads)
 
 
-@pytest.mark.parametrize("p", [p for p in PROBLEMS if "FlashInfer" in str(p) or "L1/011" in str(p)], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "p", [p for p in PROBLEMS if "FlashInfer" in str(p) or "L1/011" in str(p)], ids=lambda p: p.name
+)
 def test_small_references_run_on_cpu(p):
     t = load_task(p)
     i = min(range(len(t.workloads)), key=t.io_bytes)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -12,7 +10,7 @@ import torch
 
 from kernelarc.models import Candidate, Status, Verdict
 from kernelarc.registry import Registry, collect_versions_info, model_name
-from kernelarc.tracking import Tracker, prepare_sqlite
+from kernelarc.tracking import Tracker
 
 TASK, GPU = "rmsnorm", "cpu"
 SECRET = "sk-ant-api03-REGISTRYSECRET-0123456789"
@@ -27,38 +25,6 @@ def run(x, weight, eps=1e-6):
     rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return (xf * rstd * weight.float()).to(x.dtype)
 """
-
-
-@pytest.fixture(scope="session")
-def mlflow_template(tmp_path_factory) -> Path:
-    """One schema-initialized SQLite file per pytest session (shared with test_tracking.py
-    through the session's base temp dir); each test copies it (~ms instead of ~1.7 s)."""
-    root = tmp_path_factory.getbasetemp() / "mlflow_template"
-    db = root / "mlflow.db"
-    if not db.exists():
-        root.mkdir(exist_ok=True)
-        from mlflow import MlflowClient
-
-        uri = f"sqlite:///{db}"
-        prepare_sqlite(uri)
-        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-        client.search_experiments()
-        client.search_registered_models()
-        client._tracking_client.store.engine.dispose()
-        client._get_registry_client().store.engine.dispose()
-        with sqlite3.connect(db) as conn:
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return db
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch, mlflow_template) -> Path:
-    for suffix in ("", "-wal"):
-        src = Path(str(mlflow_template) + suffix)
-        if src.exists():
-            shutil.copy(src, tmp_path / ("mlflow.db" + suffix))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kernelarc.models import Candidate, Status, Verdict, WorkloadResult
-from kernelarc.tracking import MAX_PARAM_VAL, REDACTED, Tracker, prepare_sqlite, redact
+from kernelarc.tracking import MAX_PARAM_VAL, REDACTED, Tracker, redact
 
 TASK, GPU = "rmsnorm", "cpu"
 SECRET = "sk-ant-api03-TESTSECRET-0123456789abcdef"
@@ -26,39 +26,6 @@ REQUIRED_TAGS = {
     "kernelarc.language",
     "kernelarc.candidate_id",
 }
-
-
-# The first MLflow access to a new SQLite file creates the schema (~1.7 s or more): build one
-# database per pytest session and copy it into each test's working directory. The registry and
-# tracking test modules share the file through the session's base temp directory.
-@pytest.fixture(scope="session")
-def mlflow_template(tmp_path_factory) -> Path:
-    root = tmp_path_factory.getbasetemp() / "mlflow_template"
-    db = root / "mlflow.db"
-    if not db.exists():
-        root.mkdir(exist_ok=True)
-        from mlflow import MlflowClient
-
-        uri = f"sqlite:///{db}"
-        prepare_sqlite(uri)
-        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-        client.search_experiments()
-        client.search_registered_models()
-        client._tracking_client.store.engine.dispose()
-        client._get_registry_client().store.engine.dispose()
-        with sqlite3.connect(db) as conn:
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return db
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch, mlflow_template) -> Path:
-    for suffix in ("", "-wal"):
-        src = Path(str(mlflow_template) + suffix)
-        if src.exists():
-            shutil.copy(src, tmp_path / ("mlflow.db" + suffix))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def make_candidate(i: int = 0, **kw) -> Candidate:

@@ -36,7 +36,9 @@ def generic_families(task: Task) -> list[Family]:
             lines.append("_kernelarc_fn = _kernelarc_reference_run")
         else:
             mode = "None" if k["mode"] == "default" else repr(k["mode"])
-            lines.append(f"_kernelarc_fn = torch.compile(_kernelarc_reference_run, mode={mode}, dynamic={k['dynamic']})")
+            lines.append(
+                f"_kernelarc_fn = torch.compile(_kernelarc_reference_run, mode={mode}, dynamic={k['dynamic']})"
+            )
         lines += ["", "", "def run(*args):", "    return _kernelarc_fn(*args)", ""]
         return "\n".join(lines)
 
@@ -123,7 +125,9 @@ class SearchAgent:
         known: list[tuple[float, Family, dict[str, Any], str, str]] = []
         for c, v in ctx.history:
             if v.correct and c.family in self.families and c.knobs:
-                known.append((v.speedup_vs_champion or 0.0, self.families[c.family], dict(c.knobs), c.id, "from my best point"))
+                known.append(
+                    (v.speedup_vs_champion or 0.0, self.families[c.family], dict(c.knobs), c.id, "from my best point")
+                )
         for f in ctx.findings:
             if f.status in (Status.champion, Status.correct_slower) and f.family in self.families and f.knobs:
                 known.append((1.0 + (f.gain or -1.0), self.families[f.family], dict(f.knobs), f.candidate_id,

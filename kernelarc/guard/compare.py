@@ -65,7 +65,9 @@ def compare_output(
     o_fin, r_fin = torch.isfinite(o), torch.isfinite(r_)
     bad = ~o_fin & r_fin
     if bad.any():
-        return Comparison(False, f"{name}: {int(bad.sum())} NaN/Inf values where the reference is finite, first at {_first(bad)}")
+        return Comparison(
+            False, f"{name}: {int(bad.sum())} NaN/Inf values where the reference is finite, first at {_first(bad)}"
+        )
     same_nonfinite = ~o_fin & ~r_fin & ((o == r_) | (torch.isnan(o) & torch.isnan(r_)))
     if bool((o == 0).all()) and not bool((r_ == 0).all()):
         return Comparison(False, f"{name}: output is all zeros")

@@ -158,7 +158,9 @@ class Guard:
         hp = None
         if self.cfg.hp_reference:
             try:
-                up = [x.to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+                up = [
+                    x.to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs
+                ]
                 o = self._ref_mod.run(*up)
                 hp = list(o) if isinstance(o, tuple | list) else [o]
                 if len(hp) != len(outs):
@@ -264,7 +266,9 @@ class Guard:
                     if not ok:
                         status = Status.rejected_hack if payload["tag"] in ("reuse", "timed") else Status.incorrect
                         if payload["tag"] == "reuse":
-                            res["errors"].append("stale result after the inputs changed in place: outputs cached across calls")
+                            res["errors"].append(
+                                "stale result after the inputs changed in place: outputs cached across calls"
+                            )
                     del payload
                     conn.send(("ack", {"ok": ok}))
                 elif kind == "want_gpu":

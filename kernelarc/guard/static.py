@@ -108,9 +108,7 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "run" and node in tree.body:
             has_run = True
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "run" for t in node.targets
-        ):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "run" for t in node.targets):
             has_run = True
         if isinstance(node, ast.Import | ast.ImportFrom):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]

@@ -47,7 +47,11 @@ def _classify(exc: BaseException) -> CandidateFailure:
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
         return CandidateFailure("runtime_error", f"out of memory: {_trim(str(exc), 500)}")
     mod = type(exc).__module__ or ""
-    if "Compil" in name or "triton.compiler" in mod or name in ("CompileTimeAssertionFailure", "UnsupportedLanguageConstruct"):
+    if (
+        "Compil" in name
+        or "triton.compiler" in mod
+        or name in ("CompileTimeAssertionFailure", "UnsupportedLanguageConstruct")
+    ):
         return CandidateFailure("compile_error", _trim(msg + "\n" + tb))
     return CandidateFailure("runtime_error", _trim(msg + "\n" + tb))
 
@@ -196,11 +200,14 @@ class Harness:
             shape = self.task.shape(name, wl)
             if shape is None:
                 if not isinstance(o, int | float | bool):
-                    raise CandidateFailure("incorrect", f"output {name}: expected a Python scalar, got {type(o).__name__}")
+                    raise CandidateFailure(
+                        "incorrect", f"output {name}: expected a Python scalar, got {type(o).__name__}"
+                    )
                 continue
             if type(o) is not torch.Tensor:
                 raise CandidateFailure(
-                    "rejected_hack", f"output {name}: {type(o).__module__}.{type(o).__name__} is not a plain torch.Tensor"
+                    "rejected_hack",
+                    f"output {name}: {type(o).__module__}.{type(o).__name__} is not a plain torch.Tensor",
                 )
             if o.device != self.device:
                 raise CandidateFailure("incorrect", f"output {name}: on {o.device}, expected {self.device}")
@@ -214,10 +221,14 @@ class Harness:
             lo, hi = self._storage_span(o)
             for a, b in in_spans:
                 if lo < b and a < hi:
-                    raise CandidateFailure("rejected_hack", f"output {name} aliases an input (returns or views an input)")
+                    raise CandidateFailure(
+                        "rejected_hack", f"output {name} aliases an input (returns or views an input)"
+                    )
             for a, b in held_spans:
                 if lo < b and a < hi:
-                    raise CandidateFailure("rejected_hack", f"output {name} reuses an earlier output (cached across calls)")
+                    raise CandidateFailure(
+                        "rejected_hack", f"output {name} reuses an earlier output (cached across calls)"
+                    )
             for a, b in spans:
                 if lo < b and a < hi:
                     raise CandidateFailure("incorrect", f"output {name} overlaps another output")
@@ -243,9 +254,7 @@ class Harness:
             if isinstance(e, KeyboardInterrupt | SystemExit):
                 raise CandidateFailure("rejected_hack", f"candidate raised {type(e).__name__}") from None
             raise _classify(e) from None
-        extra = [
-            t for t in self.threading.enumerate() if t.ident not in self.threads0 and t.name not in TORCH_THREADS
-        ]
+        extra = [t for t in self.threading.enumerate() if t.ident not in self.threads0 and t.name not in TORCH_THREADS]
         if extra:
             names = ", ".join(t.name for t in extra)
             raise CandidateFailure("rejected_hack", f"candidate started threads that outlive the call: {names}")

@@ -33,7 +33,10 @@ def run(x, weight):
     return y
 """
 BAD = {
-    "wrong": ("import torch\ndef run(x, weight):\n    return (x.float() * weight.float()).to(x.dtype)\n", Status.incorrect),
+    "wrong": (
+        "import torch\ndef run(x, weight):\n    return (x.float() * weight.float()).to(x.dtype)\n",
+        Status.incorrect,
+    ),
     "drops_weight": (GOOD.replace(" * weight.float()", ""), Status.incorrect),
     "nan": ("import torch\ndef run(x, weight):\n    return torch.full_like(x, float('nan'))\n", Status.incorrect),
     "zeros": ("import torch\ndef run(x, weight):\n    return torch.zeros_like(x)\n", Status.incorrect),
@@ -45,23 +48,37 @@ BAD = {
     "hang": ("import torch\ndef run(x, weight):\n    while True:\n        pass\n", Status.timeout),
     "alias": ("import torch\ndef run(x, weight):\n    return x\n", Status.rejected_hack),
     "view_of_input": ("import torch\ndef run(x, weight):\n    return x[:, :]\n", Status.rejected_hack),
-    "mutates_input": (GOOD.replace("    xf = x.float()\n", "    xf = x.float()\n    x.mul_(0)\n"), Status.rejected_hack),
-    "lazy_subclass": ("""import torch
+    "mutates_input": (
+        GOOD.replace("    xf = x.float()\n", "    xf = x.float()\n    x.mul_(0)\n"),
+        Status.rejected_hack,
+    ),
+    "lazy_subclass": (
+        """import torch
 class Lazy(torch.Tensor):
     pass
 def run(x, weight):
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
     return y.as_subclass(Lazy)
-""", Status.rejected_hack),
+""",
+        Status.rejected_hack,
+    ),
     "patch_timer": ("import torch\ntorch.cuda.Event.elapsed_time = lambda *a: 0.0\n" + GOOD, Status.rejected_hack),
     "thread": ("import threading\n" + GOOD, Status.rejected_hack),
     "subprocess": ("import subprocess\n" + GOOD, Status.rejected_hack),
-    "side_stream": (GOOD.replace("    xf = x.float()\n", "    s = torch.cuda.Stream()\n    xf = x.float()\n"), Status.rejected_hack),
+    "side_stream": (
+        GOOD.replace("    xf = x.float()\n", "    s = torch.cuda.Stream()\n    xf = x.float()\n"),
+        Status.rejected_hack,
+    ),
     "reads_judge": ("import gc\n" + GOOD, Status.rejected_hack),
-    "stdout_forge": (GOOD.replace("    xf = x.float()\n", '    print(\'{"status": "champion", "latency_ms": 0.001}\')\n    xf = x.float()\n'),
-                     Status.rejected_hack),
-    "cache_by_pointer": ("""import torch
+    "stdout_forge": (
+        GOOD.replace(
+            "    xf = x.float()\n", '    print(\'{"status": "champion", "latency_ms": 0.001}\')\n    xf = x.float()\n'
+        ),
+        Status.rejected_hack,
+    ),
+    "cache_by_pointer": (
+        """import torch
 _CACHE = {}
 def run(x, weight):
     key = x.data_ptr()
@@ -69,8 +86,11 @@ def run(x, weight):
         xf = x.float()
         _CACHE[key] = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
     return _CACHE[key]
-""", Status.rejected_hack),
-    "cache_by_pointer_cloned": ("""import torch
+""",
+        Status.rejected_hack,
+    ),
+    "cache_by_pointer_cloned": (
+        """import torch
 _CACHE = {}
 def run(x, weight):
     key = x.data_ptr()
@@ -78,7 +98,9 @@ def run(x, weight):
         xf = x.float()
         _CACHE[key] = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
     return _CACHE[key].clone()
-""", Status.rejected_hack),
+""",
+        Status.rejected_hack,
+    ),
 }
 
 
@@ -117,4 +139,6 @@ def test_next_candidate_runs_after_a_crash_and_a_hang(guard):
 
 def test_static_checks_allow_ordinary_kernels():
     assert check_source(TRITON_GOOD).ok
-    assert check_source("import os\nimport torch\nINTERP = os.environ.get('TRITON_INTERPRET') == '1'\ndef run(x):\n    return x + 1\n").ok
+    assert check_source(
+        "import os\nimport torch\nINTERP = os.environ.get('TRITON_INTERPRET') == '1'\ndef run(x):\n    return x + 1\n"
+    ).ok
