@@ -33,6 +33,7 @@ def main(cfg: DictConfig) -> dict:
     ui = Progress(True)
     rows = [(k, v) for k, v in summary.items() if not isinstance(v, dict)]
     rows.append(("by_status", json.dumps(summary["by_status"])))
+    rows.append(("phase_mean_s", json.dumps(summary["phase_mean_s"])))
     ui.summary(rows)
     return summary
 

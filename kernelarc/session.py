@@ -560,6 +560,7 @@ class SearchSession:
             "evaluated": self.evaluated,
             "by_status": self._by_status(),
             "plateau_events": self.plateau.fired,
+            "phase_mean_s": self._phase_means(),
             "elapsed_min": elapsed / 60,
             "candidates_per_min": self.evaluated / (elapsed / 60) if elapsed > 0 else None,
             "gpu_timing_min": gpu_min,
@@ -575,6 +576,18 @@ class SearchSession:
             except Exception as e:  # noqa: BLE001
                 log.warning("closing the MLflow run failed: %s", e)
         return summary
+
+    def _phase_means(self) -> dict[str, float]:
+        """Where a candidate's time goes: mean wall seconds per guard phase over evaluated candidates."""
+        totals: dict[str, float] = {}
+        n = 0
+        for r in self.records:
+            if r.kind != "candidate":
+                continue
+            n += 1
+            for k, v in {**r.verdict.phases, "total": r.verdict.eval_seconds or 0.0}.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+        return {k: round(v / n, 3) for k, v in totals.items()} if n else {}
 
     def _by_status(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -249,8 +249,7 @@ class Guard:
             conn.send(("job", job))
             while True:
                 now = time.monotonic()
-                if not holding_gpu:
-                    budget -= now - t_last
+                budget -= now - t_last  # time spent queueing for the GPU is excluded below
                 t_last = now
                 if budget <= 0:
                     status = Status.timeout

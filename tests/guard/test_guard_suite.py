@@ -46,6 +46,17 @@ BAD = {
     "syntax": ("def run(x, weight)\n    return x\n", Status.compile_error),
     "import_error": ("import torch\nimport not_a_module\ndef run(x, weight):\n    return x\n", Status.compile_error),
     "hang": ("import torch\ndef run(x, weight):\n    while True:\n        pass\n", Status.timeout),
+    "hang_after_warmup": (
+        """import torch
+_CALLS = [0]
+def run(x, weight):
+    _CALLS[0] += 1
+    while _CALLS[0] > 1:
+        pass
+    return torch.zeros_like(x)
+""",
+        Status.timeout,
+    ),
     "alias": ("import torch\ndef run(x, weight):\n    return x\n", Status.rejected_hack),
     "view_of_input": ("import torch\ndef run(x, weight):\n    return x[:, :]\n", Status.rejected_hack),
     "mutates_input": (
