@@ -38,6 +38,11 @@ def typed(cfg: DictConfig) -> KernelArcConfig:
     bad = [s for s in obj.strategies.names if s not in STRATEGIES]
     if bad:
         raise UsageError(f"unknown strategies {bad}; known: {', '.join(STRATEGIES)}")
+    if obj.executor.name != "local":
+        raise UsageError(
+            f"executor {obj.executor.name!r} is not available yet: only executor=local (worker processes on this "
+            "machine, one guard per visible GPU) is implemented"
+        )
     if obj.agents.count < 1:
         raise UsageError("agents.count must be at least 1")
     return obj

@@ -49,3 +49,26 @@ def test_strategy_owns_its_knobs():
         new, _note = agent._mutate(fam, base, {}, {})
         changed = {k for k in new if new[k] != base.get(k)}
         assert changed <= owned
+
+
+def test_a_step_that_gained_is_continued():
+    from kernelarc.models import Verdict
+
+    task = load_builtin("matmul", cpu=True)
+    fam = next(f for f in families_for("matmul") if f.name == "matmul.tiled")
+    agent = SearchAgent("a", "scheduling", task, seed=4, families=[fam])
+    knob = next(k for k in fam.knobs if k.name == "num_stages")
+    parent_pt = dict(fam.start, num_stages=knob.values[0])
+    child_pt = dict(fam.start, num_stages=knob.values[1])
+    from kernelarc.models import Candidate
+
+    parent = Candidate(source=fam.render(parent_pt), language="triton", family=fam.name, knobs=parent_pt)
+    child = Candidate(source=fam.render(child_pt), language="triton", family=fam.name, knobs=child_pt,
+                      parent=parent.id)  # fmt: skip
+    agent._score[parent.id] = 0.5
+    agent._parents[child.id] = (parent.id, parent_pt)
+    agent.observe(child, Verdict(candidate_id=child.id, status=Status.correct_slower, speedup_vs_champion=0.7))
+    cont = agent._continue(set())
+    assert cont is not None
+    _fam, point, note = cont
+    assert point["num_stages"] == knob.values[2] and "continuing" in note

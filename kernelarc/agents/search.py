@@ -79,6 +79,8 @@ class SearchAgent:
         for f in generic_families(task):
             self.families.setdefault(f.name, f)
         self._parents: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
+        self._score: dict[str, float] = {}  # candidate id -> speed relative to the champion it was timed with
+        self._momentum: list[tuple[str, dict[str, Any], list[tuple[str, Any, Any]], float]] = []
         self.extra_families: dict[str, Family] = {}
 
     # -- board statistics -------------------------------------------------------------
@@ -179,11 +181,48 @@ class SearchAgent:
             notes.append(f"{knob.name} {cur}→{v}{hint}")
         return new, "; ".join(notes)
 
+    def _continue(self, seen: set[str]) -> tuple[Family, dict[str, Any], str] | None:
+        """Line search: repeat the last step that gained, one more notch in the same direction."""
+        while self._momentum:
+            fam_name, point, moves, gain = self._momentum.pop()
+            fam = self.families.get(fam_name)
+            if fam is None:
+                continue
+            new = dict(point)
+            notes = []
+            for name, old, cur in moves:
+                vals = fam.knob(name).values
+                if old not in vals or cur not in vals:
+                    continue
+                i_old, i_cur = vals.index(old), vals.index(cur)
+                step = (i_cur > i_old) - (i_cur < i_old)
+                j = i_cur + step
+                if step and 0 <= j < len(vals):
+                    new[name] = vals[j]
+                    notes.append(f"{name} {cur}→{vals[j]}")
+            if notes and fam.valid(new) and self._render_id(fam, new) not in seen:
+                return fam, new, f"continuing the step that gained {gain:+.0%}: " + ", ".join(notes)
+        return None
+
     def propose(self, ctx: AgentContext, n: int) -> Proposal:
         gains, fails = self._stats(ctx.findings)
+        for f in ctx.findings:
+            if f.gain is not None:
+                self._score.setdefault(f.candidate_id, 1.0 + f.gain)
         out: list[Candidate] = []
         seen = set(ctx.seen)
         for _ in range(n):
+            cont = self._continue(seen) if self.rng.random() < 0.7 else None
+            if cont is not None:
+                fam, point, note = cont
+                cand = Candidate(source=fam.render(fam.check_point(point)), language=fam.language, agent=self.name,
+                                 strategy=self.strategy, family=fam.name, knobs=fam.check_point(point),
+                                 rationale=f"{self.strategy}: {fam.name} {note}"[:300])  # fmt: skip
+                if cand.id not in seen:
+                    seen.add(cand.id)
+                    self._parents[cand.id] = (None, None)
+                    out.append(cand)
+                    continue
             for _attempt in range(60):
                 fam, base, parent, why = self._base(ctx)
                 if parent is None and fam.name != (ctx.champion.family if ctx.champion else None):
@@ -228,6 +267,14 @@ class SearchAgent:
 
     def observe(self, candidate: Candidate, verdict: Verdict) -> str | None:
         _parent, base = self._parents.pop(candidate.id, (None, None))
+        score = verdict.speedup_vs_champion if verdict.correct else None
+        if score is not None and math.isfinite(score):
+            self._score[candidate.id] = score
+            parent_score = self._score.get(_parent) if _parent else None
+            if base and parent_score and score > parent_score * 1.02 and candidate.family:
+                moves = [(k, base.get(k), v) for k, v in candidate.knobs.items() if base.get(k) != v]
+                self._momentum.append((candidate.family, dict(candidate.knobs), moves, score / parent_score - 1))
+                self._momentum = self._momentum[-4:]
         what = f"{candidate.family or 'kernel'} {_knob_diff(base, candidate.knobs)}"
         if verdict.status is Status.champion:
             s = verdict.speedup_vs_champion
