@@ -100,6 +100,7 @@ class SearchConfig:
     state_dir: str = ".kernelarc"  # board and evaluation log, for resume
     resume: bool = True
     progress: bool = True
+    calibrate: bool = True  # on a GPU, measure copy bandwidth and bf16 GEMM rate at session start
 
 
 @dataclass

@@ -300,6 +300,25 @@ class SearchSession:
                 "the task's reference failed in the guard: " + "; ".join(ref.verdict.errors if ref else [])
             )
 
+    def _calibrate(self) -> None:
+        """Measure the GPU's real ceilings; speed of light is computed over them, and both are recorded."""
+        if self.on_cpu or not self.cfg.search.calibrate or getattr(self.target, "calibrated", None):
+            return
+        from kernelarc.hardware import calibrate
+
+        try:
+            cal = calibrate(self.target, self.devices[0])
+        except Exception as e:  # noqa: BLE001 - datasheet ceilings remain
+            log.warning("calibration failed, using datasheet ceilings: %s", e)
+            return
+        nums = {k: float(v) for k, v in cal.items() if isinstance(v, int | float)}
+        self.ui.line("calibrated: " + ", ".join(f"{k}={v:.4g}" for k, v in nums.items()))
+        if self.tracker is not None:
+            try:
+                self.tracker.log_session_metrics(0, **{f"calibration.{k}": v for k, v in nums.items()})
+            except Exception as e:  # noqa: BLE001
+                log.debug("calibration metrics failed: %s", e)
+
     def _incumbent(self) -> None:
         """The registry's champion from earlier sessions, re-measured side by side in this run."""
         if self.registry is None:
@@ -455,6 +474,7 @@ class SearchSession:
         self._open_tracking(meta.get("parent_run_id") if resumed else None)
         self.ui.line(f"task {self.task.name} on {self.target.name} ({', '.join(self.devices)}), "
                      f"{len(self.guards[0].workloads)} workloads, {len(self.agents)} agents")  # fmt: skip
+        self._calibrate()
         try:
             self._baselines()
             self._incumbent()
