@@ -1,0 +1,50 @@
+"""GPU tests (marker ``gpu``): skipped without CUDA; run them on the H200 with ``pytest -m gpu``."""
+
+import pytest
+import torch
+
+from kernelarc.families import families_for
+from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
+from kernelarc.models import Candidate, Status
+from kernelarc.tasks import load_builtin
+
+pytestmark = pytest.mark.gpu
+
+SIDE_STREAM_RUNTIME = """import torch
+_S = [None]
+def run(x, weight):
+    if _S[0] is None:
+        _S[0] = getattr(torch.cuda, 'Str' + 'eam')()
+    y = torch.empty_like(x)
+    s = _S[0]
+    with getattr(torch.cuda, 'str' + 'eam')(s):
+        for _ in range(200):
+            xf = x.float()
+            y.copy_((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype))
+    return y
+"""
+
+
+@pytest.fixture(scope="module")
+def guard():
+    task = load_builtin("rmsnorm")
+    g = Guard(task, None, "cuda:0", GuardConfig(workloads=[2], timeout_s=120))
+    ref = g.evaluate(reference_candidate(task), trusted=True)
+    g.set_baselines(ref, None)
+    yield g
+    g.close()
+
+
+def test_family_start_points_are_correct_on_the_gpu(guard):
+    for fam in families_for("rmsnorm"):
+        v = guard.evaluate(Candidate(source=fam.render(fam.start), language="triton", family=fam.name)).verdict
+        assert v.correct, (fam.name, v.errors)
+
+
+def test_deferred_side_stream_work_is_rejected(guard):
+    v = guard.evaluate(Candidate(source=SIDE_STREAM_RUNTIME, language="pytorch")).verdict
+    assert v.status in (Status.rejected_hack, Status.incorrect), v
+
+
+def test_cuda_is_really_used():
+    assert torch.cuda.is_available()
