@@ -71,6 +71,8 @@ BANNED_ATTRS = {
     "elapsed_time": "reads or patches timers",
     "synchronize": "the harness synchronizes; candidates must not",
     "do_bench": "the harness times; candidates must not",
+    "_C": "torch._C internals bypass the harness's view of streams and allocators",
+    "__dict__": "reaches module or object state",
     "putenv": "changes the environment",
 }
 # Module roots whose attributes a candidate may not assign to (monkey-patching).
@@ -120,6 +122,17 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                         flag(node, f"imports {name} ({why})")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
             flag(node, f"calls {node.func.id}() ({BANNED_CALLS[node.func.id]})")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+        ):
+            name = node.args[1]
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                flag(node, f"{node.func.id}() with a computed name (hides attribute access from these checks)")
+            elif name.value in BANNED_ATTRS:
+                flag(node, f"{node.func.id}(..., {name.value!r}) ({BANNED_ATTRS[name.value]})")
         elif isinstance(node, ast.Attribute) and node.attr in BANNED_ATTRS:
             flag(node, f"uses .{node.attr} ({BANNED_ATTRS[node.attr]})")
         elif (

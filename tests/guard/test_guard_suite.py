@@ -81,6 +81,14 @@ def run(x, weight):
         GOOD.replace("    xf = x.float()\n", "    s = torch.cuda.Stream()\n    xf = x.float()\n"),
         Status.rejected_hack,
     ),
+    "getattr_evasion": (
+        GOOD.replace("    xf = x.float()\n", "    s = getattr(torch.cuda, 'Str' + 'eam')()\n    xf = x.float()\n"),
+        Status.rejected_hack,
+    ),
+    "torch_C": (
+        GOOD.replace("    xf = x.float()\n", "    torch._C._cuda_synchronize()\n    xf = x.float()\n"),
+        Status.rejected_hack,
+    ),
     "reads_judge": ("import gc\n" + GOOD, Status.rejected_hack),
     "stdout_forge": (
         GOOD.replace(
@@ -153,3 +161,20 @@ def test_static_checks_allow_ordinary_kernels():
     assert check_source(
         "import os\nimport torch\nINTERP = os.environ.get('TRITON_INTERPRET') == '1'\ndef run(x):\n    return x + 1\n"
     ).ok
+
+
+def test_every_family_renders_sources_the_static_checks_accept():
+    import random
+
+    from kernelarc.families import all_families
+
+    rng = random.Random(0)
+    for fam in all_families().values():
+        points = [dict(fam.start)]
+        for _ in range(10):
+            p = {k.name: rng.choice(k.values) for k in fam.knobs}
+            if fam.valid(p):
+                points.append(p)
+        for p in points:
+            rep = check_source(fam.render(p))
+            assert rep.ok, (fam.name, p, rep)
