@@ -15,7 +15,8 @@ register_configs()
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
-    from kernelarc.app import TaskError, UsageError, build_agents, fail, raw, resolve_gpu, typed
+    from kernelarc.app import TaskError, UsageError, build_agents, fail, resolve_gpu, typed
+    from kernelarc.config import plain
     from kernelarc.session import SearchSession, load_task_from_config
     from kernelarc.ui import Progress
 
@@ -25,7 +26,7 @@ def main(cfg: DictConfig) -> dict:
         target = resolve_gpu(c)
         task = load_task_from_config(c, getattr(target, "is_cpu", True))
         agents = build_agents(c, task)
-        session = SearchSession(c, raw(cfg), target, agents, progress=Progress(c.search.progress))
+        session = SearchSession(c, plain(cfg), target, agents, progress=Progress(c.search.progress))
         summary = session.run()
     except (UsageError, TaskError) as e:
         fail(str(e))

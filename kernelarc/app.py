@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from kernelarc.config import KernelArcConfig, plain, to_object
+from kernelarc.config import KernelArcConfig, to_object
 from kernelarc.families.base import STRATEGIES
 from kernelarc.tasks.loader import TaskError, builtin_tasks
 
@@ -104,13 +104,9 @@ def build_agents(cfg: KernelArcConfig, task) -> list[Any]:
     return agents
 
 
-def raw(cfg: DictConfig) -> dict:
-    return plain(cfg)
-
-
 def fail(msg: str, code: int = 2) -> None:
     print(f"kernelarc: error: {msg}", file=sys.stderr)
     sys.exit(code)
 
 
-__all__ = ["TaskError", "UsageError", "backend_of", "build_agents", "fail", "raw", "resolve_gpu", "typed"]
+__all__ = ["TaskError", "UsageError", "backend_of", "build_agents", "fail", "resolve_gpu", "typed"]

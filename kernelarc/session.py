@@ -169,7 +169,6 @@ class SearchSession:
         self.seen: set[str] = set()
         self.evaluated = 0
         self.redirect: str | None = None
-        self.usd = 0.0
         self.tokens: dict[str, float] = {}
         self.best_history: list[tuple[int, float]] = []
         self.tracker = None
@@ -222,13 +221,16 @@ class SearchSession:
                 self.best_history.append((max(self.evaluated, 0), v.latency_ms))
         elif v.status is Status.correct_slower:
             self.backups.append((c, v))
-        if v.correct and rec.kind == "baseline":
-            ev = Evaluation(v, rec.samples)
-            for g in self.guards:
-                if c.strategy == "reference":
-                    g.set_baselines(ev, None)
-                else:
-                    g.set_baselines(None, ev)
+        if rec.kind == "baseline":
+            self._apply_baseline(c, Evaluation(v, rec.samples))
+
+    def _apply_baseline(self, cand: Candidate, ev: Evaluation) -> None:
+        """Make a measured baseline (the reference or its torch.compile) T_b on every guard."""
+        if not ev.verdict.correct:
+            return
+        is_ref = cand.strategy == "reference"
+        for g in self.guards:
+            g.set_baselines(ev if is_ref else None, None if is_ref else ev)
 
     def _track(self, rec: Record) -> None:
         if self.tracker is None:
@@ -281,10 +283,8 @@ class SearchSession:
             self.ui.line(f"measuring baseline: {label} ...")
             ev = self._evaluate(cand, self.champion, True, self.cfg.guard.baseline_timeout_s, 0)
             rec = Record(-1, "baseline", cand, ev.verdict, ev.samples, self.champion.id if self.champion else None)
-            if ev.verdict.correct:
-                for g in self.guards:
-                    g.set_baselines(ev if label == "reference" else None, ev if label != "reference" else None)
-                    g.refresh_metrics(ev)
+            self._apply_baseline(cand, ev)
+            self.guards[0].refresh_metrics(ev)  # its own metrics against the baselines known now
             self.state.append(rec)
             self._replay(rec)
             self._track(rec)
@@ -343,6 +343,10 @@ class SearchSession:
         self.ui.line(f"  registry champion v{version}: {ev.verdict.status.value}")
 
     # -- main loop -----------------------------------------------------------------------
+    @property
+    def usd(self) -> float:
+        return self.tokens.get("usd", 0.0)
+
     def _budget_left(self) -> int:
         return self.cfg.budget.candidates - self.evaluated
 
@@ -388,7 +392,6 @@ class SearchSession:
                 share = {f"llm.{k}": float(v) / len(prop.candidates) for k, v in prop.cost.items()}
                 for c in prop.candidates:
                     self.cand_cost[c.id] = share
-            self.usd += float(prop.cost.get("usd", 0.0))
             for f in prop.failures:
                 self.ui.line(f"  agent {agent.name}: {f[:150]}")
             with self.lock:

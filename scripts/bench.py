@@ -123,7 +123,8 @@ def main() -> None:
     log(f"calibration: {json.dumps({k: v for k, v in cal.items() if isinstance(v, int | float)})}")
     (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
 
-    from kernelarc.app import build_agents, raw, typed
+    from kernelarc.app import build_agents, typed
+    from kernelarc.config import plain
     from kernelarc.session import SearchSession, load_task_from_config
     from kernelarc.ui import Progress
 
@@ -151,7 +152,7 @@ def main() -> None:
             c = typed(cfg)
             c.gpu = target  # calibrated ceilings
             task = load_task_from_config(c, not on_gpu)
-            session = SearchSession(c, raw(cfg), target, build_agents(c, task), progress=Progress(True))
+            session = SearchSession(c, plain(cfg), target, build_agents(c, task), progress=Progress(True))
             summary = session.run()
             champ_rec = next((r for r in reversed(session.records) if r.candidate.id == summary["champion"]), None)
             per_wl = []

@@ -70,5 +70,4 @@ def test_a_step_that_gained_is_continued():
     agent.observe(child, Verdict(candidate_id=child.id, status=Status.correct_slower, speedup_vs_champion=0.7))
     cont = agent._continue(set())
     assert cont is not None
-    _fam, point, note = cont
-    assert point["num_stages"] == knob.values[2] and "continuing" in note
+    assert cont.knobs["num_stages"] == knob.values[2] and "continuing" in cont.rationale

@@ -181,7 +181,7 @@ class SearchAgent:
             notes.append(f"{knob.name} {cur}→{v}{hint}")
         return new, "; ".join(notes)
 
-    def _continue(self, seen: set[str]) -> tuple[Family, dict[str, Any], str] | None:
+    def _continue(self, seen: set[str]) -> Candidate | None:
         """Line search: repeat the last step that gained, one more notch in the same direction."""
         while self._momentum:
             fam_name, point, moves, gain = self._momentum.pop()
@@ -200,8 +200,14 @@ class SearchAgent:
                 if step and 0 <= j < len(vals):
                     new[name] = vals[j]
                     notes.append(f"{name} {cur}→{vals[j]}")
-            if notes and fam.valid(new) and self._render_id(fam, new) not in seen:
-                return fam, new, f"continuing the step that gained {gain:+.0%}: " + ", ".join(notes)
+            if not notes or not fam.valid(new):
+                continue
+            new = fam.check_point(new)
+            note = f"continuing the step that gained {gain:+.0%}: " + ", ".join(notes)
+            cand = Candidate(source=fam.render(new), language=fam.language, agent=self.name, strategy=self.strategy,
+                             family=fam.name, knobs=new, rationale=f"{self.strategy}: {fam.name} {note}"[:300])  # fmt: skip
+            if cand.id not in seen:
+                return cand
         return None
 
     def propose(self, ctx: AgentContext, n: int) -> Proposal:
@@ -212,17 +218,12 @@ class SearchAgent:
         out: list[Candidate] = []
         seen = set(ctx.seen)
         for _ in range(n):
-            cont = self._continue(seen) if self.rng.random() < 0.7 else None
-            if cont is not None:
-                fam, point, note = cont
-                cand = Candidate(source=fam.render(fam.check_point(point)), language=fam.language, agent=self.name,
-                                 strategy=self.strategy, family=fam.name, knobs=fam.check_point(point),
-                                 rationale=f"{self.strategy}: {fam.name} {note}"[:300])  # fmt: skip
-                if cand.id not in seen:
-                    seen.add(cand.id)
-                    self._parents[cand.id] = (None, None)
-                    out.append(cand)
-                    continue
+            cand = self._continue(seen) if self.rng.random() < 0.7 else None
+            if cand is not None:
+                seen.add(cand.id)
+                self._parents[cand.id] = (None, None)
+                out.append(cand)
+                continue
             for _attempt in range(60):
                 fam, base, parent, why = self._base(ctx)
                 if parent is None and fam.name != (ctx.champion.family if ctx.champion else None):

@@ -8,7 +8,6 @@ takes exactly one candidate and then exits; the pool starts its replacement at o
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -59,12 +58,9 @@ class WorkerPool:
 
     def _spawn(self) -> Worker:
         parent, child = _ctx.Pipe(duplex=True)
-        env_backup = os.environ.get("TRITON_INTERPRET")
         p = _ctx.Process(target=worker_main, args=(child, self.device), daemon=True)
         p.start()
         child.close()
-        if env_backup is not None:
-            os.environ["TRITON_INTERPRET"] = env_backup
         return Worker(p, parent, time.monotonic())
 
     def acquire(self) -> Worker:

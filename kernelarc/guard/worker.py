@@ -9,7 +9,6 @@ result.
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import sys
@@ -510,8 +509,3 @@ def worker_main(conn, device: str, log_dir: str | None = None) -> None:
         pass
     finally:
         os._exit(0)
-
-
-def _median(xs: list[float]) -> float:
-    ys = sorted(xs)
-    return ys[len(ys) // 2] if ys else math.nan

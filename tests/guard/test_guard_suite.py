@@ -32,6 +32,15 @@ def run(x, weight):
     _k[(M,)](x, weight, y, N, BLOCK=triton.next_power_of_2(N))
     return y
 """
+CACHED = """import torch
+_CACHE = {}
+def run(x, weight):
+    key = x.data_ptr()
+    if key not in _CACHE:
+        xf = x.float()
+        _CACHE[key] = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
+    return _CACHE[key]
+"""
 BAD = {
     "wrong": (
         "import torch\ndef run(x, weight):\n    return (x.float() * weight.float()).to(x.dtype)\n",
@@ -96,28 +105,9 @@ def run(x, weight):
         ),
         Status.rejected_hack,
     ),
-    "cache_by_pointer": (
-        """import torch
-_CACHE = {}
-def run(x, weight):
-    key = x.data_ptr()
-    if key not in _CACHE:
-        xf = x.float()
-        _CACHE[key] = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
-    return _CACHE[key]
-""",
-        Status.rejected_hack,
-    ),
+    "cache_by_pointer": (CACHED, Status.rejected_hack),
     "cache_by_pointer_cloned": (
-        """import torch
-_CACHE = {}
-def run(x, weight):
-    key = x.data_ptr()
-    if key not in _CACHE:
-        xf = x.float()
-        _CACHE[key] = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
-    return _CACHE[key].clone()
-""",
+        CACHED.replace("return _CACHE[key]\n", "return _CACHE[key].clone()\n"),
         Status.rejected_hack,
     ),
 }
