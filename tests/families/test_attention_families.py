@@ -10,12 +10,12 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from _aot import aot_compile  # noqa: E402
 
 from kernelarc.families import STRATEGIES, families_for, get_family  # noqa: E402
 from kernelarc.families import _attn_common as ac  # noqa: E402
@@ -137,61 +137,6 @@ def test_interpreted_correctness(name, tmp_path):
                     check_close(out, ref)
                 except AssertionError as e:
                     raise AssertionError(f"{name} {point} shape {(B, H, HKV, S, D)} causal={causal}: {e}") from None
-
-
-# The interpreter flag is read when triton.language is imported (its own @jit helpers such
-# as tl.cdiv become interpreted functions), so ahead-of-time compilation runs in a child
-# process without TRITON_INTERPRET.
-_AOT_CHILD = r"""
-import importlib.util, json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-out = {}
-for label, path, jobs in json.load(sys.stdin):
-    spec = importlib.util.spec_from_file_location("cand_" + label.replace(".", "_"), path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    res = []
-    for job in jobs:
-        attrs = {tuple(k): v for k, v in job["attrs"]}
-        src = ASTSource(fn=getattr(mod, job["kernel"]), signature=job["signature"],
-                        constexprs=job["constexprs"], attrs=attrs)
-        try:
-            c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
-        except Exception as e:
-            res.append({"kernel": job["kernel"], "error": f"{type(e).__name__}: {e}"[-2000:]})
-            continue
-        ptx = c.asm["ptx"]
-        res.append({"kernel": job["kernel"], "sm90a": ".target sm_90a" in ptx,
-                    "wgmma": "wgmma.mma_async" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
-                    "setmaxnreg": "setmaxnreg" in ptx, "shared": c.metadata.shared})
-    out[label] = res
-print(json.dumps(out))
-"""
-
-
-def aot_compile(items, tmp_dir):
-    """items: [(label, source, jobs)] -> {label: [per-kernel result dict]} (sm_90a, no GPU)."""
-    import subprocess
-
-    payload = []
-    for label, src, jobs in items:
-        path = tmp_dir / f"aot_{label.replace('.', '_')}.py"
-        path.write_text(src)
-        jobs = [{**j, "attrs": [[list(k), v] for k, v in j["attrs"].items()]} for j in jobs]
-        payload.append((label, str(path), jobs))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _AOT_CHILD],
-        input=json.dumps(payload),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
