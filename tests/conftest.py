@@ -1,15 +1,15 @@
-"""Test setup: Triton runs through its interpreter on the CPU (set before triton is imported)."""
+"""Test setup: without a GPU, Triton runs through its interpreter (set before triton is imported)."""
 
 import os
+import shutil
+import sqlite3
+from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import shutil  # noqa: E402
-import sqlite3  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
