@@ -92,6 +92,20 @@ def library_compare(task_name: str, champion_src: str, wl_axes: dict) -> dict:
     return res_
 
 
+def same_size_copy(nbytes: float) -> dict:
+    """A device-to-device copy moving the same bytes (read + written) as one workload, timed like the
+    libraries above (do_bench median, L2 flushed between calls): the bandwidth a memory-bound kernel
+    of this size can reach, next to the large-buffer calibration figure."""
+    import torch
+    from triton.testing import do_bench
+
+    n = max(int(nbytes // 4), 1)  # bf16 elements: n read + n written = nbytes
+    src = torch.randn(n, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = min(do_bench(lambda: dst.copy_(src), warmup=25, rep=100, return_mode="median") for _ in range(2))
+    return {"copy_ms": ms, "copy_tbps": 4 * n / (ms * 1e-3) / 1e12}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default="rmsnorm,softmax,matmul")
@@ -162,10 +176,17 @@ def main() -> None:
                                    "sol_fraction", "sol_bound", "baseline_ms", "compile_ms", "speedup_vs_baseline",
                                    "speedup_vs_compile")})  # fmt: skip
             summary["workloads"] = per_wl
+            if on_gpu:
+                for w in per_wl:
+                    if w["sol_bound"] == "memory" and w["tbps"] and w["latency_ms"]:
+                        w.update(same_size_copy(w["tbps"] * 1e12 * w["latency_ms"] * 1e-3))
             if on_gpu and champ_rec is not None and task_name.startswith("attention"):
-                axes = dict(task.axes(wls[0]))
-                axes["causal"] = task.workloads[wls[0]].inputs["causal"].value
-                summary["library"] = library_compare(task_name, champ_rec.candidate.source, axes)
+                summary["library"] = {}
+                for wi in wls:
+                    axes = dict(task.axes(wi))
+                    axes["causal"] = task.workloads[wi].inputs["causal"].value
+                    label = f"workload {wi} ({'causal' if axes['causal'] else 'non-causal'})"
+                    summary["library"][label] = library_compare(task_name, champ_rec.candidate.source, axes)
             if champ_rec is not None:
                 (out / f"champion_{task_name}.py").write_text(champ_rec.candidate.source)
             cands = [r for r in session.records if r.kind == "candidate"]
@@ -193,18 +214,25 @@ def main() -> None:
         )
         lines.append(
             "| workload | axes | reference ms | torch.compile ms | champion ms | TFLOP/s | TB/s | SOL frac | bound "
-            "| vs reference | vs torch.compile |"
+            "| vs reference | vs torch.compile | same-size copy TB/s |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for w in s.get("workloads", []):
 
             def f(x, p=3):
                 return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{p}f}"
 
             lines.append(f"| {w['index']} | {w['axes']} | {f(w['baseline_ms'], 4)} | {f(w['compile_ms'], 4)} | {f(w['latency_ms'], 4)} | {f(w['tflops'], 1)} | {f(w['tbps'], 2)} | "
-                         f"{f(w['sol_fraction'], 2)} | {w['sol_bound']} | {f(w['speedup_vs_baseline'], 2)}x | {f(w['speedup_vs_compile'], 2)}x |")  # fmt: skip
-        if s.get("library"):
-            lines.append(f"library side by side (do_bench medians, ms): {json.dumps(s['library'], default=str)}")
+                         f"{f(w['sol_fraction'], 2)} | {w['sol_bound']} | {f(w['speedup_vs_baseline'], 2)}x | {f(w['speedup_vs_compile'], 2)}x | {f(w.get('copy_tbps'), 2)} |")  # fmt: skip
+        for label, lib in (s.get("library") or {}).items():
+            ms = {k: v for k, v in lib.items() if isinstance(v, float)}
+            if "champion" in ms:
+                ratios = ", ".join(f"{ms[k] / ms['champion']:.2f}x vs {k}" for k in ms if k != "champion")
+                lines.append(f"library side by side, {label} (do_bench medians, ms): "
+                             f"{json.dumps({k: round(v, 4) for k, v in ms.items()})}; champion {ratios}")  # fmt: skip
+            errs = {k: v for k, v in lib.items() if k.endswith("_error")}
+            if errs:
+                lines.append(f"library errors, {label}: {json.dumps(errs)}")
     md = "\n".join(lines)
     (out / "bench.md").write_text(md)
     print(md, flush=True)

@@ -71,3 +71,46 @@ def test_a_step_that_gained_is_continued():
     cont = agent._continue(set())
     assert cont is not None
     assert cont.knobs["num_stages"] == knob.values[2] and "continuing" in cont.rationale
+
+
+def test_an_infeasible_move_is_repaired_by_moving_the_coupled_knobs():
+    """A 128x256 tile on 4 warps spills its accumulator (infeasible): the move is kept and the
+    nearest feasible point moves the other knobs (more warps / fewer stages) instead."""
+    import random
+
+    from kernelarc.agents.surrogate import repair
+
+    fam = next(f for f in families_for("matmul") if f.name == "matmul.persistent_tma")
+    point = dict(fam.start, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=4, num_stages=4)
+    assert not fam.valid(point)
+    fixed = repair(fam, point, ["BLOCK_M", "BLOCK_N", "BLOCK_K"], random.Random(0))
+    assert fixed is not None and fam.valid(fixed)
+    assert (fixed["BLOCK_M"], fixed["BLOCK_N"], fixed["BLOCK_K"]) == (128, 256, 64)
+    assert fixed["num_warps"] >= 8 or fixed.get("WARP_SPECIALIZE")
+
+
+def test_surrogate_ranks_by_what_was_measured():
+    from kernelarc.agents.surrogate import Surrogate
+
+    fam = next(f for f in families_for("matmul") if f.name == "matmul.tiled")
+    obs = [(dict(fam.start, BLOCK_N=bn), speed) for bn, speed in [(16, 0.2), (32, 0.4), (64, 0.6), (128, 0.9)]]
+    model = Surrogate(fam, obs)
+    assert model.ready
+    assert model.score(dict(fam.start, BLOCK_N=128), explore=0) > model.score(dict(fam.start, BLOCK_N=16), explore=0)
+    assert not Surrogate(fam, obs[:2]).ready  # too little data: the agent falls back to its first draw
+
+
+def test_exploring_agents_port_the_best_point_to_another_family():
+    from kernelarc.models import Finding
+
+    task = load_builtin("matmul", cpu=True)
+    tiled = next(f for f in families_for("matmul") if f.name == "matmul.tiled")
+    best = tiled.check_point(dict(tiled.start, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3))
+    finding = Finding(agent="a0", strategy="tiling", candidate_id="x", family=tiled.name, knobs=best,
+                      status=Status.correct_slower, gain=-0.05, lesson="close to the library")  # fmt: skip
+    agent = SearchAgent("a3", "algorithmic", task, seed=0)
+    cands = [c for _ in range(12) for c in agent.propose(_ctx(task, [finding]), 1).candidates]
+    ported = [c for c in cands if "port" in c.rationale or "at the best" in c.rationale]
+    assert ported, [c.rationale for c in cands]
+    for c in ported:
+        assert c.family != tiled.name and c.knobs["BLOCK_M"] == 128 and c.knobs["BLOCK_N"] == 128

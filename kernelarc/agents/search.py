@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kernelarc.agents.base import AgentContext, Proposal
+from kernelarc.agents.surrogate import Surrogate, repair
 from kernelarc.families import Family, Knob, families_for
 from kernelarc.models import Candidate, Finding, Status, Verdict
 from kernelarc.tasks.loader import Task
@@ -116,6 +117,12 @@ class SearchAgent:
             others = [f for f in fams if not champ or f.name != champ.family]
             if others:
                 fam = self.rng.choice(others)
+                # the best family point so far (the champion when it is one) carried over to this family
+                src = [(champ.family, champ.knobs)] if champ is not None and champ.family in self.families else []
+                src += [(k[1].name, k[2]) for k in self._known(ctx) if k[1].language != "pytorch"][:1]
+                ported = self._port(fam, *src[0]) if src else None
+                if ported is not None and self.rng.random() < 0.75:
+                    return fam, ported, None, f"porting the best {src[0][0]} point to {fam.name}"
                 point = dict(fam.start) if self.rng.random() < 0.5 else self._random_point(fam)
                 return fam, point, None, f"exploring family {fam.name}"
         if champ is not None and champ.family in self.families and champ.knobs:
@@ -124,6 +131,23 @@ class SearchAgent:
         # attempts and from the board (bounded by memory.limit), or start a family nobody has tried.
         tried = {c.family for c, _ in ctx.history} | {f.family for f in ctx.findings if f.family}
         untried = [f for f in fams if f.name not in tried and f.language != "pytorch"]
+        known = self._known(ctx)
+        if untried and (not known or self.rng.random() < 0.3):
+            fam = untried[self.rng.randrange(len(untried))]
+            src = [k for k in known if k[1].language != "pytorch"][:1]
+            ported = self._port(fam, src[0][1].name, src[0][2]) if src else None
+            if ported is not None and self.rng.random() < 0.5:
+                return fam, ported, None, f"starting family {fam.name} at the best {src[0][1].name} point"
+            return fam, dict(fam.start), None, f"starting family {fam.name}"
+        if known:
+            pick = known[0] if self.rng.random() < 0.75 else self.rng.choice(known[:4])
+            _, fam, point, cid, why = pick
+            return fam, point, cid, why
+        fam = self.rng.choice(fams)
+        return fam, dict(fam.start), None, f"starting family {fam.name}"
+
+    def _known(self, ctx: AgentContext) -> list[tuple[float, Family, dict[str, Any], str, str]]:
+        """Correct family points from this agent's attempts and the board, fastest first."""
         known: list[tuple[float, Family, dict[str, Any], str, str]] = []
         for c, v in ctx.history:
             if v.correct and c.family in self.families and c.knobs:
@@ -134,16 +158,19 @@ class SearchAgent:
             if f.status in (Status.champion, Status.correct_slower) and f.family in self.families and f.knobs:
                 known.append((1.0 + (f.gain or -1.0), self.families[f.family], dict(f.knobs), f.candidate_id,
                               f"from the board's best point ({f.agent})"))  # fmt: skip
-        if untried and (not known or self.rng.random() < 0.3):
-            fam = untried[self.rng.randrange(len(untried))]
-            return fam, dict(fam.start), None, f"starting family {fam.name}"
-        if known:
-            known.sort(key=lambda k: k[0], reverse=True)
-            pick = known[0] if self.rng.random() < 0.75 else self.rng.choice(known[:4])
-            _, fam, point, cid, why = pick
-            return fam, point, cid, why
-        fam = self.rng.choice(fams)
-        return fam, dict(fam.start), None, f"starting family {fam.name}"
+        known.sort(key=lambda k: k[0], reverse=True)
+        return known
+
+    def _port(self, fam: Family, src_family: str | None, src_knobs: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A point's values for the knobs this family shares with it (tile sizes, warps, stages), the
+        family's own start for the rest, made feasible; None when nothing carries over."""
+        if not src_knobs or src_family == fam.name or fam.language == "pytorch":
+            return None
+        names = {k.name for k in fam.knobs}
+        shared = {n: v for n, v in src_knobs.items() if n in names and v in fam.knob(n).values}
+        if not shared:
+            return None
+        return repair(fam, {**fam.start, **shared}, shared, self.rng)
 
     def _random_point(self, fam: Family) -> dict[str, Any]:
         for _ in range(50):
@@ -179,7 +206,52 @@ class SearchAgent:
             if key in gains:
                 hint = f" (board: {sum(gains[key]) / len(gains[key]):+.0%} with it)"
             notes.append(f"{knob.name} {cur}→{v}{hint}")
+        moved = [k.name for k in owned if new.get(k.name) != point.get(k.name)]
+        if not fam.valid(new):
+            fixed = repair(fam, new, moved, self.rng)
+            if fixed is not None:
+                follow = [f"{k} {new.get(k)}→{v}" for k, v in fixed.items() if new.get(k) != v]
+                notes.append("to stay feasible " + ", ".join(follow))
+                new = fixed
         return new, "; ".join(notes)
+
+    def _surrogate(self, fam: Family, ctx: AgentContext, cache: dict[str, Surrogate]) -> Surrogate:
+        """Model of this family's speed from the board and this agent's own verdicts (see surrogate.py)."""
+        if fam.name not in cache:
+            obs: list[tuple[dict[str, Any], float]] = []
+            for f in ctx.findings:
+                if f.family == fam.name and f.gain is not None and f.knobs:
+                    obs.append((f.knobs, 1.0 + f.gain))
+            for c, v in ctx.history:
+                if c.family == fam.name and v.correct and v.speedup_vs_champion:
+                    obs.append((c.knobs, v.speedup_vs_champion))
+            cache[fam.name] = Surrogate(fam, obs)
+        return cache[fam.name]
+
+    def _best_move(
+        self, fam: Family, base: dict[str, Any], gains: dict, fails: dict, model: Surrogate, seen: set[str], k: int = 6
+    ) -> tuple[dict[str, Any], str]:
+        """Draw ``k`` local moves and keep the one the surrogate ranks highest (the first when it has too
+        little data)."""
+        moves: list[tuple[dict[str, Any], str]] = []
+        keys = set()
+        for _ in range(3 * k):
+            point, note = self._mutate(fam, base, gains, fails)
+            key = tuple(sorted((n, repr(v)) for n, v in point.items()))
+            if key in keys or not fam.valid(point) or self._render_id(fam, point) in seen:
+                continue
+            keys.add(key)
+            moves.append((point, note))
+            if len(moves) >= k:
+                break
+        if not moves:
+            return self._mutate(fam, base, gains, fails)
+        if not model.ready or len(moves) == 1:
+            return moves[0]
+        scored = [(model.score(p), i) for i, (p, _) in enumerate(moves)]
+        best = max(scored)[1]
+        point, note = moves[best]
+        return point, f"{note} (model's pick of {len(moves)} moves, fitted on {model.n} points)"
 
     def _continue(self, seen: set[str]) -> Candidate | None:
         """Line search: repeat the last step that gained, one more notch in the same direction."""
@@ -217,6 +289,7 @@ class SearchAgent:
                 self._score.setdefault(f.candidate_id, 1.0 + f.gain)
         out: list[Candidate] = []
         seen = set(ctx.seen)
+        models: dict[str, Surrogate] = {}
         for _ in range(n):
             cand = self._continue(seen) if self.rng.random() < 0.7 else None
             if cand is not None:
@@ -232,7 +305,7 @@ class SearchAgent:
                         point, note = self._mutate(fam, base, gains, fails)
                         note = f"{why}; {note}"
                 else:
-                    point, note = self._mutate(fam, base, gains, fails)
+                    point, note = self._best_move(fam, base, gains, fails, self._surrogate(fam, ctx, models), seen)
                     note = f"{why}: {note}"
                 try:
                     point = fam.check_point(point)
