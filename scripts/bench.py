@@ -190,6 +190,15 @@ def main() -> None:
             if champ_rec is not None:
                 (out / f"champion_{task_name}.py").write_text(champ_rec.candidate.source)
             cands = [r for r in session.records if r.kind == "candidate"]
+            # the fastest correct candidates (by their latency in their own run), whether or not they won
+            top = sorted((r for r in cands if r.verdict.correct and r.verdict.latency_ms), key=lambda r: r.verdict.latency_ms)
+            base_lat = {r.candidate.family: r.verdict.latency_ms for r in session.records if r.kind == "baseline"}
+            summary["top"] = [
+                {"index": r.index + 1, "family": r.candidate.family, "knobs": r.candidate.knobs,
+                 "latency_ms": r.verdict.latency_ms, "vs_reference": (base_lat.get("reference") or 0) / r.verdict.latency_ms,
+                 "per_workload_vs_reference": [w.speedup_vs_baseline for w in r.verdict.workloads]}
+                for r in top[:5]
+            ]  # fmt: skip
             best_at = next((r.index + 1 for r in reversed(cands) if r.candidate.id == summary["champion"]), 0)
             summary["champion_found_at"] = best_at
             results["tasks"][key] = summary
@@ -224,6 +233,10 @@ def main() -> None:
 
             lines.append(f"| {w['index']} | {w['axes']} | {f(w['baseline_ms'], 4)} | {f(w['compile_ms'], 4)} | {f(w['latency_ms'], 4)} | {f(w['tflops'], 1)} | {f(w['tbps'], 2)} | "
                          f"{f(w['sol_fraction'], 2)} | {w['sol_bound']} | {f(w['speedup_vs_baseline'], 2)}x | {f(w['speedup_vs_compile'], 2)}x | {f(w.get('copy_tbps'), 2)} |")  # fmt: skip
+        for t in s.get("top", [])[:3]:
+            per = ", ".join(f"{x:.2f}x" for x in t["per_workload_vs_reference"] if x)
+            lines.append(f"fastest correct #{t['index']}: {t['family']} {t['latency_ms']:.4f} ms geomean, "
+                         f"{t['vs_reference']:.2f}x reference (per workload {per}) {json.dumps(t['knobs'])}")  # fmt: skip
         for label, lib in (s.get("library") or {}).items():
             ms = {k: v for k, v in lib.items() if isinstance(v, float)}
             if "champion" in ms:
