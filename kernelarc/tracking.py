@@ -92,8 +92,19 @@ def _env_secrets() -> list[str]:
     key = os.environ.get("ANTHROPIC_API_KEY", "")
     if key:
         values.append(key)
-    for name, value in os.environ.items():
-        if name != "ANTHROPIC_API_KEY" and _SECRET_KEY_RE.search(name) and len(value) >= 12:
+    # Other threads (MLflow's telemetry) set and delete variables while we read: take a snapshot of
+    # the names, retrying if the mapping changes under us, and skip names gone by the time we look.
+    for _ in range(5):
+        try:
+            names = list(os.environ)
+            break
+        except RuntimeError:  # dictionary changed size during iteration
+            continue
+    else:
+        names = []
+    for name in names:
+        value = os.environ.get(name)
+        if value and name != "ANTHROPIC_API_KEY" and _SECRET_KEY_RE.search(name) and len(value) >= 12:
             values.append(value)
     return sorted(set(values), key=len, reverse=True)
 

@@ -192,7 +192,7 @@ def main() -> None:
             cands = [r for r in session.records if r.kind == "candidate"]
             # the fastest correct candidates (by their latency in their own run), whether or not they won
             top = sorted((r for r in cands if r.verdict.correct and r.verdict.latency_ms), key=lambda r: r.verdict.latency_ms)
-            base_lat = {r.candidate.family: r.verdict.latency_ms for r in session.records if r.kind == "baseline"}
+            base_lat = {r.candidate.strategy: r.verdict.latency_ms for r in session.records if r.kind == "baseline"}
             summary["top"] = [
                 {"index": r.index + 1, "family": r.candidate.family, "knobs": r.candidate.knobs,
                  "latency_ms": r.verdict.latency_ms, "vs_reference": (base_lat.get("reference") or 0) / r.verdict.latency_ms,
