@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from kernelarc.models import Finding, Status
+from kernelarc.tracking import scrub_text
 
 
 def usefulness(f: Finding) -> float:
@@ -45,8 +46,10 @@ class Board:
         return len(self._findings)
 
     def post(self, finding: Finding) -> Finding:
+        # Lessons can come from a language model's reply: never let a secret reach the board file.
+        lesson = scrub_text(finding.lesson)
         with self._lock:
-            finding = finding.model_copy(update={"seq": len(self._findings)})
+            finding = finding.model_copy(update={"seq": len(self._findings), "lesson": lesson})
             self._findings.append(finding)
             if self.path:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

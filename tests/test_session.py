@@ -71,6 +71,15 @@ def test_board_memory_limits_and_persistence(tmp_path):
     assert len(Board(tmp_path / "board.jsonl")) == 20  # resumes from disk
 
 
+def test_board_never_stores_a_secret(tmp_path, monkeypatch):
+    key = "sk-ant-api03-" + "x" * 40
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    b = Board(tmp_path / "board.jsonl")
+    f = b.post(Finding(agent="a", strategy="tiling", candidate_id="1", status=Status.correct_slower,
+                       lesson=f"the server echoed {key} back"))  # fmt: skip
+    assert key not in f.lesson and key not in (tmp_path / "board.jsonl").read_text()
+
+
 def test_plateau_fires_and_rotates_actions():
     p = PlateauDetector(patience=3)
     events = [p.update(False, i) for i in range(9)]
