@@ -231,5 +231,31 @@ def cache_knob(name: str, values: tuple[str, ...], doc: str) -> Knob:
     return Knob(name, values, "memory", doc)
 
 
+def long_rows_knob() -> Knob:
+    return Knob(
+        "long_rows",
+        ("fallback", "more_warps"),
+        "scheduling",
+        "a row over the per-thread register budget: take the chunked fallback kernel, or keep the whole-row "
+        "kernel and double the warps (up to 16) until the row fits",
+    )
+
+
+def row_fit_src(streams: int, esize: str) -> str:
+    """Launcher lines for whole-row kernels: ``cap`` (row budget at NUM_WARPS, for the fallback), and
+    ``warps`` / ``wide`` (warps and row budget of the whole-row kernel; more warps for long rows when
+    LONG_ROWS is "more_warps"). Needs MAX_ELEMS_PER_THREAD, NUM_WARPS, NUM_STAGES, LONG_ROWS, N."""
+    return (
+        "    cap = MAX_ELEMS_PER_THREAD * 32 * NUM_WARPS\n"
+        + clamp_block_src("cap", "1", streams, esize)
+        + "    block_n = triton.next_power_of_2(N)\n"
+        "    warps, wide = NUM_WARPS, cap\n"
+        '    while LONG_ROWS == "more_warps" and block_n > wide and warps < 16:\n'
+        "        warps *= 2\n"
+        "        wide = MAX_ELEMS_PER_THREAD * 32 * warps\n"
+        + clamp_block_src("wide", "1", streams, esize, 8)
+    )
+
+
 def elems_per_thread(block_elems: int, num_warps: int) -> float:
     return block_elems / (32 * num_warps)

@@ -204,19 +204,18 @@ def _render_rowblock(family: str, task: str, fused: bool, k: Mapping[str, Any]) 
     src = mc.header(family, f"{task}: whole rows in registers (rendered candidate).", k)
     src += f"\nNUM_WARPS = {k['num_warps']}\nNUM_STAGES = {k['num_stages']}\n"
     src += f"ROWS_PER_PROGRAM = {k['rows']}\nMAX_ELEMS_PER_THREAD = {k['max_elems_per_thread']}\n"
+    src += f"LONG_ROWS = {k['long_rows']!r}\n"
     src += _rows_kernel(kname, fused, k)
     src += _chunked_kernel(cname, fused, fallback)
     src += _launch_prologue(fused)
     p = k["persistent"]
     # Streams staged in shared memory when pipelined (fallback: pass 1 + pass 2 + weight).
     streams = 5 if fused else 3
-    src += f"""    cap = MAX_ELEMS_PER_THREAD * 32 * NUM_WARPS
-{mc.clamp_block_src("cap", "1", streams, "x.element_size()")}    block_n = triton.next_power_of_2(N)
-    if block_n <= cap:
-        rows = max(1, min(ROWS_PER_PROGRAM, cap // block_n))
+    src += f"""{mc.row_fit_src(streams, "x.element_size()")}    if block_n <= wide:
+        rows = max(1, min(ROWS_PER_PROGRAM, wide // block_n))
         blocks = triton.cdiv(M, rows)
         grid = ({mc.grid_expr(p, "blocks", "x.device")},)
-        {kname}[grid](*args, BLOCK_N=block_n, ROWS=rows, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        {kname}[grid](*args, BLOCK_N=block_n, ROWS=rows, num_warps=warps, num_stages=NUM_STAGES)
     else:
         # Row over the register (or staged shared-memory) budget: chunked two-pass kernel.
         blocks = M
@@ -280,6 +279,7 @@ def _rowblock_knobs(fused: bool) -> tuple[Knob, ...]:
         _W_EVICT,
         _STORE_CACHE,
         _RSQRT,
+        mc.long_rows_knob(),
     ]
     if fused:
         knobs.append(
@@ -342,6 +342,7 @@ def _rowblock_start(fused: bool) -> dict[str, Any]:
         "w_evict": "",
         "store_cache": "",
         "rsqrt": "sqrt_div",
+        "long_rows": "fallback",
     }
     if fused:
         s["residual_store"] = "late"

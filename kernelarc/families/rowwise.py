@@ -226,19 +226,18 @@ def _render_rowblock(family: str, k: Mapping[str, Any]) -> str:
     src = mc.header(family, "softmax: whole rows in registers (rendered candidate).", k)
     src += f"\nNUM_WARPS = {k['num_warps']}\nNUM_STAGES = {k['num_stages']}\n"
     src += f"ROWS_PER_PROGRAM = {k['rows']}\nMAX_ELEMS_PER_THREAD = {k['max_elems_per_thread']}\n"
+    src += f"LONG_ROWS = {k['long_rows']!r}\n"
     src += _rows_kernel("_softmax_rows_kernel", k)
     src += _online_kernel("_softmax_online_fallback_kernel", fallback)
     p = k["persistent"]
     src += (
         _PROLOGUE
         + f"""    args = (x, y, M, N, x.stride(0), y.stride(0))
-    cap = MAX_ELEMS_PER_THREAD * 32 * NUM_WARPS
-{mc.clamp_block_src("cap", "1", 2, "x.element_size()")}    block_n = triton.next_power_of_2(N)
-    if block_n <= cap:
-        rows = max(1, min(ROWS_PER_PROGRAM, cap // block_n))
+{mc.row_fit_src(2, "x.element_size()")}    if block_n <= wide:
+        rows = max(1, min(ROWS_PER_PROGRAM, wide // block_n))
         blocks = triton.cdiv(M, rows)
         grid = ({mc.grid_expr(p, "blocks", "x.device")},)
-        _softmax_rows_kernel[grid](*args, BLOCK_N=block_n, ROWS=rows, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        _softmax_rows_kernel[grid](*args, BLOCK_N=block_n, ROWS=rows, num_warps=warps, num_stages=NUM_STAGES)
     else:
         # Row over the register (or staged shared-memory) budget: online two-pass kernel.
         blocks = M
@@ -367,6 +366,7 @@ FAMILIES: list[Family] = [
             mc.load_policy_knob("x_load", "row loads"),
             _STORE_CACHE,
             _NORMALIZE,
+            mc.long_rows_knob(),
         ),
         start={
             "rows": 1,
@@ -377,6 +377,7 @@ FAMILIES: list[Family] = [
             "x_load": "default",
             "store_cache": "",
             "normalize": "div_rn",
+            "long_rows": "fallback",
         },
         render=lambda k: _render_rowblock("softmax.rowblock", k),
         valid=_rowblock_valid,

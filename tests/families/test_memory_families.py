@@ -171,6 +171,8 @@ POINTS = {
         # tiny register budget: N=600 > 16*32*1 takes the chunked fallback
         dict(max_elems_per_thread=16, num_warps=1, rows=2, rsqrt="rsqrt", w_evict="evict_last"),
         dict(rows=32, num_warps=8, x_load="cg", persistent=1, num_stages=3),
+        # long rows keep the whole-row kernel with more warps (N=700 on the CPU: 2 warps; 4096 on the GPU: 8)
+        dict(max_elems_per_thread=16, num_warps=1, rows=2, long_rows="more_warps"),
     ],
     "rmsnorm.chunked": [
         dict(block_n=128, rows=2, num_warps=1, num_stages=2, pass1_evict="evict_last", pass2_evict="evict_first"),
@@ -181,6 +183,8 @@ POINTS = {
         dict(rows=4, num_warps=2, persistent=2, num_stages=2, residual_store="early", x_load="evict_first"),
         dict(max_elems_per_thread=16, num_warps=1, rows=2, rsqrt="rsqrt", store_cache=".cs"),
         dict(rows=16, num_warps=8, x_load="cg", w_evict="evict_last", persistent=1),
+        # long rows keep the whole-row kernel with more warps (N=700 on the CPU: 2 warps; 4096 on the GPU: 8)
+        dict(max_elems_per_thread=16, num_warps=1, rows=2, long_rows="more_warps"),
     ],
     "fused_add_rmsnorm.chunked": [
         dict(block_n=128, rows=2, num_warps=1, second_pass="residual_out", pass1_evict="evict_last"),
@@ -192,6 +196,8 @@ POINTS = {
         # N=300/700 > 16*32*1 takes the online fallback
         dict(max_elems_per_thread=16, num_warps=1, rows=2, normalize="div", store_cache=".cs"),
         dict(rows=32, num_warps=8, x_load="cg", persistent=1, num_stages=3),
+        # long rows keep the whole-row kernel with more warps (N=700 on the CPU: 2 warps; 4096 on the GPU: 8)
+        dict(max_elems_per_thread=16, num_warps=1, rows=2, long_rows="more_warps"),
     ],
     "softmax.online": [
         dict(block_n=128, rows=2, num_warps=1, online_mode="lanewise", pass1_evict="evict_last"),
@@ -534,3 +540,37 @@ def test_other_points_compile_for_hopper(fam, aot_results):
 
 if __name__ == "__main__" and "--aot" in sys.argv:
     _aot_main()
+
+
+@pytest.mark.parametrize("name", ["softmax.rowblock", "rmsnorm.rowblock", "fused_add_rmsnorm.rowblock"])
+def test_long_rows_take_more_warps_instead_of_the_fallback(name, tmp_path):
+    """long_rows=more_warps: a row over the register budget at NUM_WARPS runs the whole-row kernel
+    with doubled warps (here 1 -> 2 for N=700 at 16 elements per thread); fallback keeps the chunked kernel."""
+    fam = next(f for f in _all_families() if f.name == name)
+    launched = {}
+    for mode in ("fallback", "more_warps"):
+        point = fam.check_point(dict(fam.start, max_elems_per_thread=16, num_warps=1, long_rows=mode))
+        mod = _load(fam.render(point), tmp_path, f"{name.replace('.', '_')}_{mode}")
+        calls = []
+        for attr, obj in list(vars(mod).items()):
+            # JITFunction on a GPU, InterpretedFunction under TRITON_INTERPRET: both launch as kernel[grid](...)
+            if attr.endswith("_kernel") and hasattr(obj, "__getitem__"):
+
+                class _Spy:
+                    def __init__(self, fn, attr=attr):
+                        self.fn, self.attr = fn, attr
+
+                    def __getitem__(self, grid):
+                        def launch(*args, **kw):
+                            calls.append((self.attr, kw.get("num_warps")))
+                            return self.fn[grid](*args, **kw)
+
+                        return launch
+
+                setattr(mod, attr, _Spy(obj))
+        gen = torch.Generator().manual_seed(7)
+        inputs = _inputs(fam.task, (3, 700), gen)
+        _check(fam.task, mod.run(*inputs), _reference(fam.task, inputs))
+        launched[mode] = calls
+    assert all("fallback" in a or "chunked" in a for a, _ in launched["fallback"]), launched
+    assert launched["more_warps"] and all("rows" in a and w == 2 for a, w in launched["more_warps"]), launched
