@@ -66,9 +66,27 @@ def backend_of(cfg: KernelArcConfig) -> str:
     return b
 
 
+def relevant_strategies(names: list[str], task_name: str) -> list[str]:
+    """``names`` reordered for the offline agents: first the strategies that own a knob of the task's
+    kernel families (or, for ``algorithmic``, can switch between several families), in the user's
+    order, then the others. With fewer agents than strategies, no agent is spent on a strategy that
+    has nothing to move for this task (precision and fusion own no GEMM knob)."""
+    from kernelarc.families import families_for
+
+    fams = families_for(task_name)
+    owned = {k.strategy for f in fams for k in f.knobs}
+    if len(fams) > 1:
+        owned.add("algorithmic")
+    if not owned:
+        return list(names)
+    return [n for n in names if n in owned] + [n for n in names if n not in owned]
+
+
 def build_agents(cfg: KernelArcConfig, task) -> list[Any]:
     backend = backend_of(cfg)
-    strategies = cfg.strategies.names
+    strategies = list(cfg.strategies.names)
+    if backend == "search" and cfg.agents.count < len(strategies):
+        strategies = relevant_strategies(strategies, task.name)
     agents: list[Any] = []
     for i in range(cfg.agents.count):
         strategy = strategies[i % len(strategies)]

@@ -114,3 +114,16 @@ def test_exploring_agents_port_the_best_point_to_another_family():
     assert ported, [c.rationale for c in cands]
     for c in ported:
         assert c.family != tiled.name and c.knobs["BLOCK_M"] == 128 and c.knobs["BLOCK_N"] == 128
+
+
+def test_offline_agents_are_spent_on_strategies_that_can_move_something():
+    from kernelarc.app import relevant_strategies
+
+    names = ["tiling", "memory", "precision", "fusion", "scheduling", "algorithmic"]
+    # GEMM families have no precision or fusion knob: four agents get tiling, memory, scheduling, algorithmic
+    assert relevant_strategies(names, "matmul")[:4] == ["tiling", "memory", "scheduling", "algorithmic"]
+    # fused_add_rmsnorm has a fusion knob (where the residual is stored)
+    assert "fusion" in relevant_strategies(names, "fused_add_rmsnorm")[:4]
+    # every strategy is kept (in the user's order after the relevant ones)
+    assert sorted(relevant_strategies(names, "matmul")) == sorted(names)
+    assert relevant_strategies(["fusion"], "matmul") == ["fusion"]
