@@ -10,6 +10,7 @@ command resumes from its state log: nothing measured is lost or measured twice.
 
 from __future__ import annotations
 
+
 import hashlib
 import json
 import logging
@@ -18,7 +19,7 @@ import os
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +55,17 @@ def guard_config(cfg: KernelArcConfig, task: Task, on_cpu: bool) -> GuardConfig:
         workloads = [i for i in range(len(task.workloads)) if task.io_bytes(i) <= 64 << 20] or [
             min(range(len(task.workloads)), key=task.io_bytes)
         ]
-    return GuardConfig(
-        seeds=g.seeds, seed_pool=g.seed_pool, timeout_s=g.timeout_s, baseline_timeout_s=g.baseline_timeout_s,
-        warmup_ms=g.warmup_ms, target_ms=g.target_ms, min_iters=g.min_iters, max_iters=g.max_iters,
-        flush_bytes=g.flush_mb << 20, min_gain=g.min_gain, noise_factor=g.noise_factor, prestart=cfg.executor.prestart,
-        hp_reference=g.hp_reference, workloads=workloads,
+    # The user-facing settings (conf/guard) and the guard's runtime config share their field names;
+    # only the derived fields are spelled out here, so a new setting cannot be silently dropped.
+    shared = {f.name for f in fields(GuardConfig)} & {f.name for f in fields(g)}
+    kw: dict[str, Any] = {name: getattr(g, name) for name in shared}
+    kw.update(
+        flush_bytes=g.flush_mb << 20,
+        prestart=cfg.executor.prestart,
+        workloads=workloads,
         consistency=g.consistency if g.consistency is not None else (4.0 if on_cpu else 1.5),
-    )  # fmt: skip
+    )
+    return GuardConfig(**kw)
 
 
 def devices_for(target: Any, cfg: KernelArcConfig) -> list[str]:
