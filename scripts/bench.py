@@ -190,6 +190,15 @@ def main() -> None:
             if champ_rec is not None:
                 (out / f"champion_{task_name}.py").write_text(champ_rec.candidate.source)
             cands = [r for r in session.records if r.kind == "candidate"]
+            # every candidate with its full knobs and verdict, for analysis after the run
+            with (out / f"candidates_{key.replace('@', '_').replace('=', '')}.jsonl").open("w") as fh:
+                for r in cands:
+                    v = r.verdict
+                    fh.write(json.dumps({"index": r.index + 1, "agent": r.candidate.agent, "family": r.candidate.family,
+                                         "knobs": r.candidate.knobs, "status": v.status.value, "latency_ms": v.latency_ms,
+                                         "speedup_vs_champion": v.speedup_vs_champion,
+                                         "per_workload_ms": [w.latency_ms for w in v.workloads],
+                                         "rationale": r.candidate.rationale}, default=str) + "\n")  # fmt: skip
             # the fastest correct candidates (by their latency in their own run), whether or not they won
             top = sorted((r for r in cands if r.verdict.correct and r.verdict.latency_ms), key=lambda r: r.verdict.latency_ms)
             base_lat = {r.candidate.strategy: r.verdict.latency_ms for r in session.records if r.kind == "baseline"}
