@@ -200,7 +200,9 @@ def main() -> None:
                                          "per_workload_ms": [w.latency_ms for w in v.workloads],
                                          "rationale": r.candidate.rationale}, default=str) + "\n")  # fmt: skip
             # the fastest correct candidates (by their latency in their own run), whether or not they won
-            top = sorted((r for r in cands if r.verdict.correct and r.verdict.latency_ms), key=lambda r: r.verdict.latency_ms)
+            top = sorted(
+                (r for r in cands if r.verdict.correct and r.verdict.latency_ms), key=lambda r: r.verdict.latency_ms
+            )
             base_lat = {r.candidate.strategy: r.verdict.latency_ms for r in session.records if r.kind == "baseline"}
             summary["top"] = [
                 {"index": r.index + 1, "family": r.candidate.family, "knobs": r.candidate.knobs,

@@ -49,7 +49,7 @@ def _optimum() -> float:
     best = math.inf
     names = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages"]
     for vals in itertools.product(*[fam.knob(n).values for n in names]):
-        p = dict(fam.start, **dict(zip(names, vals)), GROUP_M=8)
+        p = dict(fam.start, **dict(zip(names, vals, strict=True)), GROUP_M=8)
         if fam.valid(p):
             best = min(best, sim_latency(fam.name, p))
     return best

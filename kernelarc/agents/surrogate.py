@@ -99,7 +99,7 @@ def repair(
                     continue
                 cand = dict(point)
                 ok = True
-                for knob, off in zip(combo, offsets):
+                for knob, off in zip(combo, offsets, strict=True):
                     cur = point.get(knob.name)
                     idx = knob.values.index(cur) if cur in knob.values else 0
                     j = idx + off

@@ -252,8 +252,7 @@ def row_fit_src(streams: int, esize: str) -> str:
         "    warps, wide = NUM_WARPS, cap\n"
         '    while LONG_ROWS == "more_warps" and block_n > wide and warps < 16:\n'
         "        warps *= 2\n"
-        "        wide = MAX_ELEMS_PER_THREAD * 32 * warps\n"
-        + clamp_block_src("wide", "1", streams, esize, 8)
+        "        wide = MAX_ELEMS_PER_THREAD * 32 * warps\n" + clamp_block_src("wide", "1", streams, esize, 8)
     )
 
 
