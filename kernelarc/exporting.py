@@ -93,6 +93,26 @@ def _validate(candidate: Any, definition: Any, fmt: Any, target_hardware: Any) -
     return hw
 
 
+CUTLASS_IMPORT = "from kernelarc import cutlass as _cutlass"
+
+
+def _self_contained(source: str) -> str:
+    """CUTLASS candidates build through ``kernelarc.cutlass``; an exported solution must not need
+    KernelArc installed, so the helper is inlined as a module object in its place."""
+    if CUTLASS_IMPORT not in source:
+        return source
+    from kernelarc import cutlass as helper
+
+    helper_src = Path(helper.__file__).read_text().replace("from __future__ import annotations\n", "")
+    inline = (
+        "import types as _types\n\n"
+        f"_CUTLASS_HELPER_SRC = {helper_src!r}\n"
+        '_cutlass = _types.ModuleType("kernelarc_cutlass_inlined")\n'
+        "exec(compile(_CUTLASS_HELPER_SRC, 'kernelarc/cutlass.py', 'exec'), _cutlass.__dict__)\n"
+    )
+    return source.replace(CUTLASS_IMPORT, inline, 1)
+
+
 def _header(
     candidate: Candidate,
     definition: str,
@@ -153,7 +173,7 @@ def export_solution(
         raise NotADirectoryError(f"out_dir {out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
     sol_name = _slug(name) if name else _slug(f"{definition}_{candidate.language}_kernelarc_{candidate.id[:8]}")
-    source = scrub_text(candidate.source)
+    source = _self_contained(scrub_text(candidate.source))
     if not source.endswith("\n"):
         source += "\n"
     description = description or candidate.rationale or f"KernelArc {candidate.language} kernel for {definition}"

@@ -14,4 +14,6 @@ python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implement
   mlflow-skinny==3.17.2 sqlalchemy alembic hydra-core==1.3.8 anthropic==2.14.0 pydantic safetensors pytest
 # The image has its own torch/triton/numpy stack: drop anything that would shadow it.
 rm -f "$DIR"/torch-* "$DIR"/triton-* "$DIR"/numpy-* "$DIR"/nvidia_* "$DIR"/sympy-* "$DIR"/networkx-* "$DIR"/jinja2-* "$DIR"/MarkupSafe-* "$DIR"/fsspec-* "$DIR"/filelock-* "$DIR"/setuptools-*
+# CUTLASS C++ headers for the CUTLASS family, after the cleanup above (it drops nvidia_*) (built with the image's nvcc; Python parts unused)
+python3 -m pip download -q --no-deps --only-binary=:all: -d "$DIR" nvidia-cutlass==4.2.0.0
 du -sh "$DIR"; ls "$DIR" | wc -l

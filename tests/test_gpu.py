@@ -48,3 +48,23 @@ def test_deferred_side_stream_work_is_rejected(guard):
 
 def test_cuda_is_really_used():
     assert torch.cuda.is_available()
+
+
+def test_cutlass_gemm_start_point_is_correct_on_the_gpu():
+    """Build (nvcc, sm_90a) and check the CUTLASS family's start point through the guard."""
+    from kernelarc import cutlass
+    from kernelarc.families.cutlass_gemm import CUTLASS_GEMM
+
+    if not cutlass.available():
+        pytest.skip("needs nvcc and nvidia-cutlass headers")
+    task = load_builtin("matmul")
+    g = Guard(task, None, "cuda:0", GuardConfig(workloads=[0], timeout_s=600))
+    try:
+        ref = g.evaluate(reference_candidate(task), trusted=True)
+        g.set_baselines(ref, None)
+        cand = Candidate(source=CUTLASS_GEMM.render(CUTLASS_GEMM.start), language="cutlass", family=CUTLASS_GEMM.name,
+                         knobs=dict(CUTLASS_GEMM.start))  # fmt: skip
+        v = g.evaluate(cand).verdict
+        assert v.correct, (v.status, v.errors)
+    finally:
+        g.close()

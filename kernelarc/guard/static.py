@@ -34,6 +34,7 @@ BANNED_MODULES = {
     "torch.multiprocessing": "starts processes",
     "torch.cuda.nvtx": "profiler ranges",
 }
+ALLOWED_KERNELARC = {"kernelarc.cutlass"}  # the trusted CUTLASS build helper (kernelarc/cutlass.py)
 BANNED_CALLS = {
     "exec": "executes generated code",
     "eval": "executes generated code",
@@ -120,6 +121,14 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                 for banned, why in BANNED_MODULES.items():
                     if (name == banned or name.startswith(banned + ".")) and banned not in allow_modules:
                         flag(node, f"imports {name} ({why})")
+            # KernelArc's own modules are the harness; candidates may use only the CUTLASS build helper.
+            own = [n for n in names if n == "kernelarc" or n.startswith("kernelarc.")]
+            if isinstance(node, ast.ImportFrom) and node.module == "kernelarc":
+                own = [f"kernelarc.{a.name}" for a in node.names]
+            for name in own:
+                allowed = any(name == a or name.startswith(a + ".") for a in ALLOWED_KERNELARC)
+                if not allowed and "kernelarc" not in allow_modules:
+                    flag(node, f"imports {name} (reaches into the harness; only kernelarc.cutlass is allowed)")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
             flag(node, f"calls {node.func.id}() ({BANNED_CALLS[node.func.id]})")
         elif (

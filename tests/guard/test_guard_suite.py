@@ -168,3 +168,12 @@ def test_every_family_renders_sources_the_static_checks_accept():
         for p in points:
             rep = check_source(fam.render(p))
             assert rep.ok, (fam.name, p, rep)
+
+
+def test_candidates_may_not_import_the_harness():
+    from kernelarc.guard.static import check_source
+
+    for src in ("from kernelarc.guard import worker", "import kernelarc.session", "from kernelarc import board"):
+        report = check_source(src + "\ndef run(x):\n    return x\n")
+        assert not report.ok and "harness" in " ".join(report.violations), src
+    assert check_source("from kernelarc import cutlass as _c\ndef run(x):\n    return x\n").ok

@@ -1,0 +1,183 @@
+"""Trusted build helper for CUTLASS candidates (language ``cutlass``).
+
+A CUTLASS candidate is a Python file like any other (``run(*inputs)``); it carries its C++
+source as a string and calls :func:`load` at import time. This module, not the candidate,
+runs nvcc (candidates may not start processes or use ctypes: see guard/static.py) against
+the CUTLASS headers bundled in the ``nvidia-cutlass`` wheel, caches the shared library by
+the hash of its source and flags, and hands back a small handle whose calls take torch
+tensors and launch on the current CUDA stream.
+
+The C++ side exports a fixed C ABI (``templates/cutlass/README.md``)::
+
+    extern "C" int    kernelarc_run(const void* const* in, void* const* out, const long long* dims,
+                                    void* workspace, void* stream);
+    extern "C" size_t kernelarc_workspace(const long long* dims);
+
+``dims`` are the problem sizes the candidate passes (e.g. M, N, K); the return value is 0 on
+success or a CUTLASS status code, which becomes a RuntimeError.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+ARCH = "sm_90a"  # Hopper: wgmma, TMA and clusters need the arch-specific target
+NVCC_FLAGS = (
+    "-O3",
+    "-std=c++17",
+    "--expt-relaxed-constexpr",
+    "-DNDEBUG",
+    "-shared",
+    "-Xcompiler=-fPIC",
+    "-Xcompiler=-fvisibility=hidden",
+    "-Xptxas=-v",  # registers, spills and shared memory per kernel go to build.log
+)
+BUILD_TIMEOUT_S = 900.0
+_LOCK = threading.Lock()
+_LOADED: dict[str, Any] = {}
+
+
+class CutlassUnavailable(RuntimeError):
+    """nvcc or the CUTLASS headers are missing on this machine."""
+
+
+def nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for cand in ("/usr/local/cuda/bin/nvcc",):
+        if os.path.exists(cand):
+            return cand
+    return None
+
+
+def include_dirs() -> list[str]:
+    """CUTLASS and CuTe headers from the ``nvidia-cutlass`` wheel (found without importing it)."""
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or not spec.submodule_search_locations:
+        raise CutlassUnavailable("CUTLASS headers not found: pip install nvidia-cutlass==4.2.0.0 --no-deps")
+    root = Path(next(iter(spec.submodule_search_locations))) / "source"
+    dirs = [root / "include", root / "tools" / "util" / "include"]
+    if not (dirs[0] / "cutlass" / "cutlass.h").is_file():
+        raise CutlassUnavailable(f"CUTLASS headers missing under {root}")
+    return [str(d) for d in dirs]
+
+
+def available() -> bool:
+    """nvcc and the headers are present (a GPU is not needed to build, only to run)."""
+    try:
+        include_dirs()
+    except CutlassUnavailable:
+        return False
+    return nvcc() is not None
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("KERNELARC_CUTLASS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "kernelarc", "cutlass"
+    )
+    return Path(base)
+
+
+def build(source: str, arch: str = ARCH) -> Path:
+    """Compile ``source`` to a shared library (cached by content); return its path.
+
+    Concurrent builds of the same source (several guard workers) are safe: each compiles to
+    a private temporary name and renames it into place atomically.
+    """
+    exe = nvcc()
+    if exe is None:
+        raise CutlassUnavailable("nvcc not found: CUTLASS candidates need the CUDA toolkit")
+    incs = include_dirs()
+    flags = [*NVCC_FLAGS, f"-arch={arch}"]
+    key = hashlib.sha256("\0".join([source, arch, *flags, *incs]).encode()).hexdigest()[:24]
+    out_dir = cache_dir() / key
+    lib = out_dir / "kernel.so"
+    if lib.is_file():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src = out_dir / "kernel.cu"
+    if not src.is_file():
+        tmp_src = out_dir / f".kernel.{os.getpid()}.cu"
+        tmp_src.write_text(source)
+        os.replace(tmp_src, src)
+    fd, tmp_lib = tempfile.mkstemp(prefix=".kernel.", suffix=".so", dir=out_dir)
+    os.close(fd)
+    cmd = [exe, *flags, *[f"-I{d}" for d in incs], "-o", tmp_lib, str(src)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as e:
+        Path(tmp_lib).unlink(missing_ok=True)
+        raise RuntimeError(f"nvcc timed out after {BUILD_TIMEOUT_S:.0f} s") from e
+    if proc.returncode != 0:
+        Path(tmp_lib).unlink(missing_ok=True)
+        errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or proc.stderr.splitlines()
+        raise RuntimeError("nvcc failed:\n" + "\n".join(errors[:12])[-3000:])
+    (out_dir / "build.log").write_text(proc.stderr)
+    os.replace(tmp_lib, lib)
+    return lib
+
+
+def resource_usage(lib: Path) -> dict[str, int]:
+    """Largest registers per thread and spill bytes over the library's kernels (from ptxas -v)."""
+    log = Path(lib).with_name("build.log")
+    text = log.read_text() if log.is_file() else ""
+    regs = [int(m) for m in re.findall(r"Used (\d+) registers", text)]
+    spills = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)]
+    return {"registers": max(regs, default=0), "spill_bytes": max(spills, default=0), "kernels": len(regs)}
+
+
+class Kernel:
+    """A built CUTLASS library with the KernelArc C ABI."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lib = ctypes.CDLL(str(path))
+        self._run = self._lib.kernelarc_run
+        self._run.restype = ctypes.c_int
+        self._run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self._ws = self._lib.kernelarc_workspace
+        self._ws.restype = ctypes.c_size_t
+        self._ws.argtypes = [ctypes.c_void_p]
+
+    def __call__(self, inputs: list[Any], outputs: list[Any], dims: list[int]) -> None:
+        import torch
+
+        for t in (*inputs, *outputs):
+            if not isinstance(t, torch.Tensor) or not t.is_cuda or not t.is_contiguous():
+                raise ValueError("CUTLASS kernels take contiguous CUDA tensors")
+        ins = (ctypes.c_void_p * len(inputs))(*[t.data_ptr() for t in inputs])
+        outs = (ctypes.c_void_p * len(outputs))(*[t.data_ptr() for t in outputs])
+        dim_arr = (ctypes.c_longlong * len(dims))(*dims)
+        ws_bytes = int(self._ws(ctypes.cast(dim_arr, ctypes.c_void_p)))
+        device = outputs[0].device
+        ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=device)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        status = self._run(
+            ctypes.cast(ins, ctypes.c_void_p),
+            ctypes.cast(outs, ctypes.c_void_p),
+            ctypes.cast(dim_arr, ctypes.c_void_p),
+            ctypes.c_void_p(ws.data_ptr()),
+            ctypes.c_void_p(stream),
+        )
+        if status != 0:
+            raise RuntimeError(f"CUTLASS kernel failed with status {status} for dims {list(dims)}")
+
+
+def load(source: str, arch: str = ARCH) -> Kernel:
+    """Build (or reuse) and load a CUTLASS library; one handle per source per process."""
+    key = hashlib.sha256((arch + "\0" + source).encode()).hexdigest()
+    with _LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = Kernel(build(source, arch))
+        return _LOADED[key]

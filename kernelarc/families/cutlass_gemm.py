@@ -1,0 +1,171 @@
+"""CUTLASS 3.x Hopper GEMM family for the ``matmul`` task (language ``cutlass``).
+
+The C++ lives in ``templates/cutlass/gemm_sm90.cu.in``: TMA operand loads, wgmma, a
+warp-specialized persistent mainloop (cooperative: two consumer warpgroups share a tile;
+ping-pong: they alternate tiles so one's epilogue overlaps the other's mainloop),
+thread-block clusters with TMA multicast, and a persistent or stream-K tile scheduler
+with raster order and swizzle. The rendered candidate embeds the C++ and builds it
+through :mod:`kernelarc.cutlass` (nvcc, sm_90a, cached by source hash) when imported.
+
+Feasibility (``valid``): accumulator registers per consumer thread (cooperative splits the
+tile's rows over two warpgroups, ping-pong gives each warpgroup a whole tile) stay at or
+under 128 fp32; at least two pipeline stages of A and B tiles fit shared memory next to
+the epilogue's staging; cooperative tiles need at least 128 rows. This family is only
+offered where nvcc and the CUTLASS headers exist (see ``available``).
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kernelarc.families.base import Family, Knob
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "cutlass" / "gemm_sm90.cu.in"
+SMEM_LIMIT = 227 * 1024
+ELEM = 2  # bf16
+
+_SCHEDULES = {
+    "cooperative": ("cutlass::gemm::KernelTmaWarpSpecializedCooperative", "cutlass::epilogue::TmaWarpSpecializedCooperative"),
+    "pingpong": ("cutlass::gemm::KernelTmaWarpSpecializedPingpong", "cutlass::epilogue::TmaWarpSpecialized"),
+}  # fmt: skip
+_SCHEDULERS = {"persistent": "cutlass::gemm::PersistentScheduler", "stream_k": "cutlass::gemm::StreamKScheduler"}
+_RASTER = "cutlass::gemm::kernel::detail::RasterOrderOptions::"
+_RASTERS = {"heuristic": _RASTER + "Heuristic", "along_m": _RASTER + "AlongM", "along_n": _RASTER + "AlongN"}
+
+
+def _stages_expr(stages: int) -> str:
+    if stages == 0:  # as many as fit next to the epilogue's shared storage
+        return (
+            "cutlass::gemm::collective::StageCountAutoCarveout<"
+            "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"
+        )
+    return f"cutlass::gemm::collective::StageCount<{stages}>"
+
+
+def render_cpp(k: Mapping[str, Any]) -> str:
+    kernel_schedule, epilogue_schedule = _SCHEDULES[k["SCHEDULE"]]
+    return string.Template(TEMPLATE.read_text()).substitute(
+        TILE_M=k["TILE_M"],
+        TILE_N=k["TILE_N"],
+        TILE_K=k["TILE_K"],
+        CLUSTER_M=k["CLUSTER_M"],
+        CLUSTER_N=k["CLUSTER_N"],
+        KERNEL_SCHEDULE=kernel_schedule,
+        EPILOGUE_SCHEDULE=epilogue_schedule,
+        STAGES=_stages_expr(k["STAGES"]),
+        TILE_SCHEDULER=_SCHEDULERS[k["TILE_SCHEDULER"]],
+        SWIZZLE=k["SWIZZLE"],
+        RASTER=_RASTERS[k["RASTER"]],
+    )
+
+
+def render(knobs: Mapping[str, Any]) -> str:
+    k = CUTLASS_GEMM.check_point(knobs)
+    cpp = render_cpp(k)
+    knob_lines = "\n".join(f"    {name} = {k[name]!r}" for name in sorted(k))
+    return f'''"""KernelArc candidate rendered by kernel family {CUTLASS_GEMM.name} (language cutlass).
+
+Knobs:
+{knob_lines}
+"""
+
+import torch
+
+from kernelarc import cutlass as _cutlass
+
+CPP = r"""
+{cpp}"""
+
+_KERNEL = _cutlass.load(CPP)
+
+
+def run(A, B):
+    # C[M, N] = A[M, K] @ B[N, K]^T in bf16 with fp32 accumulation
+    A = A.contiguous()
+    B = B.contiguous()
+    M, K = A.shape
+    N = B.shape[0]
+    C = torch.empty((M, N), device=A.device, dtype=A.dtype)
+    if M == 0 or N == 0:
+        return C
+    if K == 0:
+        return C.zero_()
+    if A.dtype != torch.bfloat16 or B.dtype != torch.bfloat16 or K % 8 or N % 8:
+        raise ValueError("this CUTLASS GEMM takes bf16 operands with K and N multiples of 8 (16-byte TMA rows)")
+    _KERNEL([A, B], [C], [M, N, K])
+    return C
+'''
+
+
+def _accumulator_regs(k: Mapping[str, Any]) -> float:
+    threads = 256 if k["SCHEDULE"] == "cooperative" else 128  # consumer threads holding one tile's accumulator
+    return k["TILE_M"] * k["TILE_N"] / threads
+
+
+def valid(k: Mapping[str, Any]) -> bool:
+    if k["SCHEDULE"] == "cooperative" and k["TILE_M"] < 128:
+        return False
+    if _accumulator_regs(k) > 128:
+        return False
+    if k["CLUSTER_M"] * k["CLUSTER_N"] > 2 and k["TILE_SCHEDULER"] == "stream_k":
+        return False
+    stage = (k["TILE_M"] + k["TILE_N"]) * k["TILE_K"] * ELEM
+    epilogue = 2 * 64 * 32 * 4  # EpilogueTileAuto stages small sub-tiles; generous bound
+    stages = k["STAGES"] or 2
+    return stage * stages + epilogue <= SMEM_LIMIT
+
+
+def available() -> bool:
+    from kernelarc import cutlass
+
+    return cutlass.available()
+
+
+CUTLASS_GEMM = Family(
+    name="matmul.cutlass_sm90",
+    task="matmul",
+    description="CUTLASS 3.x Hopper GEMM: TMA + wgmma, warp-specialized cooperative/ping-pong, clusters, stream-K",
+    knobs=(
+        Knob("TILE_M", (64, 128, 256), "tiling", "rows of C per CTA tile"),
+        Knob("TILE_N", (64, 128, 192, 256), "tiling", "columns of C per CTA tile"),
+        Knob("TILE_K", (32, 64, 128), "tiling", "depth of one mainloop step"),
+        Knob("CLUSTER_M", (1, 2), "scheduling", "CTAs per cluster along M (B tiles multicast over TMA)"),
+        Knob("CLUSTER_N", (1, 2), "scheduling", "CTAs per cluster along N (A tiles multicast over TMA)"),
+        Knob("SCHEDULE", ("cooperative", "pingpong"), "scheduling", "consumer warpgroups share a tile or alternate"),
+        Knob("STAGES", (0, 2, 3, 4, 5, 6, 7), "scheduling", "pipeline stages (0: as many as shared memory holds)"),
+        Knob("TILE_SCHEDULER", ("persistent", "stream_k"), "algorithmic", "persistent tiles, or stream-K K splits"),
+        Knob("RASTER", ("heuristic", "along_m", "along_n"), "memory", "order in which CTAs walk output tiles"),
+        Knob("SWIZZLE", (1, 2, 4, 8), "memory", "tile-order swizzle width (L2 reuse)"),
+    ),
+    start={
+        "TILE_M": 128,
+        "TILE_N": 128,
+        "TILE_K": 64,
+        "CLUSTER_M": 1,
+        "CLUSTER_N": 1,
+        "SCHEDULE": "cooperative",
+        "STAGES": 0,
+        "TILE_SCHEDULER": "persistent",
+        "RASTER": "heuristic",
+        "SWIZZLE": 1,
+    },
+    render=render,
+    valid=valid,
+    language="cutlass",
+)
+
+
+def _offered() -> bool:
+    """Offer the family to the search only where its kernels can be built and run."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available()) and available()
+    except Exception:  # noqa: BLE001 - a broken toolkit means: not offered
+        return False
+
+
+FAMILIES = [CUTLASS_GEMM] if _offered() else []

@@ -1,0 +1,90 @@
+"""CUTLASS GEMM family: knob space, rendering, guard compatibility, export, and one real
+sm_90a build of the start point with nvcc (skipped where nvcc or the headers are missing;
+about a minute on two cores)."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+
+import pytest
+
+from kernelarc import cutlass
+from kernelarc.families.cutlass_gemm import CUTLASS_GEMM, render_cpp, valid
+from kernelarc.guard.static import check_source
+from kernelarc.models import Candidate
+
+needs_toolchain = pytest.mark.skipif(not cutlass.available(), reason="needs nvcc and nvidia-cutlass headers")
+
+
+def test_knob_space_is_wide_and_the_start_is_feasible():
+    fam = CUTLASS_GEMM
+    assert fam.valid(fam.check_point({}))
+    names = [k.name for k in fam.knobs]
+    points = [dict(zip(names, vals, strict=True)) for vals in itertools.product(*[k.values for k in fam.knobs])]
+    feasible = [p for p in points if valid(p)]
+    assert len(points) >= 10_000 and 0.1 < len(feasible) / len(points) < 0.9
+
+
+@pytest.mark.parametrize(
+    "point, ok",
+    [
+        (dict(TILE_M=64, SCHEDULE="cooperative"), False),  # cooperative splits >= 128 rows over two warpgroups
+        (dict(TILE_M=64, TILE_N=256, SCHEDULE="pingpong"), True),  # 128 accumulators per thread
+        (dict(TILE_M=128, TILE_N=256, SCHEDULE="pingpong"), False),  # 256 per thread: spills
+        (dict(TILE_M=128, TILE_N=256, SCHEDULE="cooperative"), True),
+        (dict(TILE_M=256, TILE_N=256, TILE_K=128, STAGES=2), False),  # 2 x 128 KB stages do not fit
+    ],
+)
+def test_feasibility_rules(point, ok):
+    assert valid(CUTLASS_GEMM.check_point(point)) is ok
+
+
+def test_rendered_candidate_is_a_cutlass_candidate_the_guard_accepts():
+    k = CUTLASS_GEMM.check_point(dict(TILE_N=256, CLUSTER_M=2, TILE_SCHEDULER="stream_k", RASTER="along_n"))
+    src = CUTLASS_GEMM.render(k)
+    cpp = render_cpp(k)
+    assert "$" not in cpp.replace("$$", "")
+    assert "Shape<_128, _256, _64>" in cpp and "Shape<_2, _1, _1>" in cpp and "StreamKScheduler" in cpp
+    assert "RasterOrderOptions::AlongN" in cpp
+    report = check_source(src)
+    assert report.ok, report.violations
+    cand = Candidate(source=src, language=CUTLASS_GEMM.language, family=CUTLASS_GEMM.name, knobs=k)
+    assert cand.language == "cutlass"
+
+
+def test_export_inlines_the_build_helper(tmp_path):
+    from kernelarc.exporting import export_solution
+
+    src = CUTLASS_GEMM.render(CUTLASS_GEMM.start)
+    cand = Candidate(source=src, language="cutlass", family=CUTLASS_GEMM.name, knobs=dict(CUTLASS_GEMM.start))
+    path = export_solution(cand, "gemm_bf16", tmp_path, fmt="python")
+    text = path.read_text()
+    assert "from kernelarc" not in text and "def load(" in text and "def run(A, B)" in text
+    compile(text, str(path), "exec")  # the self-contained solution parses
+
+
+@needs_toolchain
+def test_start_point_builds_for_sm90a_without_spills(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELARC_CUTLASS_CACHE", str(tmp_path / "cache"))
+    lib = cutlass.build(render_cpp(CUTLASS_GEMM.check_point({})))
+    usage = cutlass.resource_usage(lib)
+    assert usage["kernels"] >= 1 and usage["spill_bytes"] == 0, usage
+    log = lib.with_name("build.log").read_text()
+    assert "MainloopSm90TmaGmmaWarpSpecialized" in log and "SM90_TMA_LOAD" in log  # TMA + wgmma mainloop
+    handle = ctypes.CDLL(str(lib))  # loads without a GPU (cudart is linked statically)
+    assert handle.kernelarc_run and handle.kernelarc_workspace
+    # cached: a second build is a lookup
+    assert cutlass.build(render_cpp(CUTLASS_GEMM.check_point({}))) == lib
+
+
+def test_build_errors_are_reported_not_crashed(tmp_path, monkeypatch):
+    if cutlass.nvcc() is None:
+        with pytest.raises(cutlass.CutlassUnavailable):
+            cutlass.build("int main() { return 0; }")
+        return
+    monkeypatch.setenv("KERNELARC_CUTLASS_CACHE", str(tmp_path / "cache"))
+    if not cutlass.available():
+        pytest.skip("needs nvidia-cutlass headers")
+    with pytest.raises(RuntimeError, match="nvcc failed"):
+        cutlass.build('extern "C" int kernelarc_run( { syntax error')
