@@ -539,7 +539,14 @@ only if it is correct on every workload and measurably faster than the current c
 - language is one of: {langs}. triton: @triton.jit kernels launched from run (Triton 3.6;
   use tensor descriptors `tl.make_tensor_descriptor` with `triton.set_allocator` rather than the deprecated
   `tl.make_block_ptr`).
-  cutlass: CUTLASS through its Python/C++ templates. pytorch: PyTorch operators only.
+  cutlass: a module-level string `CPP` of CUDA C++ on the CUTLASS 3.x / CuTe headers (built with nvcc for sm_90a),
+  loaded at import with `from kernelarc import cutlass as _cutlass` and `_K = _cutlass.load(CPP)` (the only
+  KernelArc import allowed; it compiles and caches the library). The C++ must export
+  `extern "C" size_t kernelarc_workspace(const long long* dims)` and `extern "C" int kernelarc_run(const void* const*
+  in, void* const* out, const long long* dims, void* workspace, void* stream)` (0 on success, launching on `stream`);
+  run allocates the outputs and calls `_K([inputs], [outputs], [dims])` with contiguous CUDA tensors. Tunable
+  values go into CPP from UPPER_CASE Python constants (e.g. `CPP = TEMPLATE.replace("TILE_M_", str(TILE_M))`).
+  pytorch: PyTorch operators only.
 - Forbidden: threads, processes, subprocess/multiprocessing, side CUDA streams or events, caching outputs or inputs
   across calls (memoized results, global buffers that carry results), reading the reference's results, printing or
   logging, writing files, network access, monkey-patching torch/triton/time or any other module, changing

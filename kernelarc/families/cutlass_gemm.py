@@ -48,9 +48,9 @@ def _stages_expr(stages: int) -> str:
 def render_cpp(k: Mapping[str, Any]) -> str:
     kernel_schedule, epilogue_schedule = _SCHEDULES[k["SCHEDULE"]]
     return string.Template(TEMPLATE.read_text()).substitute(
-        TILE_M=k["TILE_M"],
-        TILE_N=k["TILE_N"],
-        TILE_K=k["TILE_K"],
+        TILE_M=k["BLOCK_M"],
+        TILE_N=k["BLOCK_N"],
+        TILE_K=k["BLOCK_K"],
         CLUSTER_M=k["CLUSTER_M"],
         CLUSTER_N=k["CLUSTER_N"],
         KERNEL_SCHEDULE=kernel_schedule,
@@ -102,17 +102,17 @@ def run(A, B):
 
 def _accumulator_regs(k: Mapping[str, Any]) -> float:
     threads = 256 if k["SCHEDULE"] == "cooperative" else 128  # consumer threads holding one tile's accumulator
-    return k["TILE_M"] * k["TILE_N"] / threads
+    return k["BLOCK_M"] * k["BLOCK_N"] / threads
 
 
 def valid(k: Mapping[str, Any]) -> bool:
-    if k["SCHEDULE"] == "cooperative" and k["TILE_M"] < 128:
+    if k["SCHEDULE"] == "cooperative" and k["BLOCK_M"] < 128:
         return False
     if _accumulator_regs(k) > 128:
         return False
     if k["CLUSTER_M"] * k["CLUSTER_N"] > 2 and k["TILE_SCHEDULER"] == "stream_k":
         return False
-    stage = (k["TILE_M"] + k["TILE_N"]) * k["TILE_K"] * ELEM
+    stage = (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * ELEM
     epilogue = 2 * 64 * 32 * 4  # EpilogueTileAuto stages small sub-tiles; generous bound
     stages = k["STAGES"] or 2
     return stage * stages + epilogue <= SMEM_LIMIT
@@ -129,9 +129,9 @@ CUTLASS_GEMM = Family(
     task="matmul",
     description="CUTLASS 3.x Hopper GEMM: TMA + wgmma, warp-specialized cooperative/ping-pong, clusters, stream-K",
     knobs=(
-        Knob("TILE_M", (64, 128, 256), "tiling", "rows of C per CTA tile"),
-        Knob("TILE_N", (64, 128, 192, 256), "tiling", "columns of C per CTA tile"),
-        Knob("TILE_K", (32, 64, 128), "tiling", "depth of one mainloop step"),
+        Knob("BLOCK_M", (64, 128, 256), "tiling", "rows of C per CTA tile"),
+        Knob("BLOCK_N", (64, 128, 192, 256), "tiling", "columns of C per CTA tile"),
+        Knob("BLOCK_K", (32, 64, 128), "tiling", "depth of one mainloop step"),
         Knob("CLUSTER_M", (1, 2), "scheduling", "CTAs per cluster along M (B tiles multicast over TMA)"),
         Knob("CLUSTER_N", (1, 2), "scheduling", "CTAs per cluster along N (A tiles multicast over TMA)"),
         Knob("SCHEDULE", ("cooperative", "pingpong"), "scheduling", "consumer warpgroups share a tile or alternate"),
@@ -141,9 +141,9 @@ CUTLASS_GEMM = Family(
         Knob("SWIZZLE", (1, 2, 4, 8), "memory", "tile-order swizzle width (L2 reuse)"),
     ),
     start={
-        "TILE_M": 128,
-        "TILE_N": 128,
-        "TILE_K": 64,
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "BLOCK_K": 64,
         "CLUSTER_M": 1,
         "CLUSTER_N": 1,
         "SCHEDULE": "cooperative",

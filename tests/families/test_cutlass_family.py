@@ -29,11 +29,11 @@ def test_knob_space_is_wide_and_the_start_is_feasible():
 @pytest.mark.parametrize(
     "point, ok",
     [
-        (dict(TILE_M=64, SCHEDULE="cooperative"), False),  # cooperative splits >= 128 rows over two warpgroups
-        (dict(TILE_M=64, TILE_N=256, SCHEDULE="pingpong"), True),  # 128 accumulators per thread
-        (dict(TILE_M=128, TILE_N=256, SCHEDULE="pingpong"), False),  # 256 per thread: spills
-        (dict(TILE_M=128, TILE_N=256, SCHEDULE="cooperative"), True),
-        (dict(TILE_M=256, TILE_N=256, TILE_K=128, STAGES=2), False),  # 2 x 128 KB stages do not fit
+        (dict(BLOCK_M=64, SCHEDULE="cooperative"), False),  # cooperative splits >= 128 rows over two warpgroups
+        (dict(BLOCK_M=64, BLOCK_N=256, SCHEDULE="pingpong"), True),  # 128 accumulators per thread
+        (dict(BLOCK_M=128, BLOCK_N=256, SCHEDULE="pingpong"), False),  # 256 per thread: spills
+        (dict(BLOCK_M=128, BLOCK_N=256, SCHEDULE="cooperative"), True),
+        (dict(BLOCK_M=256, BLOCK_N=256, BLOCK_K=128, STAGES=2), False),  # 2 x 128 KB stages do not fit
     ],
 )
 def test_feasibility_rules(point, ok):
@@ -41,7 +41,7 @@ def test_feasibility_rules(point, ok):
 
 
 def test_rendered_candidate_is_a_cutlass_candidate_the_guard_accepts():
-    k = CUTLASS_GEMM.check_point(dict(TILE_N=256, CLUSTER_M=2, TILE_SCHEDULER="stream_k", RASTER="along_n"))
+    k = CUTLASS_GEMM.check_point(dict(BLOCK_N=256, CLUSTER_M=2, TILE_SCHEDULER="stream_k", RASTER="along_n"))
     src = CUTLASS_GEMM.render(k)
     cpp = render_cpp(k)
     assert "$" not in cpp.replace("$$", "")
