@@ -276,8 +276,9 @@ class SearchAgent:
                 continue
             new = fam.check_point(new)
             note = f"continuing the step that gained {gain:+.0%}: " + ", ".join(notes)
+            rationale = f"{self.strategy}: {fam.name} {note}"[:300]
             cand = Candidate(source=fam.render(new), language=fam.language, agent=self.name, strategy=self.strategy,
-                             family=fam.name, knobs=new, rationale=f"{self.strategy}: {fam.name} {note}"[:300])  # fmt: skip
+                             family=fam.name, knobs=new, rationale=rationale)  # fmt: skip
             if cand.id not in seen:
                 return cand
         return None

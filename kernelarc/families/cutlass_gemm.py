@@ -27,10 +27,13 @@ TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "cutlass" / "gemm
 SMEM_LIMIT = 227 * 1024
 ELEM = 2  # bf16
 
-_SCHEDULES = {
-    "cooperative": ("cutlass::gemm::KernelTmaWarpSpecializedCooperative", "cutlass::epilogue::TmaWarpSpecializedCooperative"),
+_SCHEDULES = {  # knob value -> (mainloop kernel schedule, epilogue schedule)
+    "cooperative": (
+        "cutlass::gemm::KernelTmaWarpSpecializedCooperative",
+        "cutlass::epilogue::TmaWarpSpecializedCooperative",
+    ),
     "pingpong": ("cutlass::gemm::KernelTmaWarpSpecializedPingpong", "cutlass::epilogue::TmaWarpSpecialized"),
-}  # fmt: skip
+}
 _SCHEDULERS = {"persistent": "cutlass::gemm::PersistentScheduler", "stream_k": "cutlass::gemm::StreamKScheduler"}
 _RASTER = "cutlass::gemm::kernel::detail::RasterOrderOptions::"
 _RASTERS = {"heuristic": _RASTER + "Heuristic", "along_m": _RASTER + "AlongM", "along_n": _RASTER + "AlongN"}

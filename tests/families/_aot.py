@@ -1,5 +1,7 @@
 """Ahead-of-time compilation of family kernels for sm_90a without a GPU (shared by the family tests)."""
 
+import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -57,3 +59,23 @@ def aot_compile(items, tmp_dir):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def load_source(src: str, tmp_dir, interpret: bool = True):
+    """Import a rendered candidate from a file (Triton's JIT needs real source files)."""
+    name = "cand_" + hashlib.sha1(src.encode()).hexdigest()[:16]
+    path = tmp_dir / f"{name}.py"
+    path.write_text(src)
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+    sys.modules.pop(name, None)
+    return module

@@ -8,13 +8,10 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import hashlib  # noqa: E402
-import importlib.util  # noqa: E402
-import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from _aot import aot_compile  # noqa: E402
+from _aot import aot_compile, load_source  # noqa: E402
 
 from kernelarc.families import STRATEGIES, families_for, get_family  # noqa: E402
 from kernelarc.families import matmul as mm  # noqa: E402
@@ -48,26 +45,6 @@ POINTS = {
         {"SPLIT_K": 2, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
     ],
 }
-
-
-def load_source(src: str, tmp_dir, interpret: bool = True):
-    """Import a rendered candidate from a file (Triton's JIT needs real source files)."""
-    name = "cand_" + hashlib.sha1(src.encode()).hexdigest()[:16]
-    path = tmp_dir / f"{name}.py"
-    path.write_text(src)
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-    try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-    sys.modules.pop(name, None)
-    return module
 
 
 def check_close(out: torch.Tensor, ref: torch.Tensor) -> None:

@@ -557,17 +557,17 @@ def test_long_rows_take_more_warps_instead_of_the_fallback(name, tmp_path):
             if attr.endswith("_kernel") and hasattr(obj, "__getitem__"):
 
                 class _Spy:
-                    def __init__(self, fn, attr=attr):
-                        self.fn, self.attr = fn, attr
+                    def __init__(self, fn, attr, log):
+                        self.fn, self.attr, self.log = fn, attr, log
 
                     def __getitem__(self, grid):
                         def launch(*args, **kw):
-                            calls.append((self.attr, kw.get("num_warps")))
+                            self.log.append((self.attr, kw.get("num_warps")))
                             return self.fn[grid](*args, **kw)
 
                         return launch
 
-                setattr(mod, attr, _Spy(obj))
+                setattr(mod, attr, _Spy(obj, attr, calls))
         gen = torch.Generator().manual_seed(7)
         inputs = _inputs(fam.task, (3, 700), gen)
         _check(fam.task, mod.run(*inputs), _reference(fam.task, inputs))
