@@ -82,6 +82,7 @@ class GuardSettings:
     seed_pool: int = 8
     timeout_s: float = 120.0
     baseline_timeout_s: float = 900.0
+    build_timeout_s: float = 300.0  # extra time for CUTLASS candidates (nvcc build at import)
     warmup_ms: float = 25.0
     target_ms: float = 100.0
     min_iters: int = 5

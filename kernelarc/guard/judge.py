@@ -37,6 +37,7 @@ class GuardConfig:
     seed_pool: int = 8  # seeds are drawn from a pool this large, so references can be cached
     timeout_s: float = 120.0  # wall limit per candidate, GPU queueing excluded
     baseline_timeout_s: float = 600.0  # torch.compile of a reference may take minutes
+    build_timeout_s: float = 300.0  # added for CUTLASS candidates: a first nvcc build takes about a minute
     warmup_ms: float = 25.0
     target_ms: float = 100.0  # timed time per workload and candidate
     min_iters: int = 5
@@ -231,6 +232,8 @@ class Guard:
         except RuntimeError as e:
             return self._verdict(cand, Status.runtime_error, [str(e)], t_start)
         limit = timeout_s or self.cfg.timeout_s
+        if cand.language == "cutlass":
+            limit += self.cfg.build_timeout_s  # nvcc builds the library while the candidate is imported
         status, res = self._drive(worker, job, seeds, limit)
         errors += res["errors"]
         warnings += res["warnings"]
