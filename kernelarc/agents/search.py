@@ -119,7 +119,8 @@ class SearchAgent:
                 fam = self.rng.choice(others)
                 # the best family point so far (the champion when it is one) carried over to this family
                 src = [(champ.family, champ.knobs)] if champ is not None and champ.family in self.families else []
-                src += [(k[1].name, k[2]) for k in self._known(ctx) if k[1].language != "pytorch"][:1]
+                src += [(k[1].name, k[2]) for k in self._known(ctx)]
+                src = [(f, kn) for f, kn in src if self.families[f].language != "pytorch"][:1]
                 ported = self._port(fam, *src[0]) if src else None
                 if ported is not None and self.rng.random() < 0.75:
                     return fam, ported, None, f"porting the best {src[0][0]} point to {fam.name}"
