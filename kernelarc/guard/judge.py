@@ -289,6 +289,7 @@ class Guard:
                         status = Status(payload["status"])
                         res["errors"].append(payload["error"])
                     res["phases"].update(payload.get("phases") or {})
+                    res["warnings"] += [w for w in payload.get("warnings") or [] if w not in res["warnings"]]
                 elif kind == "done":
                     res["warnings"] += payload["warnings"]
                     res["phases"].update(payload["phases"])

@@ -271,6 +271,20 @@ class Harness:
         assert kind == "ack", kind
         return bool(reply["ok"])
 
+    def _note_cutlass_builds(self, module: Any) -> None:
+        """Registers and spills of the CUTLASS libraries a candidate built (from ptxas), as verdict notes."""
+        if "kernelarc.cutlass" not in sys.modules:
+            return
+        from kernelarc.cutlass import Kernel, resource_usage
+
+        for value in list(module.__dict__.values()):
+            if isinstance(value, Kernel):
+                u = resource_usage(value.path)
+                self.warnings.append(
+                    f"cutlass build: {u['kernels']} kernel(s), up to {u['registers']} registers/thread, "
+                    f"{u['spill_bytes']} spill bytes"
+                )
+
     # -- phases --------------------------------------------------------------------------
     def run(self) -> None:
         torch = self.torch
@@ -289,6 +303,7 @@ class Harness:
             raise CandidateFailure("compile_error", "module defines no callable run()")
         _check_integrity(snap)
         self.phases["import"] = _perf_counter() - t0
+        self._note_cutlass_builds(cand)
 
         seeds: list[int] = job["seeds"]
         wls: list[int] = job["workloads"]
@@ -493,10 +508,12 @@ def worker_main(conn, device: str, log_dir: str | None = None) -> None:
         try:
             harness.run()
         except CandidateFailure as f:
-            conn.send(("fail", {"status": f.status, "error": f.message, "phases": harness.phases}))
+            conn.send(("fail", {"status": f.status, "error": f.message, "phases": harness.phases,
+                                "warnings": harness.warnings}))  # fmt: skip
         except BaseException as e:  # noqa: BLE001
             f = _classify(e)
-            conn.send(("fail", {"status": f.status, "error": f.message, "phases": harness.phases}))
+            conn.send(("fail", {"status": f.status, "error": f.message, "phases": harness.phases,
+                                "warnings": harness.warnings}))  # fmt: skip
         sys.stdout.flush()
         sys.stderr.flush()
         conn.send(("stdout", {"log": log_path}))

@@ -64,10 +64,25 @@ def test_export_inlines_the_build_helper(tmp_path):
     compile(text, str(path), "exec")  # the self-contained solution parses
 
 
+@pytest.fixture(scope="module")
+def built_start(tmp_path_factory):
+    """One nvcc build of the start point (about a minute on two cores), shared by the tests below."""
+    import os
+
+    old = os.environ.get("KERNELARC_CUTLASS_CACHE")
+    os.environ["KERNELARC_CUTLASS_CACHE"] = str(tmp_path_factory.mktemp("cutlass_cache"))
+    try:
+        yield cutlass.build(render_cpp(CUTLASS_GEMM.check_point({})))
+    finally:
+        if old is None:
+            os.environ.pop("KERNELARC_CUTLASS_CACHE", None)
+        else:
+            os.environ["KERNELARC_CUTLASS_CACHE"] = old
+
+
 @needs_toolchain
-def test_start_point_builds_for_sm90a_without_spills(tmp_path, monkeypatch):
-    monkeypatch.setenv("KERNELARC_CUTLASS_CACHE", str(tmp_path / "cache"))
-    lib = cutlass.build(render_cpp(CUTLASS_GEMM.check_point({})))
+def test_start_point_builds_for_sm90a_without_spills(built_start):
+    lib = built_start
     usage = cutlass.resource_usage(lib)
     assert usage["kernels"] >= 1 and usage["spill_bytes"] == 0, usage
     log = lib.with_name("build.log").read_text()
@@ -88,3 +103,19 @@ def test_build_errors_are_reported_not_crashed(tmp_path, monkeypatch):
         pytest.skip("needs nvidia-cutlass headers")
     with pytest.raises(RuntimeError, match="nvcc failed"):
         cutlass.build('extern "C" int kernelarc_run( { syntax error')
+
+
+@needs_toolchain
+def test_guard_builds_a_cutlass_candidate_and_reports_the_build(built_start):
+    """Through the real guard on the CPU: the build (cached) happens in the worker's import phase, its
+    ptxas report reaches the verdict, and the missing GPU gives a clear runtime error, not a crash."""
+    from kernelarc.guard.judge import Guard, GuardConfig
+    from kernelarc.models import Status
+    from kernelarc.tasks import load_builtin
+
+    task = load_builtin("matmul", cpu=True)
+    src = CUTLASS_GEMM.render(CUTLASS_GEMM.start)
+    with Guard(task, None, "cpu", GuardConfig(workloads=[0], timeout_s=120, prestart=1)) as g:
+        v = g.evaluate(Candidate(source=src, language="cutlass", family=CUTLASS_GEMM.name)).verdict
+    assert v.status is Status.runtime_error and "CUDA tensors" in v.errors[0], v
+    assert any(w.startswith("cutlass build: 1 kernel(s)") and "0 spill bytes" in w for w in v.warnings), v.warnings
