@@ -10,7 +10,6 @@ command resumes from its state log: nothing measured is lost or measured twice.
 
 from __future__ import annotations
 
-
 import hashlib
 import json
 import logging

@@ -80,7 +80,7 @@ def library_compare(task_name: str, champion_src: str, wl_axes: dict) -> dict:
         flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
     else:
         return out
-    for rnd in range(2):  # two interleaved rounds: the spread says how far to trust a ratio
+    for _round in range(2):  # two interleaved rounds: the spread says how far to trust a ratio
         for name, f in fns.items():
             try:
                 ms = do_bench(f, warmup=25, rep=100, return_mode="median")
