@@ -1,10 +1,13 @@
-"""Ahead-of-time compilation of family kernels for sm_90a without a GPU (shared by the family tests)."""
+"""Helpers shared by the family tests: loading rendered candidates, checking bf16 outputs against a
+float64 reference, and ahead-of-time compilation of family kernels for sm_90a without a GPU."""
 
 import hashlib
 import importlib.util
 import json
 import os
 import sys
+
+import torch
 
 # The interpreter flag is read when triton.language is imported (its own @jit helpers such
 # as tl.cdiv become interpreted functions), so ahead-of-time compilation runs in a child
@@ -79,3 +82,20 @@ def load_source(src: str, tmp_dir, interpret: bool = True):
             os.environ["TRITON_INTERPRET"] = old
     sys.modules.pop(name, None)
     return module
+
+
+TOL_REL_NORM = 1e-2
+TOL_ELEM = 2e-2  # relative to max |ref|, plus rtol 2e-2
+
+
+def check_close(out, ref) -> None:
+    """bf16 ``out`` against a float64 ``ref``: relative error norm and an elementwise bound."""
+    assert out.shape == ref.shape and out.dtype == torch.bfloat16
+    out = out.double()
+    assert torch.isfinite(out).all(), "non-finite output"
+    rel = ((out - ref).norm() / ref.norm()).item()
+    assert rel < TOL_REL_NORM, f"relative error norm {rel:.3e}"
+    bad = (out - ref).abs() > TOL_ELEM * ref.abs().max() + TOL_ELEM * ref.abs()
+    if bad.any():
+        idx = tuple(bad.nonzero()[0].tolist())
+        raise AssertionError(f"first mismatch at {idx}: {out[idx].item()} vs {ref[idx].item()}")

@@ -12,15 +12,13 @@ import math  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from _aot import aot_compile, load_source  # noqa: E402
+from _aot import aot_compile, check_close, load_source  # noqa: E402
 
 from kernelarc.families import STRATEGIES, families_for, get_family  # noqa: E402
 from kernelarc.families import _attn_common as ac  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-TOL_REL_NORM = 1e-2
-TOL_ELEM = 2e-2
 
 # (B, H, Hkv, S, D): the task's CPU shapes plus GQA and odd lengths
 SHAPES = [(1, 2, 1, 32, 16), (1, 2, 1, 40, 16), (2, 4, 2, 37, 32)]
@@ -47,18 +45,6 @@ def reference(q, k, v, causal):
     if causal:
         s = s.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
     return torch.softmax(s, dim=-1) @ v
-
-
-def check_close(out, ref):
-    assert out.shape == ref.shape and out.dtype == torch.bfloat16
-    out = out.double()
-    assert torch.isfinite(out).all(), "non-finite output"
-    rel = ((out - ref).norm() / ref.norm()).item()
-    assert rel < TOL_REL_NORM, f"relative error norm {rel:.3e}"
-    bad = (out - ref).abs() > TOL_ELEM * ref.abs().max() + TOL_ELEM * ref.abs()
-    if bad.any():
-        idx = tuple(bad.nonzero()[0].tolist())
-        raise AssertionError(f"first mismatch at {idx}: {out[idx].item()} vs {ref[idx].item()}")
 
 
 def test_discovered_for_tasks():

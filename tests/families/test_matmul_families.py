@@ -11,7 +11,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from _aot import aot_compile, load_source  # noqa: E402
+from _aot import aot_compile, check_close, load_source  # noqa: E402
 
 from kernelarc.families import STRATEGIES, families_for, get_family  # noqa: E402
 from kernelarc.families import matmul as mm  # noqa: E402
@@ -19,8 +19,6 @@ from kernelarc.families import matmul as mm  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 # fp32 arithmetic in the interpreter, one bf16 rounding of the output
-TOL_REL_NORM = 1e-2
-TOL_ELEM = 2e-2  # relative to max |ref|, plus rtol 2e-2
 
 # tiny shapes for the interpreter, with edges in every dimension
 SHAPES = [(64, 32, 48), (37, 50, 70), (1, 17, 9), (130, 72, 200)]
@@ -45,18 +43,6 @@ POINTS = {
         {"SPLIT_K": 2, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
     ],
 }
-
-
-def check_close(out: torch.Tensor, ref: torch.Tensor) -> None:
-    assert out.shape == ref.shape and out.dtype == torch.bfloat16
-    out = out.double()
-    assert torch.isfinite(out).all(), "non-finite output"
-    rel = ((out - ref).norm() / ref.norm()).item()
-    assert rel < TOL_REL_NORM, f"relative error norm {rel:.3e}"
-    bad = (out - ref).abs() > TOL_ELEM * ref.abs().max() + TOL_ELEM * ref.abs()
-    if bad.any():
-        idx = tuple(bad.nonzero()[0].tolist())
-        raise AssertionError(f"first mismatch at {idx}: {out[idx].item()} vs {ref[idx].item()}")
 
 
 def test_discovered_for_task():
