@@ -241,10 +241,26 @@ def long_rows_knob() -> Knob:
     )
 
 
-def row_fit_src(streams: int, esize: str) -> str:
-    """Launcher lines for whole-row kernels: ``cap`` (row budget at NUM_WARPS, for the fallback), and
-    ``warps`` / ``wide`` (warps and row budget of the whole-row kernel; more warps for long rows when
-    LONG_ROWS is "more_warps"). Needs MAX_ELEMS_PER_THREAD, NUM_WARPS, NUM_STAGES, LONG_ROWS, N."""
+def rowblock_constants_src(k: Mapping[str, Any]) -> str:
+    """Module constants of a whole-row (``*.rowblock``) candidate, read by :func:`rowblock_launch_src`."""
+    return (
+        f"\nNUM_WARPS = {k['num_warps']}\nNUM_STAGES = {k['num_stages']}\n"
+        f"ROWS_PER_PROGRAM = {k['rows']}\nMAX_ELEMS_PER_THREAD = {k['max_elems_per_thread']}\n"
+        f"LONG_ROWS = {k['long_rows']!r}\n"
+    )
+
+
+def rowblock_launch_src(
+    rows_kernel: str, fallback_kernel: str, fallback_doc: str, streams: int, persistent: int
+) -> str:
+    """Launcher lines of a whole-row candidate (needs ``args``, ``x``, ``M``, ``N`` and the constants above).
+
+    ``cap`` is the row budget at NUM_WARPS; ``warps`` / ``wide`` are the warps and row budget of the
+    whole-row kernel (doubled for long rows when LONG_ROWS is "more_warps"). Rows within ``wide`` run
+    ``rows_kernel``; longer rows run ``fallback_kernel`` in ``cap``-wide chunks at NUM_WARPS.
+    """
+    esize = "x.element_size()"
+    grid = grid_expr(persistent, "blocks", "x.device")
     return (
         "    cap = MAX_ELEMS_PER_THREAD * 32 * NUM_WARPS\n"
         + clamp_block_src("cap", "1", streams, esize)
@@ -252,7 +268,19 @@ def row_fit_src(streams: int, esize: str) -> str:
         "    warps, wide = NUM_WARPS, cap\n"
         '    while LONG_ROWS == "more_warps" and block_n > wide and warps < 16:\n'
         "        warps *= 2\n"
-        "        wide = MAX_ELEMS_PER_THREAD * 32 * warps\n" + clamp_block_src("wide", "1", streams, esize, 8)
+        "        wide = MAX_ELEMS_PER_THREAD * 32 * warps\n"
+        + clamp_block_src("wide", "1", streams, esize, 8)
+        + f"""    if block_n <= wide:
+        rows = max(1, min(ROWS_PER_PROGRAM, wide // block_n))
+        blocks = triton.cdiv(M, rows)
+        grid = ({grid},)
+        {rows_kernel}[grid](*args, BLOCK_N=block_n, ROWS=rows, num_warps=warps, num_stages=NUM_STAGES)
+    else:
+        # Row over the register (or staged shared-memory) budget: {fallback_doc}.
+        blocks = M
+        grid = ({grid},)
+        {fallback_kernel}[grid](*args, BLOCK_N=cap, ROWS=1, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+"""
     )
 
 

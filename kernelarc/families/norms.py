@@ -202,26 +202,13 @@ def _render_rowblock(family: str, task: str, fused: bool, k: Mapping[str, Any]) 
     kname = f"_{task}_rows_kernel"
     cname = f"_{task}_chunked_fallback_kernel"
     src = mc.header(family, f"{task}: whole rows in registers (rendered candidate).", k)
-    src += f"\nNUM_WARPS = {k['num_warps']}\nNUM_STAGES = {k['num_stages']}\n"
-    src += f"ROWS_PER_PROGRAM = {k['rows']}\nMAX_ELEMS_PER_THREAD = {k['max_elems_per_thread']}\n"
-    src += f"LONG_ROWS = {k['long_rows']!r}\n"
+    src += mc.rowblock_constants_src(k)
     src += _rows_kernel(kname, fused, k)
     src += _chunked_kernel(cname, fused, fallback)
     src += _launch_prologue(fused)
-    p = k["persistent"]
     # Streams staged in shared memory when pipelined (fallback: pass 1 + pass 2 + weight).
     streams = 5 if fused else 3
-    src += f"""{mc.row_fit_src(streams, "x.element_size()")}    if block_n <= wide:
-        rows = max(1, min(ROWS_PER_PROGRAM, wide // block_n))
-        blocks = triton.cdiv(M, rows)
-        grid = ({mc.grid_expr(p, "blocks", "x.device")},)
-        {kname}[grid](*args, BLOCK_N=block_n, ROWS=rows, num_warps=warps, num_stages=NUM_STAGES)
-    else:
-        # Row over the register (or staged shared-memory) budget: chunked two-pass kernel.
-        blocks = M
-        grid = ({mc.grid_expr(p, "blocks", "x.device")},)
-        {cname}[grid](*args, BLOCK_N=cap, ROWS=1, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-"""
+    src += mc.rowblock_launch_src(kname, cname, "chunked two-pass kernel", streams, k["persistent"])
     return mc.finish(src + _ret(fused), k["num_stages"])
 
 

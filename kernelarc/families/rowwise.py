@@ -224,28 +224,14 @@ def _render_rowblock(family: str, k: Mapping[str, Any]) -> str:
         "online_mode": "chunk_reduce",
     }
     src = mc.header(family, "softmax: whole rows in registers (rendered candidate).", k)
-    src += f"\nNUM_WARPS = {k['num_warps']}\nNUM_STAGES = {k['num_stages']}\n"
-    src += f"ROWS_PER_PROGRAM = {k['rows']}\nMAX_ELEMS_PER_THREAD = {k['max_elems_per_thread']}\n"
-    src += f"LONG_ROWS = {k['long_rows']!r}\n"
+    src += mc.rowblock_constants_src(k)
     src += _rows_kernel("_softmax_rows_kernel", k)
     src += _online_kernel("_softmax_online_fallback_kernel", fallback)
-    p = k["persistent"]
-    src += (
-        _PROLOGUE
-        + f"""    args = (x, y, M, N, x.stride(0), y.stride(0))
-{mc.row_fit_src(2, "x.element_size()")}    if block_n <= wide:
-        rows = max(1, min(ROWS_PER_PROGRAM, wide // block_n))
-        blocks = triton.cdiv(M, rows)
-        grid = ({mc.grid_expr(p, "blocks", "x.device")},)
-        _softmax_rows_kernel[grid](*args, BLOCK_N=block_n, ROWS=rows, num_warps=warps, num_stages=NUM_STAGES)
-    else:
-        # Row over the register (or staged shared-memory) budget: online two-pass kernel.
-        blocks = M
-        grid = ({mc.grid_expr(p, "blocks", "x.device")},)
-        _softmax_online_fallback_kernel[grid](*args, BLOCK_N=cap, ROWS=1, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    return y
-"""
+    src += _PROLOGUE + "    args = (x, y, M, N, x.stride(0), y.stride(0))\n"
+    src += mc.rowblock_launch_src(
+        "_softmax_rows_kernel", "_softmax_online_fallback_kernel", "online two-pass kernel", 2, k["persistent"]
     )
+    src += "    return y\n"
     return mc.finish(src, k.get("num_stages", 1))
 
 
