@@ -569,28 +569,21 @@ _K_GROUP = Knob("GROUP_M", (1, 2, 4, 8, 16, 32), "scheduling", "row-blocks per L
 _K_WARPS = Knob("num_warps", (2, 4, 8, 16), "scheduling", "warps per program")
 _K_STAGES = Knob("num_stages", (1, 2, 3, 4, 5, 6, 7), "scheduling", "software-pipeline depth")
 _K_SWAP = Knob("SWAP_AB", (False, True), "algorithmic", "compute C^T = B A^T (tiny-M shapes)")
+# the tile and pipeline knobs every GEMM family shares, and their conservative start (never a tuned point)
+_TILE_KNOBS = (_K_BM, _K_BN, _K_BK, _K_GROUP, _K_WARPS, _K_STAGES)
+_TILE_START = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
 
 TILED = Family(
     name="matmul.tiled",
     task="matmul",
     description="Non-persistent tiled GEMM, GROUP_M-swizzled tile order, pointer or TMA operand loads",
     knobs=(
-        _K_BM,
-        _K_BN,
-        _K_BK,
-        _K_GROUP,
-        _K_WARPS,
-        _K_STAGES,
+        *_TILE_KNOBS,
         Knob("MEMORY", ("pointer", "tma"), "memory", "operand loads: pointers (cp.async) or TMA descriptors"),
         _K_SWAP,
     ),
     start={
-        "BLOCK_M": 64,
-        "BLOCK_N": 64,
-        "BLOCK_K": 32,
-        "GROUP_M": 1,
-        "num_warps": 4,
-        "num_stages": 2,
+        **_TILE_START,
         "MEMORY": "pointer",
         "SWAP_AB": False,
     },
@@ -603,12 +596,7 @@ PERSISTENT = Family(
     task="matmul",
     description="Persistent GEMM (grid = SMs x mult) over TMA descriptors, optional warp specialization",
     knobs=(
-        _K_BM,
-        _K_BN,
-        _K_BK,
-        _K_GROUP,
-        _K_WARPS,
-        _K_STAGES,
+        *_TILE_KNOBS,
         Knob("NUM_SMS_MULT", (1, 2, 3, 4, 6, 8), "scheduling", "persistent programs per SM"),
         Knob("FLATTEN", (False, True), "scheduling", "flatten the tile and K loops into one pipeline"),
         Knob("WARP_SPECIALIZE", (False, True), "scheduling", "producer/consumer warp specialization"),
@@ -616,12 +604,7 @@ PERSISTENT = Family(
         Knob("DESCRIPTORS", ("host", "device"), "memory", "TMA descriptors made on the host or in-kernel"),
     ),
     start={
-        "BLOCK_M": 64,
-        "BLOCK_N": 64,
-        "BLOCK_K": 32,
-        "GROUP_M": 1,
-        "num_warps": 4,
-        "num_stages": 2,
+        **_TILE_START,
         "NUM_SMS_MULT": 1,
         "FLATTEN": False,
         "WARP_SPECIALIZE": False,
@@ -637,23 +620,13 @@ SPLITK = Family(
     task="matmul",
     description="Split-K GEMM: K split over programs, fp32 partials reduced by a kernel or atomics",
     knobs=(
-        _K_BM,
-        _K_BN,
-        _K_BK,
-        _K_GROUP,
-        _K_WARPS,
-        _K_STAGES,
+        *_TILE_KNOBS,
         Knob("SPLIT_K", (1, 2, 4, 8, 16, 32), "algorithmic", "programs sharing one output tile's K loop"),
         Knob("REDUCE", ("partials", "atomic"), "algorithmic", "fp32 workspace + reduce kernel, or atomics"),
         _K_SWAP,
     ),
     start={
-        "BLOCK_M": 64,
-        "BLOCK_N": 64,
-        "BLOCK_K": 32,
-        "GROUP_M": 1,
-        "num_warps": 4,
-        "num_stages": 2,
+        **_TILE_START,
         "SPLIT_K": 1,
         "REDUCE": "partials",
         "SWAP_AB": False,
