@@ -11,36 +11,21 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests.fake_anthropic import (
-        error_reply,
-        fake_anthropic_server,
-        kernel_reply,
-        overloaded,
-        rate_limited,
-        server_error,
-        slow,
-        text_reply,
-        truncated_reply,
-        two_tool_calls_reply,
-        unauthorized,
-        usage,
-    )
-except ImportError:  # pytest's default rootdir-less import mode puts tests/ itself on sys.path
-    from fake_anthropic import (  # type: ignore[no-redef]
-        error_reply,
-        fake_anthropic_server,
-        kernel_reply,
-        overloaded,
-        rate_limited,
-        server_error,
-        slow,
-        text_reply,
-        truncated_reply,
-        two_tool_calls_reply,
-        unauthorized,
-        usage,
-    )
+# tests/ is on sys.path: pytest imports test modules of a package-less folder with that folder prepended
+from fake_anthropic import (
+    error_reply,
+    fake_anthropic_server,
+    kernel_reply,
+    overloaded,
+    rate_limited,
+    server_error,
+    slow,
+    text_reply,
+    truncated_reply,
+    two_tool_calls_reply,
+    unauthorized,
+    usage,
+)
 
 from kernelarc.agents.base import AgentContext, Proposal
 from kernelarc.agents.briefs import STRATEGIES, load_brief

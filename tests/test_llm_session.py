@@ -7,9 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_anthropic import fake_anthropic_server, kernel_reply, overloaded, text_reply  # noqa: E402
+from fake_anthropic import fake_anthropic_server, kernel_reply, overloaded, text_reply
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-ant-test-secret-key-1234567890"
