@@ -149,6 +149,7 @@ class Kernel:
         self._ws = self._lib.kernelarc_workspace
         self._ws.restype = ctypes.c_size_t
         self._ws.argtypes = [ctypes.c_void_p]
+        self._ws_bytes: dict[tuple[int, ...], int] = {}  # workspace size per problem shape, asked once
 
     def __call__(self, inputs: list[Any], outputs: list[Any], dims: list[int]) -> None:
         import torch
@@ -159,7 +160,10 @@ class Kernel:
         ins = (ctypes.c_void_p * len(inputs))(*[t.data_ptr() for t in inputs])
         outs = (ctypes.c_void_p * len(outputs))(*[t.data_ptr() for t in outputs])
         dim_arr = (ctypes.c_longlong * len(dims))(*dims)
-        ws_bytes = int(self._ws(ctypes.cast(dim_arr, ctypes.c_void_p)))
+        key = tuple(int(d) for d in dims)
+        ws_bytes = self._ws_bytes.get(key)
+        if ws_bytes is None:
+            ws_bytes = self._ws_bytes[key] = int(self._ws(ctypes.cast(dim_arr, ctypes.c_void_p)))
         device = outputs[0].device
         ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=device)
         stream = torch.cuda.current_stream(device).cuda_stream
@@ -175,9 +179,9 @@ class Kernel:
 
 
 def load(source: str, arch: str = ARCH) -> Kernel:
-    """Build (or reuse) and load a CUTLASS library; one handle per source per process."""
-    key = hashlib.sha256((arch + "\0" + source).encode()).hexdigest()
+    """Build (or reuse) and load a CUTLASS library; one handle per library per process."""
+    lib = build(source, arch)  # a cache lookup once built
     with _LOCK:
-        if key not in _LOADED:
-            _LOADED[key] = Kernel(build(source, arch))
-        return _LOADED[key]
+        if str(lib) not in _LOADED:
+            _LOADED[str(lib)] = Kernel(lib)
+        return _LOADED[str(lib)]
