@@ -203,10 +203,9 @@ def main() -> None:
             top = sorted(
                 (r for r in cands if r.verdict.correct and r.verdict.latency_ms), key=lambda r: r.verdict.latency_ms
             )
-            base_lat = {r.candidate.strategy: r.verdict.latency_ms for r in session.records if r.kind == "baseline"}
             summary["top"] = [
                 {"index": r.index + 1, "family": r.candidate.family, "knobs": r.candidate.knobs,
-                 "latency_ms": r.verdict.latency_ms, "vs_reference": (base_lat.get("reference") or 0) / r.verdict.latency_ms,
+                 "latency_ms": r.verdict.latency_ms, "vs_reference": r.verdict.speedup_vs_baseline or 0.0,
                  "per_workload_vs_reference": [w.speedup_vs_baseline for w in r.verdict.workloads]}
                 for r in top[:5]
             ]  # fmt: skip
