@@ -102,6 +102,8 @@ class SearchConfig:
     resume: bool = True
     progress: bool = True
     calibrate: bool = True  # on a GPU, measure copy bandwidth and bf16 GEMM rate at session start
+    dispatch: bool = True  # compose a shape-dispatch candidate from the fastest kernel per workload
+    dispatch_min_gain: float = 0.01  # ...when its predicted geomean beats the champion's by this much
 
 
 @dataclass

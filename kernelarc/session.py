@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from kernelarc import dispatch
 from kernelarc.agents.base import AgentContext
 from kernelarc.board import Board
 from kernelarc.config import KernelArcConfig
@@ -186,6 +187,8 @@ class SearchSession:
         self.elapsed_before = 0.0
         self.eval_seconds = 0.0
         self.timing_seconds = 0.0
+        self.dispatch_tried: set[tuple] = set()  # plans already composed (kernelarc.dispatch)
+        self._signatures: dict[int, tuple] | None = None
 
     # -- tracking ------------------------------------------------------------------------
     def _open_tracking(self, resume_run: str | None) -> None:
@@ -436,6 +439,9 @@ class SearchSession:
             self.state.save_meta({**self.state.meta(), "versions": self.versions})
         agent = next((a for a in self.agents if a.name == cand.agent), None)
         lesson = agent.observe(cand, v) if agent is not None else None
+        if cand.family == dispatch.FAMILY:
+            gain = f"{(v.speedup_vs_champion - 1) * 100:+.1f}% vs champion" if v.speedup_vs_champion else v.status.value
+            lesson = f"shape dispatch over {len(set(cand.knobs.values()))} kernels: {v.status.value}, {gain}"
         if lesson:
             self._post(cand, v, lesson)
         for pending in self.pending_conclusions.pop(cand.id, []):
@@ -537,6 +543,38 @@ class SearchSession:
                         log.exception("evaluation of %s failed", cand.id)
                         ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error, errors=[str(e)]))
                     self._on_verdict(cand, ev, champ_id, rematch)
+                pending = [c for c, _ in inflight.values()] + queue + rematch
+                if done and not any(c.family == dispatch.FAMILY for c in pending):
+                    composite = self._dispatch_candidate()
+                    if composite is not None:
+                        queue.insert(0, composite)
+
+    def _dispatch_candidate(self) -> Candidate | None:
+        """A shape-dispatch composite of the fastest kernel per workload, when one promises a gain
+        over the champion and has not been tried (see kernelarc.dispatch)."""
+        if not self.cfg.search.dispatch or self._budget_left() <= 0 or self._out_of_time():
+            return None
+        try:
+            if self._signatures is None:
+                self._signatures = {i: dispatch.workload_signature(self.task, i) for i in self.guards[0].workloads}
+            with self.lock:
+                measured = [(r.candidate, r.verdict) for r in self.records if r.kind == "candidate"]
+                champ = (self.champion, self.champion_verdict) if self.champion and self.champion_verdict else None
+            p = dispatch.plan(measured, self._signatures, champ, self.cfg.search.dispatch_min_gain)
+            if p is None or p.key in self.dispatch_tried:
+                return None
+            self.dispatch_tried.add(p.key)
+            cand = dispatch.build_candidate(p, {i: self.task.axes(i) for i in self._signatures})
+        except Exception as e:  # noqa: BLE001 - a composition that cannot be built is skipped, never fatal
+            log.warning("shape dispatch not composed: %s", e)
+            self._signatures = self._signatures or {}
+            return None
+        with self.lock:
+            if cand.id in self.seen:
+                return None
+            self.seen.add(cand.id)
+        self.ui.line(f"  ⇉ {cand.rationale}")
+        return cand
 
     def _finalize(self) -> dict[str, Any]:
         version = None

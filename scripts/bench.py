@@ -78,16 +78,25 @@ def library_compare(task_name: str, champion_src: str, wl_axes: dict) -> dict:
 
             fns[name] = f
         flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+    elif task_name == "matmul":
+        M, N, K = (wl_axes[k] for k in ("M", "N", "K"))
+        a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
+        fns = {"champion": lambda: mod.run(a, b), "cublas_matmul": lambda: torch.matmul(a, b.T),
+               "cublas_linear": lambda: F.linear(a, b)}  # fmt: skip
+        flops = 2 * M * N * K
     else:
         return out
-    for _round in range(2):  # two interleaved rounds: the spread says how far to trust a ratio
+    rounds = 3 if task_name == "matmul" else 2
+    for _round in range(rounds):  # interleaved rounds: the spread says how far to trust a ratio
         for name, f in fns.items():
             try:
                 ms = do_bench(f, warmup=25, rep=100, return_mode="median")
                 out.setdefault(name, []).append(ms)
             except Exception as e:  # noqa: BLE001
                 out[name + "_error"] = str(e)[:200]
-    res_ = {k: (min(v) if isinstance(v, list) else v) for k, v in out.items()}
+    res_: dict = {k: (min(v) if isinstance(v, list) else v) for k, v in out.items()}
+    res_["rounds_ms"] = {k: v for k, v in out.items() if isinstance(v, list)}
     res_["tflops"] = {k: flops / (v * 1e-3) / 1e12 for k, v in res_.items() if isinstance(v, float)}
     return res_
 
@@ -187,6 +196,16 @@ def main() -> None:
                     axes["causal"] = task.workloads[wi].inputs["causal"].value
                     label = f"workload {wi} ({'causal' if axes['causal'] else 'non-causal'})"
                     summary["library"][label] = library_compare(task_name, champ_rec.candidate.source, axes)
+            if on_gpu and champ_rec is not None and task_name == "matmul":
+                src = champ_rec.candidate.source
+                summary["library"] = {f"workload {wi} {task.axes(wi)}": library_compare(task_name, src, task.axes(wi))
+                                      for wi in wls}  # fmt: skip
+            if champ_rec is not None and champ_rec.candidate.family == "dispatch":
+                fam_of = {r.candidate.id: r.candidate for r in session.records}
+                summary["dispatch_parts"] = {
+                    k: f"{fam_of[v].family} {json.dumps(fam_of[v].knobs)}" if v in fam_of else v
+                    for k, v in champ_rec.candidate.knobs.items()
+                }
             if champ_rec is not None:
                 (out / f"champion_{task_name}.py").write_text(champ_rec.candidate.source)
             cands = [r for r in session.records if r.kind == "candidate"]
@@ -247,6 +266,8 @@ def main() -> None:
             per = ", ".join(f"{x:.2f}x" for x in t["per_workload_vs_reference"] if x)
             lines.append(f"fastest correct #{t['index']}: {t['family']} {t['latency_ms']:.4f} ms geomean, "
                          f"{t['vs_reference']:.2f}x reference (per workload {per}) {json.dumps(t['knobs'])}")  # fmt: skip
+        for k, part in (s.get("dispatch_parts") or {}).items():
+            lines.append(f"dispatch {k}: {part}")
         for label, lib in (s.get("library") or {}).items():
             ms = {k: v for k, v in lib.items() if isinstance(v, float)}
             if "champion" in ms:

@@ -1,0 +1,239 @@
+"""Shape dispatch: renaming keeps each part's meaning, the plan picks the fastest kernel per
+workload, and a CPU session composes, judges and tracks the composite like any candidate."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelarc import dispatch
+from kernelarc.models import Candidate, Status, Verdict, WorkloadResult
+from kernelarc.tasks.inputs import load_module, make_inputs
+from kernelarc.tasks.loader import load_builtin
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRICKY = '''"""A part that binds module names in every way a kernel module might."""
+
+from __future__ import annotations
+
+import torch
+
+SCALE = 2.0
+BLOCK = 4
+_cache_hits = 0
+
+
+def _helper(x, BLOCK=BLOCK):  # default from the module constant, parameter shadows it
+    return x * BLOCK
+
+
+class _Box:
+    SCALE = 10.0  # a class attribute, not the module constant
+
+    def get(self):
+        return SCALE
+
+
+def _count():
+    global _cache_hits
+    _cache_hits += 1
+    return _cache_hits
+
+
+def run(x, w):
+    f = lambda v, SCALE=1.0: v * SCALE  # noqa: E731 - the lambda parameter shadows SCALE
+    parts = [_helper(x, BLOCK) for BLOCK in (1,)]  # comprehension variable shadows BLOCK
+    label = f"{SCALE}-{BLOCK}"
+    assert label == "2.0-4"
+    _count()
+    return f(x) * _Box().get() + parts[0] * 0 + w.sum() * 0
+'''
+
+
+def _cand(source: str, family: str = "fam", knobs: dict | None = None, language: str = "pytorch") -> Candidate:
+    return Candidate(source=source, language=language, family=family, knobs=knobs or {"v": len(source)})
+
+
+def test_rename_part_keeps_scopes_and_hoists_imports():
+    part = dispatch.rename_part(TRICKY, "_p3_")
+    body = part.body
+    assert "import torch" not in body and "A part that binds" not in body
+    assert [t for t, _ in part.imports] == ["from __future__ import annotations", "import torch"]
+    assert "def _p3__helper(x, BLOCK=_p3_BLOCK):" in body and "return x * BLOCK" in body
+    assert "    SCALE = 10.0" in body and "        return _p3_SCALE" in body
+    assert "global _p3__cache_hits" in body and "_p3__cache_hits += 1" in body
+    assert "lambda v, SCALE=1.0: v * SCALE" in body
+    assert "[_p3__helper(x, BLOCK) for BLOCK in (1,)]" in body
+    assert 'f"{_p3_SCALE}-{_p3_BLOCK}"' in body
+    assert part.names == {f"_p3_{n}" for n in ("SCALE", "BLOCK", "_cache_hits", "_helper", "_Box", "_count", "run")}
+
+
+def test_composite_routes_each_signature_and_falls_back_to_the_default():
+    slow = "import torch\n\n\ndef run(x, w):\n    return (x.float() * 3).to(x.dtype)\n"
+    a, b = _cand(TRICKY), _cand(slow)
+    sig_b = dispatch.input_signature([torch.ones(2, 3), torch.ones(3)])
+    src = dispatch.compose([dispatch.Route(b, [1], [sig_b], [0.5])], default=a, axes={1: {"M": 2, "N": 3}})
+    mod = load_module(src, "composite_test")
+    assert mod._ROUTES[sig_b] is mod._p1_run and len(mod._ROUTES) == 1
+    x = torch.ones(2, 3)
+    assert torch.equal(mod.run(x, torch.ones(3)), torch.full((2, 3), 3.0))  # routed to b
+    assert torch.equal(mod.run(torch.ones(4, 3), torch.ones(3)), torch.full((4, 3), 2.0))  # default a
+    assert mod._p0__cache_hits == 1  # a's module global was updated through its renamed name
+    assert "workload 1 (M=2, N=3): part 1, 0.5000 ms" in src
+
+
+def test_composition_refuses_what_it_cannot_keep_apart():
+    other_torch = "import numpy as torch\n\n\ndef run(x):\n    return x\n"
+    plain = "import torch\n\n\ndef run(x):\n    return x\n"
+    with pytest.raises(dispatch.CompositionError, match="different things as 'torch'"):
+        dispatch.compose([dispatch.Route(_cand(other_torch), [1], [("s",)], [1.0])], default=_cand(plain))
+    nested = "try:\n    import torch\nexcept ImportError:\n    torch = None\n\n\ndef run(x):\n    return x\n"
+    with pytest.raises(dispatch.CompositionError, match="import nested"):
+        dispatch.rename_part(nested, "_p0_")
+    no_run = "import torch\n\n\ndef forward(x):\n    return x\n"
+    with pytest.raises(dispatch.CompositionError, match="defines no run"):
+        dispatch.compose([dispatch.Route(_cand(no_run), [1], [("s",)], [1.0])], default=_cand(plain))
+    with pytest.raises(dispatch.CompositionError, match="at least two"):
+        dispatch.compose([dispatch.Route(_cand(plain), [1], [("s",)], [1.0])], default=_cand(plain))
+
+
+def _verdict(c: Candidate, per: dict[int, float], status=Status.correct_slower) -> Verdict:
+    lat = math.exp(sum(math.log(x) for x in per.values()) / len(per))
+    wls = [WorkloadResult(index=i, latency_ms=ms) for i, ms in per.items()]
+    return Verdict(candidate_id=c.id, status=status, correct=True, latency_ms=lat, workloads=wls)
+
+
+def test_plan_takes_the_fastest_kernel_per_signature_group():
+    a, b, c = (_cand(f"def run(x):\n    return x  # {i}\n") for i in range(3))
+    sigs = {0: ("s0",), 1: ("s1",), 2: ("s0",)}  # workloads 0 and 2 share a signature
+    va = _verdict(a, {0: 1.0, 1: 4.0, 2: 1.0}, Status.champion)
+    vb = _verdict(b, {0: 2.0, 1: 1.0, 2: 2.0})
+    vc = _verdict(c, {0: 0.9, 1: 5.0, 2: 1.3})  # faster than a on 0 but not on the group {0, 2}
+    p = dispatch.plan([(a, va), (b, vb), (c, vc)], sigs, (a, va), min_gain=0.01)
+    assert p is not None and p.default.id == a.id
+    routes = {r.candidate.id: r for r in p.routes}
+    assert routes[a.id].workloads == [0, 2] and routes[a.id].signatures == [("s0",)]
+    assert routes[b.id].workloads == [1] and routes[b.id].latency_ms == [1.0]
+    assert p.predicted_ms == pytest.approx(1.0)
+    assert p.champion_ms == pytest.approx(va.latency_ms)
+    # no plan: one kernel is fastest everywhere, the gain is too small, or a single group
+    assert dispatch.plan([(a, va), (c, _verdict(c, {0: 3, 1: 5, 2: 3}))], sigs, (a, va), 0.01) is None
+    assert dispatch.plan([(a, va), (b, vb)], sigs, (a, va), min_gain=0.9) is None
+    assert dispatch.plan([(a, va), (b, vb)], {0: ("s",), 1: ("s",), 2: ("s",)}, (a, va), 0.01) is None
+    wrong = Verdict(candidate_id=b.id, status=Status.incorrect, correct=False, latency_ms=0.1,
+                    workloads=[WorkloadResult(index=i, latency_ms=0.1) for i in range(3)])  # fmt: skip
+    assert dispatch.plan([(a, va), (b, wrong)], sigs, (a, va), 0.01) is None  # never routes to a wrong kernel
+
+
+def test_signature_from_the_definition_matches_the_inputs_at_run_time():
+    task = load_builtin("rmsnorm", cpu=True)
+    for i in range(len(task.workloads)):
+        assert dispatch.workload_signature(task, i) == dispatch.input_signature(make_inputs(task, i, 7, "cpu"))
+
+
+def test_composite_of_two_triton_families_runs_in_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from kernelarc.families import families_for
+
+    task = load_builtin("matmul", cpu=True)
+    fams = {f.name: f for f in families_for("matmul")}
+    tiled, pers = fams["matmul.tiled"], fams["matmul.persistent_tma"]
+    a = _cand(tiled.render(tiled.start), tiled.name, dict(tiled.start), "triton")
+    b = _cand(pers.render(pers.start), pers.name, dict(pers.start), "triton")
+    sig1 = dispatch.workload_signature(task, 1)
+    mod = load_module(dispatch.compose([dispatch.Route(b, [1], [sig1], [1.0])], default=a), "composite_mm")
+    assert mod._ROUTES[sig1] is mod._p1_run
+    ref = load_module(task.definition.reference, "ref_mm")
+    for i in range(len(task.workloads)):
+        args = make_inputs(task, i, 3, "cpu")
+        got, want = mod.run(*args).float(), ref.run(*args).float()
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+SLOW_ON = """import torch
+
+
+@torch.no_grad()
+def run(x, weight):
+    reps = 60 if x.shape[-1] == {n} else 1  # deliberately slow on one shape
+    for _ in range(reps):
+        xf = x.to(torch.float32)
+        inv = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
+        out = (xf * inv * weight.to(torch.float32)).to(x.dtype)
+    return out
+"""
+
+
+class _TwoShot:
+    """An agent that proposes two kernels, each slow on a different workload, then nothing."""
+
+    def __init__(self):
+        self.name, self.strategy, self.done = "scripted", "tiling", False
+
+    def propose(self, ctx, n):
+        from kernelarc.agents.base import Proposal
+
+        if self.done:
+            return Proposal(candidates=[])
+        self.done = True
+        return Proposal(candidates=[Candidate(source=SLOW_ON.format(n=w), language="pytorch", agent=self.name,
+                                              strategy=self.strategy, family=f"slow_on_{w}", knobs={"n": w})
+                                    for w in (64, 100)])  # fmt: skip
+
+    def observe(self, cand, verdict):
+        return None
+
+
+def test_cpu_session_composes_and_judges_a_dispatch(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.chdir(tmp_path)
+    from hydra import compose, initialize_config_dir
+
+    from kernelarc.app import typed
+    from kernelarc.config import plain, register_configs
+    from kernelarc.hardware import resolve_target
+    from kernelarc.session import SearchSession
+    from kernelarc.ui import Progress
+
+    register_configs()
+    overrides = ["+task=rmsnorm", "gpu=cpu", "budget.candidates=3", "guard.compile_baseline=false",
+                 "executor.parallel=1", "guard.target_ms=5", "guard.max_iters=20",
+                 "search.dispatch_min_gain=-100", f"search.state_dir={tmp_path}/state",
+                 f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]  # fmt: skip
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose(config_name="config", overrides=overrides)
+    c = typed(cfg)
+    session = SearchSession(c, plain(cfg), resolve_target("cpu"), [_TwoShot()], progress=Progress(False))
+    session.run()
+    cands = [r for r in session.records if r.kind == "candidate"]
+    assert len(cands) == 3
+    comp = cands[-1]
+    assert comp.candidate.family == dispatch.FAMILY and comp.candidate.agent == dispatch.AGENT
+    assert comp.verdict.correct, comp.verdict.errors
+    by_family = {r.candidate.family: {w.index: w.latency_ms for w in r.verdict.workloads} for r in cands}
+    slow64, slow100 = by_family["slow_on_64"], by_family["slow_on_100"]
+    mine = by_family[dispatch.FAMILY]
+    # each workload went to the kernel that is not slow on it
+    assert mine[0] < slow64[0] / 3 and mine[1] < slow100[1] / 3
+    assert set(comp.candidate.knobs) == {"default", "workload0", "workload1"}
+    assert any(f.family == dispatch.FAMILY and "shape dispatch" in f.lesson for f in session.board.view(None))
+
+
+def test_every_family_start_point_can_be_a_part():
+    from kernelarc.agents.search import generic_families
+    from kernelarc.families import families_for
+    from kernelarc.families.cutlass_gemm import CUTLASS_GEMM
+    from kernelarc.tasks.loader import builtin_tasks
+
+    for name in builtin_tasks():
+        task = load_builtin(name, cpu=True)
+        fams = families_for(name) + generic_families(task) + ([CUTLASS_GEMM] if name == "matmul" else [])
+        for fam in fams:
+            src = fam.render(fam.start)
+            part = dispatch.rename_part(src, "_p1_")
+            assert "_p1_run" in part.names, fam.name
+            compile(part.body, fam.name, "exec")
