@@ -87,9 +87,12 @@ def library_compare(task_name: str, champion_src: str, wl_axes: dict) -> dict:
         flops = 2 * M * N * K
     else:
         return out
-    rounds = 3 if task_name == "matmul" else 2
-    for _round in range(rounds):  # interleaved rounds: the spread says how far to trust a ratio
-        for name, f in fns.items():
+    # Interleaved rounds, the order reversed every other round (a GEMM near the power limit runs
+    # slower as the card heats, which would otherwise favour whoever goes first); the spread of a
+    # function's rounds says how far to trust a ratio.
+    rounds = 5 if task_name == "matmul" else 2
+    for rnd in range(rounds):
+        for name, f in list(fns.items())[:: -1 if rnd % 2 else 1]:
             try:
                 ms = do_bench(f, warmup=25, rep=100, return_mode="median")
                 out.setdefault(name, []).append(ms)
@@ -272,8 +275,12 @@ def main() -> None:
             ms = {k: v for k, v in lib.items() if isinstance(v, float)}
             if "champion" in ms:
                 ratios = ", ".join(f"{ms[k] / ms['champion']:.2f}x vs {k}" for k in ms if k != "champion")
-                lines.append(f"library side by side, {label} (do_bench medians, ms): "
-                             f"{json.dumps({k: round(v, 4) for k, v in ms.items()})}; champion {ratios}")  # fmt: skip
+                rounds_ms = lib.get("rounds_ms") or {}
+                spread = {k: f"{(max(v) - min(v)) / min(v):.1%}" for k, v in rounds_ms.items()}
+                n_rounds = len(next(iter(rounds_ms.values()), []))
+                lines.append(f"library side by side, {label} (do_bench medians, best of {n_rounds} interleaved rounds, ms): "
+                             f"{json.dumps({k: round(v, 4) for k, v in ms.items()})}; champion {ratios}; "
+                             f"round-to-round spread {json.dumps(spread)}")  # fmt: skip
             errs = {k: v for k, v in lib.items() if k.endswith("_error")}
             if errs:
                 lines.append(f"library errors, {label}: {json.dumps(errs)}")

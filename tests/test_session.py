@@ -59,6 +59,21 @@ def test_promote_only_if_faster_beyond_noise():
     assert decide({0: [1.0]}, None).promote
 
 
+def test_geomean_noise_combines_workloads_instead_of_taking_the_worst():
+    # four workloads, one with 6% spread (a GEMM under power throttling), three quiet ones
+    def champ_wl(w):
+        return [0.97, 0.97, 1.03, 1.03] if w == 3 else [0.998, 1.0, 1.0, 1.002]
+
+    champ = {w: champ_wl(w) for w in range(4)}
+    faster3 = {w: [x / 1.03 for x in champ_wl(w)] for w in range(4)}
+    d = decide(faster3, champ)
+    assert d.promote and d.required < 1.02  # sqrt(0.06^2 + 3 * 0.002^2) / 4 ~ 1.5%, not the worst workload's 6%
+    faster1 = {w: [x / 1.01 for x in champ_wl(w)] for w in range(4)}
+    assert not decide(faster1, champ).promote  # inside the combined noise
+    # a single workload keeps its own spread as the bar
+    assert not decide({0: [x / 1.03 for x in champ_wl(3)]}, {0: champ_wl(3)}).promote
+
+
 def test_board_memory_limits_and_persistence(tmp_path):
     b = Board(tmp_path / "board.jsonl")
     for i in range(20):

@@ -10,7 +10,8 @@ through :mod:`kernelarc.cutlass` (nvcc, sm_90a, cached by source hash) when impo
 Feasibility (``valid``): accumulator registers per consumer thread (cooperative splits the
 tile's rows over two warpgroups, ping-pong gives each warpgroup a whole tile) stay at or
 under 128 fp32; at least two pipeline stages of A and B tiles fit shared memory next to
-the epilogue's staging; cooperative tiles need at least 128 rows. This family is only
+the epilogue's staging; cooperative tiles need at least 128 rows; stream-K needs the
+cooperative schedule (seen on the H200: ping-pong + stream-K fails to build). This family is only
 offered where nvcc and the CUTLASS headers exist (see ``available``).
 """
 
@@ -113,8 +114,8 @@ def valid(k: Mapping[str, Any]) -> bool:
         return False
     if _accumulator_regs(k) > 128:
         return False
-    if k["CLUSTER_M"] * k["CLUSTER_N"] > 2 and k["TILE_SCHEDULER"] == "stream_k":
-        return False
+    if k["TILE_SCHEDULER"] == "stream_k" and (k["SCHEDULE"] != "cooperative" or k["CLUSTER_M"] * k["CLUSTER_N"] > 2):
+        return False  # CUTLASS's stream-K scheduler pairs with the cooperative kernel only (nvcc fails otherwise)
     stage = (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * ELEM
     epilogue = 2 * 64 * 32 * 4  # EpilogueTileAuto stages small sub-tiles; generous bound
     stages = k["STAGES"] or 2

@@ -64,8 +64,11 @@ def decide(
     ``challenger`` and ``champion`` map workload index to latency samples (ms) measured
     interleaved. ``champion_reference`` (workload -> the champion's own median when it was
     crowned) voids comparisons where the champion ran more than ``consistency`` times slower
-    or faster than that. The required speedup is ``1 + max(min_gain, noise_factor * noise)`` where
-    noise is the largest relative IQR of either side over the workloads.
+    or faster than that. The required speedup is ``1 + max(min_gain, noise_factor * noise)``. Each
+    workload's noise is the larger relative IQR of the two sides; the geomean's noise combines
+    them as independent errors of a mean of logs, sqrt(sum of squares) / number of workloads, so
+    one noisy workload out of four does not set the bar alone (with one workload it is that
+    workload's noise).
     """
     if not challenger:
         return Decision(False, math.nan, math.nan, "no timing samples")
@@ -89,7 +92,8 @@ def decide(
                     )  # fmt: skip
     ratios = [median(champion[w]) / median(challenger[w]) for w in common]
     speedup = geomean(ratios)
-    noise = max(max(rel_noise(challenger[w]), rel_noise(champion[w])) for w in common)
+    per_wl = [max(rel_noise(challenger[w]), rel_noise(champion[w])) for w in common]
+    noise = math.sqrt(sum(x * x for x in per_wl)) / len(per_wl)
     required = 1.0 + max(min_gain, noise_factor * noise)
     if speedup > required:
         return Decision(True, speedup, required, f"{speedup:.3f}x faster > required {required:.3f}x")
