@@ -68,3 +68,22 @@ def test_cutlass_gemm_start_point_is_correct_on_the_gpu():
         assert v.correct, (v.status, v.errors)
     finally:
         g.close()
+
+
+def test_splitk_partials_past_int32_offsets():
+    """SPLIT_K * M * N above 2**31: the reduction's split offset must be 64-bit (an int32 product
+    overflowed into an illegal address on the H200 at 8192^3 with SPLIT_K=32)."""
+    from kernelarc.tasks.inputs import load_module
+
+    fam = next(f for f in families_for("matmul") if f.name == "matmul.splitk")
+    point = dict(fam.start, BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, GROUP_M=32, num_warps=2, num_stages=4,
+                 SPLIT_K=32, REDUCE="partials", SWAP_AB=False)  # fmt: skip
+    mod = load_module(fam.render(fam.check_point(point)), "splitk32")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    M, N, K = 8192, 8192, 8192
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    c = mod.run(a, b).float()
+    ref = a.double() @ b.double().T
+    assert torch.isfinite(c).all()
+    assert ((c.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2

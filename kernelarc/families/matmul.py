@@ -245,7 +245,8 @@ def splitk_reduce_kernel(ws_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.
     mask = offs < numel
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(ws_ptr + s * numel + offs, mask=mask, other=0.0)
+        # 64-bit split offset: SPLIT_K * M * N can pass 2**31 (an int32 product overflowed on the H200)
+        acc += tl.load(ws_ptr + tl.cast(numel, tl.int64) * s + offs, mask=mask, other=0.0)
     tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 """
 
