@@ -104,6 +104,7 @@ class SearchConfig:
     calibrate: bool = True  # on a GPU, measure copy bandwidth and bf16 GEMM rate at session start
     dispatch: bool = True  # compose a shape-dispatch candidate from the fastest kernel per workload
     dispatch_min_gain: float = 0.01  # ...when its predicted geomean beats the champion's by this much
+    dispatch_route_margin: float = 0.02  # a workload leaves the default kernel only for one this much faster
 
 
 @dataclass

@@ -357,14 +357,18 @@ def plan(
     signatures: dict[int, tuple],
     champion: tuple[Candidate, Verdict] | None,
     min_gain: float,
+    route_margin: float = 0.0,
 ) -> Plan | None:
     """The dispatch worth trying now, or None.
 
     ``measured``: candidates with their verdicts; only correct ones that are not composites
     themselves and were timed on every workload can be parts. ``signatures``: workload index
     -> input signature; workloads with the same signature are one group and share a part.
-    A plan is offered only when it uses at least two kernels and the geomean of each
-    workload's best measured latency beats the champion's geomean by more than ``min_gain``.
+    A group leaves the default part (the best geomean over all workloads) only for a kernel
+    more than ``route_margin`` faster on it: the per-workload figures come from different
+    guard calls, so a near-tie is more likely drift than a better kernel. A plan is offered
+    only when it uses at least two kernels and the geomean of each workload's chosen latency
+    beats the champion's geomean by more than ``min_gain``.
     """
     wls = sorted(signatures)
     if len(wls) < 2 or champion is None or not champion[1].latency_ms:
@@ -383,11 +387,13 @@ def plan(
         groups.setdefault(signatures[i], []).append(i)
     if len(groups) < 2:
         return None
-    default = min(pool, key=lambda p: _geomean([p[1][i] for i in wls]))[0]
+    default, default_lat = min(pool, key=lambda p: _geomean([p[1][i] for i in wls]))
     chosen: dict[str, Route] = {}
     best: dict[int, float] = {}
     for sig, idx in groups.items():
         c, lat = min(pool, key=lambda p: _geomean([p[1][i] for i in idx]))
+        if _geomean([lat[i] for i in idx]) * (1.0 + route_margin) > _geomean([default_lat[i] for i in idx]):
+            c, lat = default, default_lat
         r = chosen.setdefault(c.id, Route(c, [], [], []))
         r.workloads += idx
         r.signatures.append(sig)

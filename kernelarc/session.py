@@ -560,7 +560,8 @@ class SearchSession:
             with self.lock:
                 measured = [(r.candidate, r.verdict) for r in self.records if r.kind == "candidate"]
                 champ = (self.champion, self.champion_verdict) if self.champion and self.champion_verdict else None
-            p = dispatch.plan(measured, self._signatures, champ, self.cfg.search.dispatch_min_gain)
+            s = self.cfg.search
+            p = dispatch.plan(measured, self._signatures, champ, s.dispatch_min_gain, s.dispatch_route_margin)
             if p is None or p.key in self.dispatch_tried:
                 return None
             self.dispatch_tried.add(p.key)
