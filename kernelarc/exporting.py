@@ -36,6 +36,16 @@ _SPEC_LANGUAGE = {"triton": "triton", "pytorch": "python", "cutlass": "python"}
 _DEPENDENCIES = {"triton": ["torch", "triton"], "pytorch": ["torch"], "cutlass": ["torch", "nvidia-cutlass"]}
 
 
+def _dependencies(candidate: Candidate) -> list[str]:
+    """The language's packages, plus triton for a module that imports it under another language
+    (a shape dispatch over CUTLASS and Triton parts is language ``cutlass``)."""
+    deps = list(_DEPENDENCIES[candidate.language])
+    imports_triton = re.search(r"^\s*(import triton|from triton\b)", candidate.source, re.MULTILINE)
+    if imports_triton and "triton" not in deps:
+        deps.append("triton")
+    return deps
+
+
 def sol_target_hardware(gpu: str) -> list[str]:
     """SOL-ExecBench's hardware names for one of our gpu config values."""
     return ["B200"] if gpu.lower() == "b200" else ["LOCAL"]
@@ -193,7 +203,7 @@ def export_solution(
             "target_hardware": hardware,
             "entry_point": ENTRY_POINT,
             "destination_passing_style": False,
-            "dependencies": list(dependencies) if dependencies is not None else list(_DEPENDENCIES[candidate.language]),
+            "dependencies": list(dependencies) if dependencies is not None else _dependencies(candidate),
         },
         "sources": [{"path": ENTRY_FILE, "content": source}],
     }

@@ -219,3 +219,22 @@ def test_single_hardware_string_and_run_binding_forms(tmp_path):
     data = json.loads(export_solution(c, "neg", tmp_path, "sol-execbench", "B200", None).read_text())
     assert data["spec"]["target_hardware"] == ["B200"]
     assert Path(tmp_path / "main.py").read_text() == c.source
+
+
+def test_shape_dispatch_over_cutlass_and_triton_exports_both_dependencies(tmp_path):
+    from kernelarc import dispatch
+    from kernelarc.families.cutlass_gemm import CUTLASS_GEMM
+    from kernelarc.families.matmul import FAMILIES
+
+    tiled = next(f for f in FAMILIES if f.name == "matmul.tiled")
+    cut = Candidate(source=CUTLASS_GEMM.render(CUTLASS_GEMM.start), language="cutlass", family=CUTLASS_GEMM.name)
+    tri = Candidate(source=tiled.render(tiled.start), language="triton", family=tiled.name)
+    sig = (((16, 8), "torch.bfloat16"), ((8, 8), "torch.bfloat16"))
+    src = dispatch.compose([dispatch.Route(tri, [1], [sig], [1.0])], default=cut)
+    comp = Candidate(source=src, language=dispatch.composite_language([cut, tri]), family=dispatch.FAMILY)
+    assert comp.language == "cutlass"
+    data = json.loads(export_solution(comp, "gemm", tmp_path / "out", "sol-execbench", ["LOCAL"], "").read_text())
+    assert data["spec"]["dependencies"] == ["torch", "nvidia-cutlass", "triton"]
+    main = (tmp_path / "out" / "main.py").read_text()
+    assert "from kernelarc import" not in main  # the CUTLASS helper is inlined into the composite too
+    compile(main, "main.py", "exec")
