@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kernelarc.models import Candidate, Status, Verdict
+from kernelarc.models import Candidate, Verdict
 from kernelarc.tasks.loader import Task
 
 AGENT = "dispatch"
@@ -311,7 +311,7 @@ def compose(routes: Sequence[Route], default: Candidate, axes: dict[int, dict[st
     for i, c in enumerate(cands):
         knobs = ", ".join(f"{k}={v}" for k, v in sorted(c.knobs.items()))
         doc.append(f"  part {i}: candidate {c.id} ({c.family or c.language}) {knobs}".rstrip())
-    doc += ["", "Routes (workload: part, latency measured when the part was judged):"]
+    doc += ["", "Routes (workload: part, its latency drift-corrected to the session's first measurement):"]
     for r in routes:
         for w, ms in zip(r.workloads, r.latency_ms, strict=True):
             shape = ", ".join(f"{k}={v}" for k, v in (axes or {}).get(w, {}).items())
@@ -352,46 +352,75 @@ def _geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+def geomean_over(per: dict[int, float], workloads) -> float | None:
+    """Geomean of ``per`` over ``workloads``; None unless every one has a positive latency."""
+    xs = [per.get(i) for i in workloads]
+    return _geomean(xs) if xs and all(x and x > 0 for x in xs) else None
+
+
+def drift_corrected(
+    history: Sequence[tuple[Candidate, Verdict, str | None]],
+) -> dict[str, dict[int, float]]:
+    """Per-workload latencies of every timed candidate, on one time base.
+
+    ``history``: (candidate, verdict, id of the champion it was timed against) in measurement
+    order. A GPU's speed drifts over a session (clocks under sustained load), so latencies
+    timed minutes apart do not compare. Every candidate is timed interleaved with the champion
+    of its moment, though, so its latency relative to that champion is drift-free; chaining
+    those ratios from the first measurement (the reference baseline) puts all candidates on
+    that measurement's time base: corrected = latency * corrected(champion) / champion's
+    interleaved latency. Without an interleaved champion figure the raw latency is used.
+    """
+    out: dict[str, dict[int, float]] = {}
+    for c, v, champ_id in history:
+        base = out.get(champ_id or "")
+        per: dict[int, float] = {}
+        for w in v.workloads:
+            if not w.latency_ms:
+                continue
+            if base is not None and w.champion_ms and base.get(w.index):
+                per[w.index] = float(w.latency_ms) * base[w.index] / float(w.champion_ms)
+            else:
+                per[w.index] = float(w.latency_ms)
+        if per and c.id not in out:
+            out[c.id] = per
+    return out
+
+
 def plan(
-    measured: Sequence[tuple[Candidate, Verdict]],
+    pool: Sequence[tuple[Candidate, dict[int, float]]],
     signatures: dict[int, tuple],
-    champion: tuple[Candidate, Verdict] | None,
+    champion_ms: float | None,
     min_gain: float,
     route_margin: float = 0.0,
 ) -> Plan | None:
     """The dispatch worth trying now, or None.
 
-    ``measured``: candidates with their verdicts; only correct ones that are not composites
-    themselves and were timed on every workload can be parts. ``signatures``: workload index
-    -> input signature; workloads with the same signature are one group and share a part.
+    ``pool``: correct candidates (composites are skipped as parts) with their per-workload
+    latencies (see ``drift_corrected``); only those timed on every workload can be parts.
+    ``signatures``: workload index -> input signature; workloads with the same signature are
+    one group and share a part. ``champion_ms``: the champion's geomean on the same time base.
     A group leaves the default part (the best geomean over all workloads) only for a kernel
-    more than ``route_margin`` faster on it: the per-workload figures come from different
-    guard calls, so a near-tie is more likely drift than a better kernel. A plan is offered
-    only when it uses at least two kernels and the geomean of each workload's chosen latency
-    beats the champion's geomean by more than ``min_gain``.
+    more than ``route_margin`` faster on it, so a near-tie stays with one kernel. A plan is
+    offered only when it uses at least two kernels and the geomean of each workload's chosen
+    latency beats ``champion_ms`` by more than ``min_gain``.
     """
     wls = sorted(signatures)
-    if len(wls) < 2 or champion is None or not champion[1].latency_ms:
+    if len(wls) < 2 or not champion_ms:
         return None
-    pool: list[tuple[Candidate, dict[int, float]]] = []
-    for c, v in measured:
-        if c.family == FAMILY or not v.correct or v.status not in (Status.champion, Status.correct_slower):
-            continue
-        per = {w.index: float(w.latency_ms) for w in v.workloads if w.latency_ms}
-        if all(i in per for i in wls):
-            pool.append((c, per))
-    if len(pool) < 2:
+    parts = [(c, per) for c, per in pool if c.family != FAMILY and all(per.get(i) for i in wls)]
+    if len(parts) < 2:
         return None
     groups: dict[tuple, list[int]] = {}
     for i in wls:
         groups.setdefault(signatures[i], []).append(i)
     if len(groups) < 2:
         return None
-    default, default_lat = min(pool, key=lambda p: _geomean([p[1][i] for i in wls]))
+    default, default_lat = min(parts, key=lambda p: _geomean([p[1][i] for i in wls]))
     chosen: dict[str, Route] = {}
     best: dict[int, float] = {}
     for sig, idx in groups.items():
-        c, lat = min(pool, key=lambda p: _geomean([p[1][i] for i in idx]))
+        c, lat = min(parts, key=lambda p: _geomean([p[1][i] for i in idx]))
         if _geomean([lat[i] for i in idx]) * (1.0 + route_margin) > _geomean([default_lat[i] for i in idx]):
             c, lat = default, default_lat
         r = chosen.setdefault(c.id, Route(c, [], [], []))
@@ -402,10 +431,9 @@ def plan(
     if len(chosen) < 2:
         return None
     predicted = _geomean([best[i] for i in wls])
-    champ_ms = float(champion[1].latency_ms)
-    if predicted > champ_ms * (1.0 - min_gain):
+    if predicted > champion_ms * (1.0 - min_gain):
         return None
-    return Plan(routes=list(chosen.values()), default=default, predicted_ms=predicted, champion_ms=champ_ms)
+    return Plan(routes=list(chosen.values()), default=default, predicted_ms=predicted, champion_ms=champion_ms)
 
 
 def build_candidate(p: Plan, axes: dict[int, dict[str, int]] | None = None) -> Candidate:

@@ -75,6 +75,9 @@ class WorkloadResult(BaseModel):
     compile_ms: float | None = Field(default=None, description="torch.compile(reference) timed in the same run.")
     speedup_vs_baseline: float | None = None
     speedup_vs_compile: float | None = None
+    champion_ms: float | None = Field(
+        default=None, description="The champion's median timed interleaved with this candidate in the same worker."
+    )
     sol_score: float | None = None
     error: str | None = None
 

@@ -558,10 +558,16 @@ class SearchSession:
             if self._signatures is None:
                 self._signatures = {i: dispatch.workload_signature(self.task, i) for i in self.guards[0].workloads}
             with self.lock:
-                measured = [(r.candidate, r.verdict) for r in self.records if r.kind == "candidate"]
-                champ = (self.champion, self.champion_verdict) if self.champion and self.champion_verdict else None
+                timed = [(r.candidate, r.verdict, r.champion_id) for r in self.records
+                         if r.kind in ("baseline", "candidate", "incumbent") and r.verdict.correct]  # fmt: skip
+                candidates = {r.candidate.id for r in self.records if r.kind == "candidate" and r.verdict.correct}
+                champ_id = self.champion.id if self.champion else None
+            lat = dispatch.drift_corrected(timed)
+            pool = [(c, lat[c.id]) for c, _, _ in timed if c.id in candidates and c.id in lat]
+            champ_lat = lat.get(champ_id or "")
+            champ_ms = dispatch.geomean_over(champ_lat, self._signatures) if champ_lat else None
             s = self.cfg.search
-            p = dispatch.plan(measured, self._signatures, champ, s.dispatch_min_gain, s.dispatch_route_margin)
+            p = dispatch.plan(pool, self._signatures, champ_ms, s.dispatch_min_gain, s.dispatch_route_margin)
             if p is None or p.key in self.dispatch_tried:
                 return None
             self.dispatch_tried.add(p.key)

@@ -101,38 +101,57 @@ def test_composition_refuses_what_it_cannot_keep_apart():
         dispatch.compose([dispatch.Route(_cand(plain), [1], [("s",)], [1.0])], default=_cand(plain))
 
 
-def _verdict(c: Candidate, per: dict[int, float], status=Status.correct_slower) -> Verdict:
+def _verdict(c: Candidate, per: dict[int, float], champion: dict[int, float] | None = None) -> Verdict:
     lat = math.exp(sum(math.log(x) for x in per.values()) / len(per))
-    wls = [WorkloadResult(index=i, latency_ms=ms) for i, ms in per.items()]
-    return Verdict(candidate_id=c.id, status=status, correct=True, latency_ms=lat, workloads=wls)
+    wls = [WorkloadResult(index=i, latency_ms=ms, champion_ms=(champion or {}).get(i)) for i, ms in per.items()]
+    return Verdict(candidate_id=c.id, status=Status.correct_slower, correct=True, latency_ms=lat, workloads=wls)
+
+
+def _geo(per: dict[int, float]) -> float:
+    return math.exp(sum(math.log(x) for x in per.values()) / len(per))
 
 
 def test_plan_takes_the_fastest_kernel_per_signature_group():
     a, b, c = (_cand(f"def run(x):\n    return x  # {i}\n") for i in range(3))
     sigs = {0: ("s0",), 1: ("s1",), 2: ("s0",)}  # workloads 0 and 2 share a signature
-    va = _verdict(a, {0: 1.0, 1: 4.0, 2: 1.0}, Status.champion)
-    vb = _verdict(b, {0: 2.0, 1: 1.0, 2: 2.0})
-    vc = _verdict(c, {0: 0.9, 1: 5.0, 2: 1.3})  # faster than a on 0 but not on the group {0, 2}
-    p = dispatch.plan([(a, va), (b, vb), (c, vc)], sigs, (a, va), min_gain=0.01)
+    la, lb = {0: 1.0, 1: 4.0, 2: 1.0}, {0: 2.0, 1: 1.0, 2: 2.0}
+    lc = {0: 0.9, 1: 5.0, 2: 1.3}  # faster than a on 0 but not on the group {0, 2}
+    p = dispatch.plan([(a, la), (b, lb), (c, lc)], sigs, _geo(la), min_gain=0.01)
     assert p is not None and p.default.id == a.id
     routes = {r.candidate.id: r for r in p.routes}
     assert routes[a.id].workloads == [0, 2] and routes[a.id].signatures == [("s0",)]
     assert routes[b.id].workloads == [1] and routes[b.id].latency_ms == [1.0]
     assert p.predicted_ms == pytest.approx(1.0)
-    assert p.champion_ms == pytest.approx(va.latency_ms)
+    assert p.champion_ms == pytest.approx(_geo(la))
     # no plan: one kernel is fastest everywhere, the gain is too small, or a single group
-    assert dispatch.plan([(a, va), (c, _verdict(c, {0: 3, 1: 5, 2: 3}))], sigs, (a, va), 0.01) is None
-    assert dispatch.plan([(a, va), (b, vb)], sigs, (a, va), min_gain=0.9) is None
-    assert dispatch.plan([(a, va), (b, vb)], {0: ("s",), 1: ("s",), 2: ("s",)}, (a, va), 0.01) is None
-    wrong = Verdict(candidate_id=b.id, status=Status.incorrect, correct=False, latency_ms=0.1,
-                    workloads=[WorkloadResult(index=i, latency_ms=0.1) for i in range(3)])  # fmt: skip
-    assert dispatch.plan([(a, va), (b, wrong)], sigs, (a, va), 0.01) is None  # never routes to a wrong kernel
-    # a near-tie on a workload stays with the default kernel (figures from different calls drift)
-    vd = _verdict(c, {0: 1.0, 1: 4.5, 2: 0.99})  # 0.5% ahead of a on {0, 2}, slower overall
-    p = dispatch.plan([(a, va), (b, vb), (c, vd)], sigs, (a, va), 0.01, route_margin=0.02)
+    assert dispatch.plan([(a, la), (c, {0: 3, 1: 5, 2: 3})], sigs, _geo(la), 0.01) is None
+    assert dispatch.plan([(a, la), (b, lb)], sigs, _geo(la), min_gain=0.9) is None
+    assert dispatch.plan([(a, la), (b, lb)], {0: ("s",), 1: ("s",), 2: ("s",)}, _geo(la), 0.01) is None
+    assert dispatch.plan([(a, la), (b, {0: 1.0, 1: 1.0})], sigs, _geo(la), 0.01) is None  # b missed workload 2
+    # a near-tie on a workload stays with the default kernel
+    ld = {0: 1.0, 1: 4.5, 2: 0.99}  # 0.5% ahead of a on {0, 2}, slower overall
+    p = dispatch.plan([(a, la), (b, lb), (c, ld)], sigs, _geo(la), 0.01, route_margin=0.02)
     assert {r.candidate.id for r in p.routes} == {a.id, b.id}
-    p = dispatch.plan([(a, va), (b, vb), (c, vd)], sigs, (a, va), 0.01, route_margin=0.0)
+    p = dispatch.plan([(a, la), (b, lb), (c, ld)], sigs, _geo(la), 0.01, route_margin=0.0)
     assert {r.candidate.id for r in p.routes} == {c.id, b.id}
+
+
+def test_drift_correction_chains_interleaved_ratios():
+    ref, x, y = (_cand(f"def run(x):\n    return x  # {i}\n") for i in range(3))
+    # the reference at the start: 1.0 ms on both workloads
+    # x, timed later while the GPU ran 10% slower: 1.1 ms and 0.99 ms, the reference beside it 1.1 ms
+    # y, timed after x became champion, GPU 20% slower: 1.2 ms / 0.9 ms, x beside it 1.32 / 1.188 ms
+    history = [
+        (ref, _verdict(ref, {0: 1.0, 1: 1.0}), None),
+        (x, _verdict(x, {0: 1.1, 1: 0.99}, {0: 1.1, 1: 1.1}), ref.id),
+        (y, _verdict(y, {0: 1.2, 1: 0.9}, {0: 1.32, 1: 1.188}), x.id),
+    ]
+    lat = dispatch.drift_corrected(history)
+    assert lat[ref.id] == {0: 1.0, 1: 1.0}
+    assert lat[x.id] == pytest.approx({0: 1.0, 1: 0.9})  # x ties the reference on 0, is 10% faster on 1
+    assert lat[y.id] == pytest.approx({0: 1.2 * 1.0 / 1.32, 1: 0.9 * 0.9 / 1.188})
+    # raw figures would have called y faster than x on workload 1 by 9%; drift-corrected it is 32% faster
+    assert lat[y.id][1] < lat[x.id][1]
 
 
 def test_signature_from_the_definition_matches_the_inputs_at_run_time():

@@ -392,6 +392,8 @@ class Guard:
             r.correct = correct
             if wl in samples:
                 self._metrics(r, samples[wl])
+                champ = res["champion_samples"].get(wl) if had_champion else None
+                r.champion_ms = median(champ) if champ else None
             results.append(r)
         v = Verdict(
             candidate_id=cand.id,
