@@ -24,7 +24,8 @@ def _session(tmp_path, base_url, *extra, timeout=400):
                ANTHROPIC_BASE_URL=base_url)  # fmt: skip
     cmd = [sys.executable, "-m", "kernelarc", "+task=rmsnorm", "agents.backend=anthropic", "agents.count=2",
            "agents.per_round=1", "agents.max_retries=1", "guard.compile_baseline=false", "guard.target_ms=5",
-           "guard.max_iters=10", *extra]  # fmt: skip
+           "guard.max_iters=10", "search.dispatch=false", *extra]  # fmt: skip
+    # (no shape dispatch: the scripted replies assume every budget slot is Claude's)
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
 
 
