@@ -360,6 +360,7 @@ def geomean_over(per: dict[int, float], workloads) -> float | None:
 
 def drift_corrected(
     history: Sequence[tuple[Candidate, Verdict, str | None]],
+    max_drift: float = 1.5,
 ) -> dict[str, dict[int, float]]:
     """Per-workload latencies of every timed candidate, on one time base.
 
@@ -369,7 +370,10 @@ def drift_corrected(
     of its moment, though, so its latency relative to that champion is drift-free; chaining
     those ratios from the first measurement (the reference baseline) puts all candidates on
     that measurement's time base: corrected = latency * corrected(champion) / champion's
-    interleaved latency. Without an interleaved champion figure the raw latency is used.
+    interleaved latency. Without an interleaved champion figure, or where the champion beside the
+    candidate ran more than ``max_drift`` times off its own figure (then something other than
+    drift is at work: the guard's consistency rule voids such comparisons too), the raw latency
+    is used.
     """
     out: dict[str, dict[int, float]] = {}
     for c, v, champ_id in history:
@@ -378,8 +382,9 @@ def drift_corrected(
         for w in v.workloads:
             if not w.latency_ms:
                 continue
-            if base is not None and w.champion_ms and base.get(w.index):
-                per[w.index] = float(w.latency_ms) * base[w.index] / float(w.champion_ms)
+            drift = float(w.champion_ms) / base[w.index] if base and w.champion_ms and base.get(w.index) else None
+            if drift and 1.0 / max_drift <= drift <= max_drift:
+                per[w.index] = float(w.latency_ms) / drift
             else:
                 per[w.index] = float(w.latency_ms)
         if per and c.id not in out:

@@ -151,6 +151,7 @@ def main() -> None:
 
     from kernelarc.app import build_agents, typed
     from kernelarc.config import plain
+    from kernelarc.dispatch import drift_corrected
     from kernelarc.session import SearchSession, load_task_from_config
     from kernelarc.ui import Progress
 
@@ -188,6 +189,18 @@ def main() -> None:
                                    "sol_fraction", "sol_bound", "baseline_ms", "compile_ms", "speedup_vs_baseline",
                                    "speedup_vs_compile")})  # fmt: skip
             summary["workloads"] = per_wl
+            # The guard's ratios divide the champion's latency by the reference's timed at session start;
+            # a GPU that drifts (clocks under load) skews them. Chained interleaved ratios do not drift.
+            timed = [(r.candidate, r.verdict, r.champion_id) for r in session.records
+                     if r.kind in ("baseline", "candidate", "incumbent") and r.verdict.correct]  # fmt: skip
+            lat = drift_corrected(timed)
+            ref_rec = next((r for r in session.records if r.kind == "baseline" and r.candidate.strategy == "reference"),
+                           None)  # fmt: skip
+            ref_lat = lat.get(ref_rec.candidate.id, {}) if ref_rec else {}
+            champ_lat = lat.get(summary["champion"], {})
+            for w in per_wl:
+                b, c_ = ref_lat.get(w["index"]), champ_lat.get(w["index"])
+                w["vs_reference_corrected"] = b / c_ if b and c_ else None
             if on_gpu:
                 for w in per_wl:
                     if w["sol_bound"] == "memory" and w["tbps"] and w["latency_ms"]:
@@ -228,7 +241,11 @@ def main() -> None:
             summary["top"] = [
                 {"index": r.index + 1, "family": r.candidate.family, "knobs": r.candidate.knobs,
                  "latency_ms": r.verdict.latency_ms, "vs_reference": r.verdict.speedup_vs_baseline or 0.0,
-                 "per_workload_vs_reference": [w.speedup_vs_baseline for w in r.verdict.workloads]}
+                 "per_workload_vs_reference": [w.speedup_vs_baseline for w in r.verdict.workloads],
+                 "per_workload_vs_reference_corrected": [
+                     ref_lat[w.index] / lat[r.candidate.id][w.index]
+                     if ref_lat.get(w.index) and lat.get(r.candidate.id, {}).get(w.index) else None
+                     for w in r.verdict.workloads]}
                 for r in top[:5]
             ]  # fmt: skip
             best_at = next((r.index + 1 for r in reversed(cands) if r.candidate.id == summary["champion"]), 0)
@@ -255,20 +272,22 @@ def main() -> None:
         )
         lines.append(
             "| workload | axes | reference ms | torch.compile ms | champion ms | TFLOP/s | TB/s | SOL frac | bound "
-            "| vs reference | vs torch.compile | same-size copy TB/s |"
+            "| vs reference | vs reference, drift-corrected | vs torch.compile | same-size copy TB/s |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for w in s.get("workloads", []):
 
             def f(x, p=3):
                 return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{p}f}"
 
             lines.append(f"| {w['index']} | {w['axes']} | {f(w['baseline_ms'], 4)} | {f(w['compile_ms'], 4)} | {f(w['latency_ms'], 4)} | {f(w['tflops'], 1)} | {f(w['tbps'], 2)} | "
-                         f"{f(w['sol_fraction'], 2)} | {w['sol_bound']} | {f(w['speedup_vs_baseline'], 2)}x | {f(w['speedup_vs_compile'], 2)}x | {f(w.get('copy_tbps'), 2)} |")  # fmt: skip
+                         f"{f(w['sol_fraction'], 2)} | {w['sol_bound']} | {f(w['speedup_vs_baseline'], 2)}x | {f(w.get('vs_reference_corrected'), 2)}x | {f(w['speedup_vs_compile'], 2)}x | {f(w.get('copy_tbps'), 2)} |")  # fmt: skip
         for t in s.get("top", [])[:3]:
             per = ", ".join(f"{x:.2f}x" for x in t["per_workload_vs_reference"] if x)
+            cor = ", ".join(f"{x:.2f}x" for x in t.get("per_workload_vs_reference_corrected") or [] if x)
             lines.append(f"fastest correct #{t['index']}: {t['family']} {t['latency_ms']:.4f} ms geomean, "
-                         f"{t['vs_reference']:.2f}x reference (per workload {per}) {json.dumps(t['knobs'])}")  # fmt: skip
+                         f"{t['vs_reference']:.2f}x reference (per workload {per}; drift-corrected {cor or '-'}) "
+                         f"{json.dumps(t['knobs'])}")  # fmt: skip
         for k, part in (s.get("dispatch_parts") or {}).items():
             lines.append(f"dispatch {k}: {part}")
         for label, lib in (s.get("library") or {}).items():
@@ -278,7 +297,8 @@ def main() -> None:
                 rounds_ms = lib.get("rounds_ms") or {}
                 spread = {k: f"{(max(v) - min(v)) / min(v):.1%}" for k, v in rounds_ms.items()}
                 n_rounds = len(next(iter(rounds_ms.values()), []))
-                lines.append(f"library side by side, {label} (do_bench medians, best of {n_rounds} interleaved rounds, ms): "
+                lines.append(f"library side by side, {label} "
+                             f"(do_bench medians, best of {n_rounds} interleaved rounds, ms): "
                              f"{json.dumps({k: round(v, 4) for k, v in ms.items()})}; champion {ratios}; "
                              f"round-to-round spread {json.dumps(spread)}")  # fmt: skip
             errs = {k: v for k, v in lib.items() if k.endswith("_error")}

@@ -152,6 +152,10 @@ def test_drift_correction_chains_interleaved_ratios():
     assert lat[y.id] == pytest.approx({0: 1.2 * 1.0 / 1.32, 1: 0.9 * 0.9 / 1.188})
     # raw figures would have called y faster than x on workload 1 by 9%; drift-corrected it is 32% faster
     assert lat[y.id][1] < lat[x.id][1]
+    # a champion running 3x off its own figure beside a candidate is not drift: no correction
+    z = _cand("def run(x):\n    return x  # z\n")
+    odd = dispatch.drift_corrected([*history, (z, _verdict(z, {0: 2.0, 1: 2.0}, {0: 3.0, 1: 1.0}), ref.id)])
+    assert odd[z.id] == {0: 2.0, 1: 2.0}
 
 
 def test_signature_from_the_definition_matches_the_inputs_at_run_time():
