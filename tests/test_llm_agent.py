@@ -680,3 +680,17 @@ def test_brief_override(tmp_path: Path):
     (d / "fusion.md").write_text("   \n")
     with pytest.raises(ValueError):
         load_brief("fusion", d)
+
+
+def test_a_dispatch_champion_is_summarised_not_pasted_whole(task):
+    from kernelarc.agents.llm import build_user_prompt
+
+    part = Candidate(source="import torch\n\n\ndef run(x, w):\n    return x  # PART-DEFAULT\n", language="pytorch",
+                     family="rmsnorm.rowblock")  # fmt: skip
+    comp = Candidate(source="# COMPOSITE-BODY\n" + "x = 1\n" * 2000, language="triton", family="dispatch",
+                     knobs={"default": part.id, "workload0": part.id, "workload1": "abc"})  # fmt: skip
+    v = verdict(comp, Status.champion, correct=True, latency_ms=0.1)
+    ctx = make_ctx(task, champion=comp, champion_verdict=v, backups=[(part, verdict(part, Status.correct_slower))])
+    text = build_user_prompt(ctx, [], strategy="tiling")
+    assert "COMPOSITE-BODY" not in text and "PART-DEFAULT" in text
+    assert "shape dispatch" in text and "workload1: abc" in text

@@ -38,6 +38,7 @@ from email.utils import mktime_tz, parsedate_tz
 from typing import Any
 
 from kernelarc.agents.base import AgentContext, Proposal
+from kernelarc.dispatch import FAMILY as DISPATCH_FAMILY
 from kernelarc.models import LANGUAGES, Candidate, Finding, Verdict
 
 log = logging.getLogger(__name__)
@@ -584,6 +585,24 @@ def build_system_blocks(
     return blocks
 
 
+def _champion_source(ctx: AgentContext) -> list[str]:
+    """The champion's code. A shape dispatch (kernelarc.dispatch) is summarised instead of pasted
+    whole (it holds every part's module): its routes, and the source of its default kernel."""
+    champ = ctx.champion
+    if champ is None or champ.family != DISPATCH_FAMILY:
+        return [_fence(champ.source)] if champ is not None else []
+    routes = ", ".join(f"{k}: {v}" for k, v in sorted(champ.knobs.items()) if k != "default")
+    out = [
+        "The champion is a shape dispatch the session composed from searched kernels (candidate ids per "
+        f"workload: {routes}; any other shape: {champ.knobs.get('default')}). Propose one kernel as usual: a "
+        "kernel that is fastest on some workloads is folded into the dispatch automatically."
+    ]
+    default = next((c for c, _ in ctx.backups if c.id == champ.knobs.get("default")), None)
+    if default is not None:
+        out += [f"Its default kernel ({default.id}, {default.family or default.language}):", _fence(default.source)]
+    return out
+
+
 def build_user_prompt(
     ctx: AgentContext,
     attempts: Sequence[tuple[Candidate, Verdict]],
@@ -601,7 +620,7 @@ def build_user_prompt(
         if ctx.champion_verdict is not None:
             out.append(_verdict_metrics(ctx.champion_verdict))
             out.extend(_workload_table(ctx.champion_verdict))
-        out.append(_fence(champ.source))
+        out.extend(_champion_source(ctx))
     else:
         out.append("## Current champion: none yet. The time to beat is the PyTorch reference (the baseline).")
 
