@@ -7,7 +7,10 @@ takes exactly one candidate and then exits; the pool starts its replacement at o
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -29,18 +32,18 @@ class Worker:
     info: dict | None = None
 
     def kill(self) -> None:
-        try:
+        # The worker leads its own process group (worker_main): take its children (nvcc, ptxas) with it.
+        pid = getattr(self.process, "pid", None)
+        if pid:
+            with contextlib.suppress(OSError):
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
             self.process.kill()
-        except Exception:  # noqa: BLE001
-            pass
-        try:
+        with contextlib.suppress(Exception):
             self.process.join(timeout=5)
-        except Exception:  # noqa: BLE001
-            pass
-        try:
+        with contextlib.suppress(Exception):
             self.conn.close()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 class WorkerPool:

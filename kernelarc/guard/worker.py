@@ -9,6 +9,7 @@ result.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -479,6 +480,10 @@ class Harness:
 
 def worker_main(conn, device: str, log_dir: str | None = None) -> None:
     """Entry point of a pre-started worker process."""
+    # Its own process group, so that killing the worker (timeout, hang, retirement) also kills what
+    # it started: a CUTLASS candidate's nvcc build, Triton's ptxas (pool.Worker.kill).
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     # torch.compile compiles in this process instead of a subprocess pool (no stray children).

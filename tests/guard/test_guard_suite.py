@@ -177,3 +177,24 @@ def test_candidates_may_not_import_the_harness():
         report = check_source(src + "\ndef run(x):\n    return x\n")
         assert not report.ok and "harness" in " ".join(report.violations), src
     assert check_source("from kernelarc import cutlass as _c\ndef run(x):\n    return x\n").ok
+
+
+def test_killing_a_worker_takes_what_it_started_with_it():
+    """A timed-out CUTLASS candidate leaves no nvcc running: the worker leads its own process
+    group and the pool kills the group (stands in a `sleep` for the build)."""
+    import subprocess
+    import time
+
+    from kernelarc.guard.pool import WorkerPool
+
+    pool = WorkerPool("cpu", size=1)
+    try:
+        w = pool.acquire()
+        child = subprocess.Popen(["sleep", "60"], process_group=w.process.pid)
+        w.kill()
+        deadline = time.monotonic() + 10
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert child.poll() is not None, "the worker's child survived its kill"
+    finally:
+        pool.close()
