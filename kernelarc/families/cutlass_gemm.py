@@ -86,8 +86,25 @@ CPP = r"""
 _KERNEL = _cutlass.load(CPP)
 
 
+def _aligned(A, B):
+    """TMA moves 16-byte rows from 16-byte aligned addresses: zero-pad K (and N) to multiples of 8
+    when they are not (zeros add nothing to the dot products; padded columns of C are dropped)."""
+    M, K = A.shape
+    N = B.shape[0]
+    Kp, Np = -(-K // 8) * 8, -(-N // 8) * 8
+    if (Kp, Np) == (K, N) and A.data_ptr() % 16 == 0 and B.data_ptr() % 16 == 0:
+        return A, B
+    Ap = A.new_zeros((M, Kp))
+    Ap[:, :K] = A
+    Bp = B.new_zeros((Np, Kp))
+    Bp[:N, :K] = B
+    return Ap, Bp
+
+
 def run(A, B):
     # C[M, N] = A[M, K] @ B[N, K]^T in bf16 with fp32 accumulation
+    if A.dtype != torch.bfloat16 or B.dtype != torch.bfloat16:
+        raise ValueError("this CUTLASS GEMM takes bf16 operands")
     A = A.contiguous()
     B = B.contiguous()
     M, K = A.shape
@@ -97,10 +114,14 @@ def run(A, B):
         return C
     if K == 0:
         return C.zero_()
-    if A.dtype != torch.bfloat16 or B.dtype != torch.bfloat16 or K % 8 or N % 8:
-        raise ValueError("this CUTLASS GEMM takes bf16 operands with K and N multiples of 8 (16-byte TMA rows)")
-    _KERNEL([A, B], [C], [M, N, K])
-    return C
+    A, B = _aligned(A, B)
+    Np, Kp = B.shape
+    if Np == N:
+        _KERNEL([A, B], [C], [M, N, Kp])
+        return C
+    Cp = torch.empty((M, Np), device=A.device, dtype=A.dtype)
+    _KERNEL([A, B], [Cp], [M, Np, Kp])
+    return Cp[:, :N].contiguous()
 '''
 
 

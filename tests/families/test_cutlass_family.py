@@ -8,6 +8,7 @@ import ctypes
 import itertools
 
 import pytest
+import torch
 
 from kernelarc import cutlass
 from kernelarc.families.cutlass_gemm import CUTLASS_GEMM, render_cpp, valid
@@ -119,3 +120,39 @@ def test_guard_builds_a_cutlass_candidate_and_reports_the_build(built_start):
         v = g.evaluate(Candidate(source=src, language="cutlass", family=CUTLASS_GEMM.name)).verdict
     assert v.status is Status.runtime_error and "CUDA tensors" in v.errors[0], v
     assert any(w.startswith("cutlass build: 1 kernel(s)") and "0 spill bytes" in w for w in v.warnings), v.warnings
+
+
+class _FakeKernel:
+    """Stands in for the built library: checks the TMA layout contract the real one relies on
+    (16-byte rows and addresses) and computes C = A @ B^T in fp32."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, inputs, outputs, dims):
+        (a, b), (c,), (m, n, k) = inputs, outputs, dims
+        self.calls.append((m, n, k))
+        assert k % 8 == 0 and n % 8 == 0 and a.shape == (m, k) and b.shape == (n, k) and c.shape == (m, n)
+        assert all(t.data_ptr() % 16 == 0 and t.is_contiguous() for t in (a, b, c))
+        c.copy_((a.float() @ b.float().T).to(c.dtype))
+
+
+def test_odd_k_and_n_are_padded_for_tma(monkeypatch):
+    from kernelarc import cutlass
+    from kernelarc.tasks.inputs import load_module
+
+    fake = _FakeKernel()
+    monkeypatch.setattr(cutlass, "load", lambda source: fake)
+    mod = load_module(CUTLASS_GEMM.render(dict(CUTLASS_GEMM.start)), "cutlass_fake")
+    gen = torch.Generator().manual_seed(3)
+    for m, n, k in [(37, 50, 70), (16, 64, 64), (5, 3, 1)]:
+        a = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        b = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+        c = mod.run(a, b)
+        assert c.shape == (m, n) and c.is_contiguous()
+        torch.testing.assert_close(c.float(), (a.double() @ b.double().T).float(), rtol=2e-2, atol=2e-2)
+    assert fake.calls == [(37, 56, 72), (16, 64, 64), (5, 8, 8)]
+    misaligned = torch.randn(16 * 64 + 1).to(torch.bfloat16)[1:].view(16, 64)  # 2-byte offset
+    mod.run(misaligned, torch.randn(64, 64).to(torch.bfloat16))  # copied to an aligned buffer first
+    with pytest.raises(ValueError, match="bf16"):
+        mod.run(torch.randn(8, 8), torch.randn(8, 8))
