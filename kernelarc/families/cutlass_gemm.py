@@ -160,7 +160,9 @@ CUTLASS_GEMM = Family(
         Knob("CLUSTER_M", (1, 2), "scheduling", "CTAs per cluster along M (B tiles multicast over TMA)"),
         Knob("CLUSTER_N", (1, 2), "scheduling", "CTAs per cluster along N (A tiles multicast over TMA)"),
         Knob("SCHEDULE", ("cooperative", "pingpong"), "scheduling", "consumer warpgroups share a tile or alternate"),
-        Knob("STAGES", (0, 2, 3, 4, 5, 6, 7), "scheduling", "pipeline stages (0: as many as shared memory holds)"),
+        # 0 ("as many as shared memory holds") sits after 7: it is the deepest pipeline that fits, so a
+        # too-deep point is one step from it (the search's moves and repairs go by value order)
+        Knob("STAGES", (2, 3, 4, 5, 6, 7, 0), "scheduling", "pipeline stages (0: as many as shared memory holds)"),
         Knob("TILE_SCHEDULER", ("persistent", "stream_k"), "algorithmic", "persistent tiles, or stream-K K splits"),
         Knob("RASTER", ("heuristic", "along_m", "along_n"), "memory", "order in which CTAs walk output tiles"),
         Knob("SWIZZLE", (1, 2, 4, 8), "memory", "tile-order swizzle width (L2 reuse)"),

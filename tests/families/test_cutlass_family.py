@@ -156,3 +156,20 @@ def test_odd_k_and_n_are_padded_for_tma(monkeypatch):
     mod.run(misaligned, torch.randn(64, 64).to(torch.bfloat16))  # copied to an aligned buffer first
     with pytest.raises(ValueError, match="bf16"):
         mod.run(torch.randn(8, 8), torch.randn(8, 8))
+
+
+def test_a_too_deep_pipeline_is_one_step_from_the_automatic_stage_count():
+    """Seen on the H200: every 128x256 / 256x128 point the search built had BLOCK_K 32, because a
+    fixed deep pipeline made BLOCK_K 64 infeasible and the nearest repair always thinned K. With
+    "as many stages as fit" next to 7, the repair reaches 128x256x64 too."""
+    import random
+
+    from kernelarc.agents.surrogate import repair
+
+    deep = dict(CUTLASS_GEMM.start, STAGES=7, BLOCK_N=256)
+    assert not valid(deep)
+    outcomes = {
+        (p["BLOCK_K"], p["STAGES"])
+        for p in (repair(CUTLASS_GEMM, deep, ["BLOCK_N"], random.Random(seed)) for seed in range(40))
+    }
+    assert (64, 0) in outcomes and (32, 7) in outcomes
