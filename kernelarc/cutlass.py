@@ -67,7 +67,8 @@ def include_dirs() -> list[str]:
     if spec is None or not spec.submodule_search_locations:
         raise CutlassUnavailable("CUTLASS headers not found: pip install nvidia-cutlass==4.2.0.0 --no-deps")
     root = Path(next(iter(spec.submodule_search_locations))) / "source"
-    dirs = [root / "include", root / "tools" / "util" / "include"]
+    # examples/: the Hopper FMHA kernel (88_hopper_fmha) the attention template builds on
+    dirs = [root / "include", root / "tools" / "util" / "include", root / "examples"]
     if not (dirs[0] / "cutlass" / "cutlass.h").is_file():
         raise CutlassUnavailable(f"CUTLASS headers missing under {root}")
     return [str(d) for d in dirs]

@@ -70,6 +70,26 @@ def test_cutlass_gemm_start_point_is_correct_on_the_gpu():
         g.close()
 
 
+def test_cutlass_fmha_start_point_is_correct_on_the_gpu():
+    """Build the CUTLASS Hopper attention start point and check it through the guard on the dense,
+    causal and grouped-query workloads."""
+    from kernelarc.families.cutlass_fmha import CUTLASS_FMHA, available
+
+    if not available():
+        pytest.skip("needs nvcc and the CUTLASS headers with examples")
+    task = load_builtin("attention")
+    g = Guard(task, None, "cuda:0", GuardConfig(workloads=[0, 1, 2], timeout_s=600))
+    try:
+        ref = g.evaluate(reference_candidate(task), trusted=True)
+        g.set_baselines(ref, None)
+        cand = Candidate(source=CUTLASS_FMHA.render(CUTLASS_FMHA.start), language="cutlass", family=CUTLASS_FMHA.name,
+                         knobs=dict(CUTLASS_FMHA.start))  # fmt: skip
+        v = g.evaluate(cand).verdict
+        assert v.correct, (v.status, v.errors)
+    finally:
+        g.close()
+
+
 def test_cutlass_gemm_pads_odd_shapes_on_the_gpu():
     """K and N that are not multiples of 8 go through the zero-padded path (TMA needs 16-byte rows)."""
     from kernelarc import cutlass

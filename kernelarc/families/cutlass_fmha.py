@@ -1,0 +1,138 @@
+"""CUTLASS Hopper attention-forward family for the ``attention`` task (language ``cutlass``).
+
+The C++ lives in ``templates/cutlass/fmha_sm90.cu.in`` and instantiates CUTLASS's
+``examples/88_hopper_fmha`` kernel (shipped in the nvidia-cutlass wheel): the FlashAttention-3
+structure the Triton family cannot express on Triton 3.6 -- a TMA producer warpgroup feeding
+two consumer warpgroups (cooperative on one Q tile, or ping-pong over two with a persistent
+scheduler so one's softmax overlaps the other's wgmma), online softmax in exp2, and causal
+block skipping. One built library holds the dense and the causal kernel; ``run`` picks by the
+``causal`` input.
+
+Scope: bf16, head dim 128, sequence length a multiple of 8 (16-byte TMA rows); other inputs
+get a clear error. Grouped-query attention (fewer K/V heads) is served by repeating K and V
+to the query heads first (correct, but it adds that copy to the time).
+
+Feasibility (``valid``): two Q tiles (one per consumer warpgroup) plus ``STAGES_KV`` K/V tiles
+fit the 227 KB of shared memory; ping-pong is always persistent.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kernelarc.families.base import Family, Knob
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "cutlass" / "fmha_sm90.cu.in"
+SMEM_LIMIT = 227 * 1024
+HEAD_DIM = 128
+ELEM = 2  # bf16
+
+_SCHEDULES = {
+    "cooperative": "cutlass::gemm::KernelTmaWarpSpecializedCooperative",
+    "pingpong": "cutlass::gemm::KernelTmaWarpSpecializedPingpong",
+}
+
+
+def render_cpp(k: Mapping[str, Any]) -> str:
+    options = [f"Option<Tag::kStagesKV, Int<{k['STAGES_KV']}>>"]
+    if k["PERSISTENT"] and k["SCHEDULE"] == "cooperative":  # ping-pong adds it itself
+        options.append("Option<Tag::kIsPersistent, true_type>")
+    return string.Template(TEMPLATE.read_text()).substitute(
+        BLOCK_Q=k["BLOCK_Q"],
+        BLOCK_KV=k["BLOCK_KV"],
+        KERNEL_SCHEDULE=_SCHEDULES[k["SCHEDULE"]],
+        OPTIONS="".join(", " + o for o in options),
+    )
+
+
+def render(knobs: Mapping[str, Any]) -> str:
+    k = CUTLASS_FMHA.check_point(knobs)
+    cpp = render_cpp(k)
+    knob_lines = "\n".join(f"    {name} = {k[name]!r}" for name in sorted(k))
+    return f'''"""KernelArc candidate rendered by kernel family {CUTLASS_FMHA.name} (language cutlass).
+
+Knobs:
+{knob_lines}
+"""
+
+import torch
+
+from kernelarc import cutlass as _cutlass
+
+CPP = r"""
+{cpp}"""
+
+_KERNEL = _cutlass.load(CPP)
+
+
+def run(q, k, v, causal):
+    # softmax(q k^T / sqrt(D)) v per (batch, head), q/k/v/o as [B, H, S, D] bf16
+    B, H, S, D = q.shape
+    Hkv = k.shape[1]
+    if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16:
+        raise ValueError("this CUTLASS attention takes bf16 q, k, v")
+    if D != {HEAD_DIM} or S % 8 or k.shape[2] != S:
+        raise ValueError("this CUTLASS attention is built for head dim {HEAD_DIM}, self-attention, S a multiple of 8")
+    if Hkv != H:
+        # grouped-query attention: each K/V head serves H // Hkv query heads
+        k = k.repeat_interleave(H // Hkv, dim=1)
+        v = v.repeat_interleave(H // Hkv, dim=1)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
+    if B * H * S == 0:
+        return o
+    _KERNEL([q, k, v], [o, lse], [B, H, S, D, 1 if causal else 0])
+    return o
+'''
+
+
+def valid(k: Mapping[str, Any]) -> bool:
+    q_tiles = 2 * k["BLOCK_Q"] * HEAD_DIM * ELEM  # one Q tile per consumer warpgroup
+    kv = k["STAGES_KV"] * k["BLOCK_KV"] * HEAD_DIM * ELEM
+    return q_tiles + kv <= SMEM_LIMIT
+
+
+def available() -> bool:
+    from kernelarc import cutlass
+
+    if not cutlass.available():
+        return False
+    return any(
+        (Path(d) / "88_hopper_fmha" / "kernel" / "fmha_kernel_builder.hpp").is_file() for d in cutlass.include_dirs()
+    )
+
+
+CUTLASS_FMHA = Family(
+    name="attention.cutlass_fmha_sm90",
+    task="attention",
+    description="CUTLASS Hopper FMHA (FA3-style): TMA producer + wgmma consumer warpgroups, cooperative/ping-pong",
+    knobs=(
+        Knob("BLOCK_Q", (128,), "tiling", "query rows per CTA tile (64 per consumer warpgroup)"),
+        Knob("BLOCK_KV", (64, 128), "tiling", "keys per mainloop step"),
+        Knob("SCHEDULE", ("cooperative", "pingpong"), "scheduling", "consumer warpgroups share a Q tile or alternate"),
+        Knob("PERSISTENT", (False, True), "scheduling", "persistent tile scheduler (ping-pong always is)"),
+        Knob("STAGES_KV", (2, 3, 4, 5, 6, 7, 8), "scheduling", "K/V pipeline stages in shared memory"),
+    ),
+    # CUTLASS's example default for head dim 128 (its "tma ws cooperative 128x128x128")
+    start={"BLOCK_Q": 128, "BLOCK_KV": 128, "SCHEDULE": "cooperative", "PERSISTENT": False, "STAGES_KV": 5},
+    render=render,
+    valid=valid,
+    language="cutlass",
+)
+
+
+def _offered() -> bool:
+    """Offer the family to the search only where its kernels can be built and run."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available()) and available()
+    except Exception:  # noqa: BLE001 - a broken toolkit means: not offered
+        return False
+
+
+FAMILIES = [CUTLASS_FMHA] if _offered() else []

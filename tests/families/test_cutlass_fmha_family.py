@@ -1,0 +1,95 @@
+"""CUTLASS Hopper attention family: knobs, rendering, the Python side of a candidate against a
+stand-in kernel, and one real sm_90a build of the start point (skipped without nvcc and the
+CUTLASS headers; a few minutes on two cores)."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import math
+
+import pytest
+import torch
+
+from kernelarc import cutlass
+from kernelarc.families.cutlass_fmha import CUTLASS_FMHA, available, render_cpp, valid
+from kernelarc.guard.static import check_source
+from kernelarc.tasks.inputs import load_module
+
+needs_toolchain = pytest.mark.skipif(not available(), reason="needs nvcc and the CUTLASS headers with examples")
+
+
+def test_knobs_start_and_feasibility():
+    assert valid(CUTLASS_FMHA.check_point({}))
+    names = [k.name for k in CUTLASS_FMHA.knobs]
+    points = [dict(zip(names, v, strict=True)) for v in itertools.product(*[k.values for k in CUTLASS_FMHA.knobs])]
+    assert 0.3 < sum(map(valid, points)) / len(points) < 1.0
+    # two 128x128 Q tiles (64 KB) + 6 x 32 KB K/V stages do not fit 227 KB; 5 do
+    assert not valid(CUTLASS_FMHA.check_point({"STAGES_KV": 6}))
+    assert valid(CUTLASS_FMHA.check_point({"STAGES_KV": 8, "BLOCK_KV": 64}))
+
+
+def test_render_places_the_knobs_and_passes_the_static_checks():
+    k = CUTLASS_FMHA.check_point({"BLOCK_KV": 64, "PERSISTENT": True, "STAGES_KV": 7})
+    cpp = render_cpp(k)
+    assert "TileShape = Shape<_128, _64, HeadDim>" in cpp
+    assert "Option<Tag::kStagesKV, Int<7>>, Option<Tag::kIsPersistent, true_type>" in cpp
+    assert "KernelTmaWarpSpecializedCooperative" in cpp and "$" not in cpp
+    pp = render_cpp(CUTLASS_FMHA.check_point({"SCHEDULE": "pingpong", "PERSISTENT": True}))
+    assert "KernelTmaWarpSpecializedPingpong" in pp and "kIsPersistent" not in pp  # ping-pong sets it itself
+    report = check_source(CUTLASS_FMHA.render(k))
+    assert report.ok, report.violations
+
+
+class _FakeFmha:
+    """Stands in for the built library: checks the layout contract and computes attention."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, inputs, outputs, dims):
+        (q, k, v), (o, lse), (b, h, s, d, causal) = inputs, outputs, dims
+        self.calls.append(tuple(dims))
+        assert q.shape == k.shape == v.shape == o.shape == (b, h, s, d) and lse.shape == (b, h, s)
+        assert all(t.is_contiguous() for t in (q, k, v, o, lse)) and lse.dtype == torch.float32
+        scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(d)
+        if causal:
+            scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
+        o.copy_((scores.softmax(-1) @ v.float()).to(o.dtype))
+
+
+def _reference(q, k, v, causal):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1).double(), v.repeat_interleave(group, 1).double()
+    s = q.double() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(~torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril(), float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def test_candidate_passes_layout_gqa_and_causal_to_the_kernel(monkeypatch):
+    fake = _FakeFmha()
+    monkeypatch.setattr(cutlass, "load", lambda source: fake)
+    mod = load_module(CUTLASS_FMHA.render(CUTLASS_FMHA.start), "fmha_fake")
+    gen = torch.Generator().manual_seed(4)
+    for hkv, causal in ((4, 0), (4, 1), (2, 1)):  # MHA and GQA (4 query heads per 2 K/V heads)
+        q = torch.randn(1, 4, 16, 128, generator=gen).to(torch.bfloat16)
+        k = torch.randn(1, hkv, 16, 128, generator=gen).to(torch.bfloat16)
+        v = torch.randn(1, hkv, 16, 128, generator=gen).to(torch.bfloat16)
+        out = mod.run(q, k, v, causal)
+        torch.testing.assert_close(out.double(), _reference(q, k, v, causal), rtol=3e-2, atol=3e-2)
+    assert fake.calls == [(1, 4, 16, 128, 0), (1, 4, 16, 128, 1), (1, 4, 16, 128, 1)]
+    with pytest.raises(ValueError, match="head dim 128"):
+        mod.run(*(torch.randn(1, 2, 16, 64).to(torch.bfloat16) for _ in range(3)), 0)
+    with pytest.raises(ValueError, match="bf16"):
+        mod.run(*(torch.randn(1, 2, 16, 128) for _ in range(3)), 0)
+
+
+@needs_toolchain
+def test_start_point_builds_for_sm90a(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELARC_CUTLASS_CACHE", str(tmp_path / "cache"))
+    lib = cutlass.build(render_cpp(CUTLASS_FMHA.start))
+    usage = cutlass.resource_usage(lib)
+    assert usage["kernels"] >= 2, usage  # the dense and the causal kernel
+    handle = ctypes.CDLL(str(lib))
+    assert handle.kernelarc_run and handle.kernelarc_workspace
