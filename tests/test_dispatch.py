@@ -255,11 +255,12 @@ def test_cpu_session_composes_and_judges_a_dispatch(tmp_path, monkeypatch):
 def test_every_family_start_point_can_be_a_part():
     from kernelarc.agents.search import generic_families
     from kernelarc.families import families_for
-    from kernelarc.families.cutlass_fmha import CUTLASS_FMHA
+    from kernelarc.families.cutlass_fmha import CUTLASS_FMHA, CUTLASS_FMHA_RESIDUAL
     from kernelarc.families.cutlass_gemm import CUTLASS_GEMM
     from kernelarc.tasks.loader import builtin_tasks
 
-    cutlass_families = {"matmul": [CUTLASS_GEMM], "attention": [CUTLASS_FMHA]}
+    cutlass_families = {"matmul": [CUTLASS_GEMM], "attention": [CUTLASS_FMHA],
+                        "attention_residual": [CUTLASS_FMHA_RESIDUAL]}  # fmt: skip
     for name in builtin_tasks():
         task = load_builtin(name, cpu=True)
         fams = families_for(name) + generic_families(task) + cutlass_families.get(name, [])

@@ -73,7 +73,7 @@ def test_cutlass_gemm_start_point_is_correct_on_the_gpu():
 def test_cutlass_fmha_start_point_is_correct_on_the_gpu():
     """Build the CUTLASS Hopper attention start point and check it through the guard on the dense,
     causal and grouped-query workloads."""
-    from kernelarc.families.cutlass_fmha import CUTLASS_FMHA, available
+    from kernelarc.families.cutlass_fmha import CUTLASS_FMHA, CUTLASS_FMHA_RESIDUAL, available
 
     if not available():
         pytest.skip("needs nvcc and the CUTLASS headers with examples")
@@ -84,6 +84,16 @@ def test_cutlass_fmha_start_point_is_correct_on_the_gpu():
         g.set_baselines(ref, None)
         cand = Candidate(source=CUTLASS_FMHA.render(CUTLASS_FMHA.start), language="cutlass", family=CUTLASS_FMHA.name,
                          knobs=dict(CUTLASS_FMHA.start))  # fmt: skip
+        v = g.evaluate(cand).verdict
+        assert v.correct, (v.status, v.errors)
+    finally:
+        g.close()
+    task = load_builtin("attention_residual")
+    g = Guard(task, None, "cuda:0", GuardConfig(workloads=[0], timeout_s=600))
+    try:
+        g.set_baselines(g.evaluate(reference_candidate(task), trusted=True), None)
+        fam = CUTLASS_FMHA_RESIDUAL
+        cand = Candidate(source=fam.render(fam.start), language="cutlass", family=fam.name, knobs=dict(fam.start))
         v = g.evaluate(cand).verdict
         assert v.correct, (v.status, v.errors)
     finally:

@@ -1,4 +1,5 @@
-"""CUTLASS Hopper attention-forward family for the ``attention`` task (language ``cutlass``).
+"""CUTLASS Hopper attention-forward families for ``attention`` and ``attention_residual`` (language
+``cutlass``; for the second, the residual is added in place on the kernel's output).
 
 The C++ lives in ``templates/cutlass/fmha_sm90.cu.in`` and instantiates CUTLASS's
 ``examples/88_hopper_fmha`` kernel (shipped in the nvidia-cutlass wheel): the FlashAttention-3
@@ -18,6 +19,7 @@ fit the 227 KB of shared memory; ping-pong is always persistent.
 
 from __future__ import annotations
 
+import dataclasses
 import string
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,11 +50,15 @@ def render_cpp(k: Mapping[str, Any]) -> str:
     )
 
 
-def render(knobs: Mapping[str, Any]) -> str:
-    k = CUTLASS_FMHA.check_point(knobs)
+def _render(family: Family, knobs: Mapping[str, Any], residual: bool) -> str:
+    k = family.check_point(knobs)
     cpp = render_cpp(k)
     knob_lines = "\n".join(f"    {name} = {k[name]!r}" for name in sorted(k))
-    return f'''"""KernelArc candidate rendered by kernel family {CUTLASS_FMHA.name} (language cutlass).
+    signature = "q, k, v, residual, causal" if residual else "q, k, v, causal"
+    what = "softmax(q k^T / sqrt(D)) v + residual" if residual else "softmax(q k^T / sqrt(D)) v"
+    # the residual is added after the kernel, in place on its output (one extra pass over o)
+    finish = "    return o.add_(residual)\n" if residual else "    return o\n"
+    return f'''"""KernelArc candidate rendered by kernel family {family.name} (language cutlass).
 
 Knobs:
 {knob_lines}
@@ -68,8 +74,8 @@ CPP = r"""
 _KERNEL = _cutlass.load(CPP)
 
 
-def run(q, k, v, causal):
-    # softmax(q k^T / sqrt(D)) v per (batch, head), q/k/v/o as [B, H, S, D] bf16
+def run({signature}):
+    # {what} per (batch, head), q/k/v/o as [B, H, S, D] bf16
     B, H, S, D = q.shape
     Hkv = k.shape[1]
     if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16:
@@ -86,8 +92,15 @@ def run(q, k, v, causal):
     if B * H * S == 0:
         return o
     _KERNEL([q, k, v], [o, lse], [B, H, S, D, 1 if causal else 0])
-    return o
-'''
+{finish}'''
+
+
+def render(knobs: Mapping[str, Any]) -> str:
+    return _render(CUTLASS_FMHA, knobs, residual=False)
+
+
+def render_residual(knobs: Mapping[str, Any]) -> str:
+    return _render(CUTLASS_FMHA_RESIDUAL, knobs, residual=True)
 
 
 def valid(k: Mapping[str, Any]) -> bool:
@@ -124,6 +137,15 @@ CUTLASS_FMHA = Family(
     language="cutlass",
 )
 
+# attention + residual: the same kernel, the residual added to its output
+CUTLASS_FMHA_RESIDUAL = dataclasses.replace(
+    CUTLASS_FMHA,
+    name="attention_residual.cutlass_fmha_sm90",
+    task="attention_residual",
+    description="CUTLASS Hopper FMHA (FA3-style) followed by the residual add in place on its output",
+    render=render_residual,
+)
+
 
 def _offered() -> bool:
     """Offer the family to the search only where its kernels can be built and run."""
@@ -135,4 +157,4 @@ def _offered() -> bool:
         return False
 
 
-FAMILIES = [CUTLASS_FMHA] if _offered() else []
+FAMILIES = [CUTLASS_FMHA, CUTLASS_FMHA_RESIDUAL] if _offered() else []

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernelarc import cutlass
-from kernelarc.families.cutlass_fmha import CUTLASS_FMHA, available, render_cpp, valid
+from kernelarc.families.cutlass_fmha import CUTLASS_FMHA, CUTLASS_FMHA_RESIDUAL, available, render_cpp, valid
 from kernelarc.guard.static import check_source
 from kernelarc.tasks.inputs import load_module
 
@@ -83,6 +83,12 @@ def test_candidate_passes_layout_gqa_and_causal_to_the_kernel(monkeypatch):
         mod.run(*(torch.randn(1, 2, 16, 64).to(torch.bfloat16) for _ in range(3)), 0)
     with pytest.raises(ValueError, match="bf16"):
         mod.run(*(torch.randn(1, 2, 16, 128) for _ in range(3)), 0)
+    # attention + residual: the same kernel, the residual added to its output
+    res_mod = load_module(CUTLASS_FMHA_RESIDUAL.render(CUTLASS_FMHA_RESIDUAL.start), "fmha_res_fake")
+    q, k, v, r = (torch.randn(2, 4, 24, 128, generator=gen).to(torch.bfloat16) for _ in range(4))
+    out = res_mod.run(q, k, v, r, 1)
+    torch.testing.assert_close(out.double(), _reference(q, k, v, 1) + r.double(), rtol=3e-2, atol=3e-2)
+    assert CUTLASS_FMHA_RESIDUAL.task == "attention_residual" and CUTLASS_FMHA_RESIDUAL.knobs == CUTLASS_FMHA.knobs
 
 
 @needs_toolchain
