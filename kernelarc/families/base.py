@@ -69,3 +69,14 @@ class Family:
         if unknown:
             raise ValueError(f"{self.name}: unknown knobs {sorted(unknown)}")
         return point
+
+
+def offered_on_gpu(available: Callable[[], bool]) -> bool:
+    """Whether a family that needs a CUDA GPU and a toolchain (``available``) is offered to the
+    search here: only where its kernels can be built and run."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available()) and available()
+    except Exception:  # noqa: BLE001 - a broken toolkit means: not offered
+        return False

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelarc.families.base import Family, Knob
+from kernelarc.families.base import Family, Knob, offered_on_gpu
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "cutlass" / "fmha_sm90.cu.in"
 SMEM_LIMIT = 227 * 1024
@@ -147,14 +147,4 @@ CUTLASS_FMHA_RESIDUAL = dataclasses.replace(
 )
 
 
-def _offered() -> bool:
-    """Offer the family to the search only where its kernels can be built and run."""
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available()) and available()
-    except Exception:  # noqa: BLE001 - a broken toolkit means: not offered
-        return False
-
-
-FAMILIES = [CUTLASS_FMHA, CUTLASS_FMHA_RESIDUAL] if _offered() else []
+FAMILIES = [CUTLASS_FMHA, CUTLASS_FMHA_RESIDUAL] if offered_on_gpu(available) else []
