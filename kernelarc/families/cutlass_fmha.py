@@ -42,6 +42,8 @@ def render_cpp(k: Mapping[str, Any]) -> str:
     options = [f"Option<Tag::kStagesKV, Int<{k['STAGES_KV']}>>"]
     if k["PERSISTENT"] and k["SCHEDULE"] == "cooperative":  # ping-pong adds it itself
         options.append("Option<Tag::kIsPersistent, true_type>")
+    if k["ORDER_SOFTMAX"]:  # the consumer warpgroups take turns at softmax (FA3's inter-warpgroup ping-pong)
+        options.append("Option<Tag::kIsMainloopLocked, true_type>")
     return string.Template(TEMPLATE.read_text()).substitute(
         BLOCK_Q=k["BLOCK_Q"],
         BLOCK_KV=k["BLOCK_KV"],
@@ -129,9 +131,17 @@ CUTLASS_FMHA = Family(
         Knob("SCHEDULE", ("cooperative", "pingpong"), "scheduling", "consumer warpgroups share a Q tile or alternate"),
         Knob("PERSISTENT", (False, True), "scheduling", "persistent tile scheduler (ping-pong always is)"),
         Knob("STAGES_KV", (2, 3, 4, 5, 6, 7, 8), "scheduling", "K/V pipeline stages in shared memory"),
+        Knob("ORDER_SOFTMAX", (False, True), "scheduling", "consumer warpgroups take turns at softmax (barrier)"),
     ),
     # CUTLASS's example default for head dim 128 (its "tma ws cooperative 128x128x128")
-    start={"BLOCK_Q": 128, "BLOCK_KV": 128, "SCHEDULE": "cooperative", "PERSISTENT": False, "STAGES_KV": 5},
+    start={
+        "BLOCK_Q": 128,
+        "BLOCK_KV": 128,
+        "SCHEDULE": "cooperative",
+        "PERSISTENT": False,
+        "STAGES_KV": 5,
+        "ORDER_SOFTMAX": False,
+    },
     render=render,
     valid=valid,
     language="cutlass",

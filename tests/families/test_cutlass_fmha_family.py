@@ -30,10 +30,12 @@ def test_knobs_start_and_feasibility():
 
 
 def test_render_places_the_knobs_and_passes_the_static_checks():
-    k = CUTLASS_FMHA.check_point({"BLOCK_KV": 64, "PERSISTENT": True, "STAGES_KV": 7})
+    k = CUTLASS_FMHA.check_point({"BLOCK_KV": 64, "PERSISTENT": True, "STAGES_KV": 7, "ORDER_SOFTMAX": True})
     cpp = render_cpp(k)
     assert "TileShape = Shape<_128, _64, HeadDim>" in cpp
-    assert "Option<Tag::kStagesKV, Int<7>>, Option<Tag::kIsPersistent, true_type>" in cpp
+    assert ("Option<Tag::kStagesKV, Int<7>>, Option<Tag::kIsPersistent, true_type>, "
+            "Option<Tag::kIsMainloopLocked, true_type>") in cpp  # fmt: skip
+    assert "kIsMainloopLocked" not in render_cpp(CUTLASS_FMHA.start)
     assert "KernelTmaWarpSpecializedCooperative" in cpp and "$" not in cpp
     pp = render_cpp(CUTLASS_FMHA.check_point({"SCHEDULE": "pingpong", "PERSISTENT": True}))
     assert "KernelTmaWarpSpecializedPingpong" in pp and "kIsPersistent" not in pp  # ping-pong sets it itself
