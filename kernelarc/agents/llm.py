@@ -547,6 +547,8 @@ only if it is correct on every workload and measurably faster than the current c
   in, void* const* out, const long long* dims, void* workspace, void* stream)` (0 on success, launching on `stream`);
   run allocates the outputs and calls `_K([inputs], [outputs], [dims])` with contiguous CUDA tensors. Tunable
   values go into CPP from UPPER_CASE Python constants (e.g. `CPP = TEMPLATE.replace("TILE_M_", str(TILE_M))`).
+  Besides the CUTLASS/CuTe headers, CUTLASS's example kernels are on the include path (e.g. the Hopper FMHA:
+  `#include "88_hopper_fmha/kernel/fmha_kernel_builder.hpp"`, as in templates/cutlass/fmha_sm90.cu.in).
   pytorch: PyTorch operators only.
 - Forbidden: threads, processes, subprocess/multiprocessing, side CUDA streams or events, caching outputs or inputs
   across calls (memoized results, global buffers that carry results), reading the reference's results, printing or
