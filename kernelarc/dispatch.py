@@ -105,9 +105,12 @@ def _declared_global(body: Sequence[ast.AST]) -> set[str]:
     return {name for n in _walk_scope(body) if isinstance(n, ast.Global) for name in n.names}
 
 
+def _all_args(args: ast.arguments) -> list[ast.arg]:
+    return args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]
+
+
 def _arg_names(args: ast.arguments) -> set[str]:
-    every = args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]
-    return {a.arg for a in every}
+    return {a.arg for a in _all_args(args)}
 
 
 class _Renamer(ast.NodeVisitor):
@@ -156,9 +159,6 @@ class _Renamer(ast.NodeVisitor):
                     if m.start() >= node.col_offset:
                         self._edit(node.lineno, m.start(), m.end(), name)
 
-    def visit_Nonlocal(self, node: ast.Nonlocal) -> None:
-        pass
-
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
         args = node.args
         # decorators, defaults and annotations are evaluated in the enclosing scope
@@ -166,7 +166,7 @@ class _Renamer(ast.NodeVisitor):
             self.visit(d)
         for d in args.defaults + [d for d in args.kw_defaults if d is not None]:
             self.visit(d)
-        for a in args.posonlyargs + args.args + args.kwonlyargs + [x for x in (args.vararg, args.kwarg) if x]:
+        for a in _all_args(args):
             if a.annotation is not None:
                 self.visit(a.annotation)
         if getattr(node, "returns", None) is not None:

@@ -549,6 +549,14 @@ class SearchSession:
                     if composite is not None:
                         queue.insert(0, composite)
 
+    def drift_corrected_latencies(self) -> dict[str, dict[int, float]]:
+        """Per-workload latency of every correct measurement, on the time base of the session's first
+        one (chained interleaved champion ratios: see kernelarc.dispatch.drift_corrected)."""
+        with self.lock:
+            timed = [(r.candidate, r.verdict, r.champion_id) for r in self.records
+                     if r.kind in ("baseline", "candidate", "incumbent") and r.verdict.correct]  # fmt: skip
+        return dispatch.drift_corrected(timed)
+
     def _dispatch_candidate(self) -> Candidate | None:
         """A shape-dispatch composite of the fastest kernel per workload, when one promises a gain
         over the champion and has not been tried (see kernelarc.dispatch)."""
@@ -558,12 +566,10 @@ class SearchSession:
             if self._signatures is None:
                 self._signatures = {i: dispatch.workload_signature(self.task, i) for i in self.guards[0].workloads}
             with self.lock:
-                timed = [(r.candidate, r.verdict, r.champion_id) for r in self.records
-                         if r.kind in ("baseline", "candidate", "incumbent") and r.verdict.correct]  # fmt: skip
-                candidates = {r.candidate.id for r in self.records if r.kind == "candidate" and r.verdict.correct}
+                candidates = [r.candidate for r in self.records if r.kind == "candidate" and r.verdict.correct]
                 champ_id = self.champion.id if self.champion else None
-            lat = dispatch.drift_corrected(timed)
-            pool = [(c, lat[c.id]) for c, _, _ in timed if c.id in candidates and c.id in lat]
+            lat = self.drift_corrected_latencies()
+            pool = [(c, lat[c.id]) for c in candidates if c.id in lat]
             champ_lat = lat.get(champ_id or "")
             champ_ms = dispatch.geomean_over(champ_lat, self._signatures) if champ_lat else None
             s = self.cfg.search

@@ -152,9 +152,9 @@ def main() -> None:
     log(f"calibration: {json.dumps({k: v for k, v in cal.items() if isinstance(v, int | float)})}")
     (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
 
+    from kernelarc import dispatch
     from kernelarc.app import build_agents, typed
     from kernelarc.config import plain
-    from kernelarc.dispatch import drift_corrected
     from kernelarc.session import SearchSession, load_task_from_config
     from kernelarc.ui import Progress
 
@@ -194,9 +194,7 @@ def main() -> None:
             summary["workloads"] = per_wl
             # The guard's ratios divide the champion's latency by the reference's timed at session start;
             # a GPU that drifts (clocks under load) skews them. Chained interleaved ratios do not drift.
-            timed = [(r.candidate, r.verdict, r.champion_id) for r in session.records
-                     if r.kind in ("baseline", "candidate", "incumbent") and r.verdict.correct]  # fmt: skip
-            lat = drift_corrected(timed)
+            lat = session.drift_corrected_latencies()
             ref_rec = next((r for r in session.records if r.kind == "baseline" and r.candidate.strategy == "reference"),
                            None)  # fmt: skip
             ref_lat = lat.get(ref_rec.candidate.id, {}) if ref_rec else {}
@@ -219,7 +217,7 @@ def main() -> None:
                 src = champ_rec.candidate.source
                 summary["library"] = {f"workload {wi} {task.axes(wi)}": library_compare(task_name, src, task.axes(wi))
                                       for wi in wls}  # fmt: skip
-            if champ_rec is not None and champ_rec.candidate.family == "dispatch":
+            if champ_rec is not None and champ_rec.candidate.family == dispatch.FAMILY:
                 fam_of = {r.candidate.id: r.candidate for r in session.records}
                 summary["dispatch_parts"] = {
                     k: f"{fam_of[v].family} {json.dumps(fam_of[v].knobs)}" if v in fam_of else v

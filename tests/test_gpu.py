@@ -50,6 +50,19 @@ def test_cuda_is_really_used():
     assert torch.cuda.is_available()
 
 
+def _start_point_is_correct(task_name: str, fam, workloads: list[int]) -> None:
+    """The family's start point, judged by the guard against the task's reference on ``workloads``."""
+    task = load_builtin(task_name)
+    g = Guard(task, None, "cuda:0", GuardConfig(workloads=workloads, timeout_s=600))
+    try:
+        g.set_baselines(g.evaluate(reference_candidate(task), trusted=True), None)
+        cand = Candidate(source=fam.render(fam.start), language=fam.language, family=fam.name, knobs=dict(fam.start))
+        v = g.evaluate(cand).verdict
+        assert v.correct, (v.status, v.errors)
+    finally:
+        g.close()
+
+
 def test_cutlass_gemm_start_point_is_correct_on_the_gpu():
     """Build (nvcc, sm_90a) and check the CUTLASS family's start point through the guard."""
     from kernelarc import cutlass
@@ -57,47 +70,18 @@ def test_cutlass_gemm_start_point_is_correct_on_the_gpu():
 
     if not cutlass.available():
         pytest.skip("needs nvcc and nvidia-cutlass headers")
-    task = load_builtin("matmul")
-    g = Guard(task, None, "cuda:0", GuardConfig(workloads=[0], timeout_s=600))
-    try:
-        ref = g.evaluate(reference_candidate(task), trusted=True)
-        g.set_baselines(ref, None)
-        cand = Candidate(source=CUTLASS_GEMM.render(CUTLASS_GEMM.start), language="cutlass", family=CUTLASS_GEMM.name,
-                         knobs=dict(CUTLASS_GEMM.start))  # fmt: skip
-        v = g.evaluate(cand).verdict
-        assert v.correct, (v.status, v.errors)
-    finally:
-        g.close()
+    _start_point_is_correct("matmul", CUTLASS_GEMM, [0])
 
 
 def test_cutlass_fmha_start_point_is_correct_on_the_gpu():
     """Build the CUTLASS Hopper attention start point and check it through the guard on the dense,
-    causal and grouped-query workloads."""
+    causal and grouped-query workloads, and its residual variant."""
     from kernelarc.families.cutlass_fmha import CUTLASS_FMHA, CUTLASS_FMHA_RESIDUAL, available
 
     if not available():
         pytest.skip("needs nvcc and the CUTLASS headers with examples")
-    task = load_builtin("attention")
-    g = Guard(task, None, "cuda:0", GuardConfig(workloads=[0, 1, 2], timeout_s=600))
-    try:
-        ref = g.evaluate(reference_candidate(task), trusted=True)
-        g.set_baselines(ref, None)
-        cand = Candidate(source=CUTLASS_FMHA.render(CUTLASS_FMHA.start), language="cutlass", family=CUTLASS_FMHA.name,
-                         knobs=dict(CUTLASS_FMHA.start))  # fmt: skip
-        v = g.evaluate(cand).verdict
-        assert v.correct, (v.status, v.errors)
-    finally:
-        g.close()
-    task = load_builtin("attention_residual")
-    g = Guard(task, None, "cuda:0", GuardConfig(workloads=[0], timeout_s=600))
-    try:
-        g.set_baselines(g.evaluate(reference_candidate(task), trusted=True), None)
-        fam = CUTLASS_FMHA_RESIDUAL
-        cand = Candidate(source=fam.render(fam.start), language="cutlass", family=fam.name, knobs=dict(fam.start))
-        v = g.evaluate(cand).verdict
-        assert v.correct, (v.status, v.errors)
-    finally:
-        g.close()
+    _start_point_is_correct("attention", CUTLASS_FMHA, [0, 1, 2])
+    _start_point_is_correct("attention_residual", CUTLASS_FMHA_RESIDUAL, [0])
 
 
 def test_cutlass_gemm_pads_odd_shapes_on_the_gpu():

@@ -80,3 +80,24 @@ def offered_on_gpu(available: Callable[[], bool]) -> bool:
         return bool(torch.cuda.is_available()) and available()
     except Exception:  # noqa: BLE001 - a broken toolkit means: not offered
         return False
+
+
+def cutlass_candidate_head(family: str, knobs: Mapping[str, Any], cpp: str) -> str:
+    """The opening every CUTLASS candidate shares: a docstring naming the family and its knobs, the
+    C++ as ``CPP``, and ``_KERNEL`` built from it at import by the trusted helper kernelarc.cutlass."""
+    knob_lines = "\n".join(f"    {name} = {knobs[name]!r}" for name in sorted(knobs))
+    return f'''"""KernelArc candidate rendered by kernel family {family} (language cutlass).
+
+Knobs:
+{knob_lines}
+"""
+
+import torch
+
+from kernelarc import cutlass as _cutlass
+
+CPP = r"""
+{cpp}"""
+
+_KERNEL = _cutlass.load(CPP)
+'''

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelarc.families.base import Family, Knob, offered_on_gpu
+from kernelarc.families.base import Family, Knob, cutlass_candidate_head, offered_on_gpu
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "cutlass" / "fmha_sm90.cu.in"
 SMEM_LIMIT = 227 * 1024
@@ -54,27 +54,13 @@ def render_cpp(k: Mapping[str, Any]) -> str:
 
 def _render(family: Family, knobs: Mapping[str, Any], residual: bool) -> str:
     k = family.check_point(knobs)
-    cpp = render_cpp(k)
-    knob_lines = "\n".join(f"    {name} = {k[name]!r}" for name in sorted(k))
     signature = "q, k, v, residual, causal" if residual else "q, k, v, causal"
     what = "softmax(q k^T / sqrt(D)) v + residual" if residual else "softmax(q k^T / sqrt(D)) v"
     # the residual is added after the kernel, in place on its output (one extra pass over o)
     finish = "    return o.add_(residual)\n" if residual else "    return o\n"
-    return f'''"""KernelArc candidate rendered by kernel family {family.name} (language cutlass).
-
-Knobs:
-{knob_lines}
-"""
-
-import torch
-
-from kernelarc import cutlass as _cutlass
-
-CPP = r"""
-{cpp}"""
-
-_KERNEL = _cutlass.load(CPP)
-
+    return (
+        cutlass_candidate_head(family.name, k, render_cpp(k))
+        + f"""
 
 def run({signature}):
     # {what} per (batch, head), q/k/v/o as [B, H, S, D] bf16
@@ -94,7 +80,8 @@ def run({signature}):
     if B * H * S == 0:
         return o
     _KERNEL([q, k, v], [o, lse], [B, H, S, D, 1 if causal else 0])
-{finish}'''
+{finish}"""
+    )
 
 
 def render(knobs: Mapping[str, Any]) -> str:

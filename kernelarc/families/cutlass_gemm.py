@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelarc.families.base import Family, Knob, offered_on_gpu
+from kernelarc.families.base import Family, Knob, cutlass_candidate_head, offered_on_gpu
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "cutlass" / "gemm_sm90.cu.in"
 SMEM_LIMIT = 227 * 1024
@@ -68,23 +68,9 @@ def render_cpp(k: Mapping[str, Any]) -> str:
 
 def render(knobs: Mapping[str, Any]) -> str:
     k = CUTLASS_GEMM.check_point(knobs)
-    cpp = render_cpp(k)
-    knob_lines = "\n".join(f"    {name} = {k[name]!r}" for name in sorted(k))
-    return f'''"""KernelArc candidate rendered by kernel family {CUTLASS_GEMM.name} (language cutlass).
-
-Knobs:
-{knob_lines}
-"""
-
-import torch
-
-from kernelarc import cutlass as _cutlass
-
-CPP = r"""
-{cpp}"""
-
-_KERNEL = _cutlass.load(CPP)
-
+    return (
+        cutlass_candidate_head(CUTLASS_GEMM.name, k, render_cpp(k))
+        + '''
 
 def _aligned(A, B):
     """TMA moves 16-byte rows from 16-byte aligned addresses: zero-pad K (and N) to multiples of 8
@@ -123,6 +109,7 @@ def run(A, B):
     _KERNEL([A, B], [Cp], [M, Np, Kp])
     return Cp[:, :N].contiguous()
 '''
+    )
 
 
 def _accumulator_regs(k: Mapping[str, Any]) -> float:
