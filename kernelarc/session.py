@@ -510,8 +510,13 @@ class SearchSession:
             ThreadPoolExecutor(max_workers=max(1, len(self.agents))) as apool,
         ):
             stalls = 0
+            said_time = False
             while True:
-                budget_open = self._budget_left() - len(inflight) > 0 and not self._out_of_time()
+                out_of_time = self._out_of_time()
+                if out_of_time and inflight and not said_time:
+                    said_time = True
+                    self.ui.line(f"  ⏱ time budget reached; finishing the {len(inflight)} candidate(s) in flight")
+                budget_open = self._budget_left() - len(inflight) > 0 and not out_of_time
                 while budget_open and len(inflight) < parallel and (queue or rematch):
                     cand = rematch.pop(0) if rematch else queue.pop(0)
                     champ = self.champion

@@ -478,12 +478,34 @@ class Harness:
         self.send("timing", {"wl": wl, "samples_ms": samples, "champion_samples_ms": champ_samples, "warmup": n_warm})
 
 
+def _die_with_parent(period_s: float = 1.0) -> None:
+    """Kill this worker's process group once its parent is gone.
+
+    Leading its own group keeps the worker out of the terminal's signals, so a search killed by
+    SIGTERM or SIGKILL (a CI timeout, `timeout`, an OOM kill) would otherwise leave the worker and
+    its nvcc running, holding the GPU and the caller's pipes. Started before any candidate code
+    exists, so the harness's thread check counts it as its own.
+    """
+    import signal
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(period_s)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="kernelarc-parent-watch", daemon=True).start()
+
+
 def worker_main(conn, device: str, log_dir: str | None = None) -> None:
     """Entry point of a pre-started worker process."""
     # Its own process group, so that killing the worker (timeout, hang, retirement) also kills what
     # it started: a CUTLASS candidate's nvcc build, Triton's ptxas (pool.Worker.kill).
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+    _die_with_parent()
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     # torch.compile compiles in this process instead of a subprocess pool (no stray children).

@@ -1,5 +1,7 @@
 """The guard on known-good and known-bad kernels: every one gets the right status."""
 
+import contextlib
+
 import pytest
 
 from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
@@ -198,3 +200,56 @@ def test_killing_a_worker_takes_what_it_started_with_it():
         assert child.poll() is not None, "the worker's child survived its kill"
     finally:
         pool.close()
+
+
+
+def test_a_busy_worker_dies_with_a_killed_search():
+    """A search killed outright (SIGKILL: no cleanup runs) leaves nothing behind: a worker busy in
+    a build watches its parent and kills its own process group (itself and its nvcc, here a
+    `sleep`) once the parent is gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    worker = (
+        "import os, subprocess, time\n"
+        "from kernelarc.guard.worker import _die_with_parent\n"
+        "os.setpgid(0, 0)\n"
+        "_die_with_parent(0.2)\n"
+        "build = subprocess.Popen(['sleep', '120'])\n"
+        "print(os.getpid(), build.pid, flush=True)\n"
+        "build.wait()\n"
+    )
+    search = (
+        "import subprocess, sys, time\n"
+        f"w = subprocess.Popen([sys.executable, '-c', {worker!r}], stdout=subprocess.PIPE, text=True)\n"
+        "print(w.stdout.readline().strip(), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                return not fh.read().split(") ")[1].startswith("Z")
+        except OSError:
+            return False
+
+    parent = subprocess.Popen([sys.executable, "-c", search], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(p) for p in pids), "the worker or its build outlived the killed search"
+    finally:
+        for p in pids:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
