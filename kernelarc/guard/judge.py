@@ -231,21 +231,26 @@ class Guard:
             worker = self.pool.acquire()
         except RuntimeError as e:
             return self._verdict(cand, Status.runtime_error, [str(e)], t_start)
-        limit = timeout_s or self.cfg.timeout_s
+        limit = run_limit = timeout_s or self.cfg.timeout_s
         if cand.language == "cutlass":
-            limit += self.cfg.build_timeout_s  # nvcc builds the library while the candidate is imported
-        status, res = self._drive(worker, job, seeds, limit)
+            # nvcc builds the library while the candidate is imported; once it is imported, the plain
+            # limit applies again, so a kernel that hangs on the GPU is killed as soon as any other.
+            limit += self.cfg.build_timeout_s
+        status, res = self._drive(worker, job, seeds, limit, run_limit)
         errors += res["errors"]
         warnings += res["warnings"]
         ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference)
         return ev
 
-    def _drive(self, w: Worker, job: dict, seeds: list[int], limit: float) -> tuple[Status | None, dict]:
+    def _drive(
+        self, w: Worker, job: dict, seeds: list[int], limit: float, run_limit: float | None = None
+    ) -> tuple[Status | None, dict]:
         res: dict[str, Any] = {"errors": [], "warnings": [], "samples": {}, "champion_samples": {}, "phases": {},
                                "checks": {}}  # fmt: skip
         status: Status | None = None
         holding_gpu = False
         budget = limit
+        after = ""
         t_last = time.monotonic()
         conn = w.conn
         try:
@@ -256,14 +261,18 @@ class Guard:
                 t_last = now
                 if budget <= 0:
                     status = Status.timeout
-                    res["errors"].append(f"no result within {limit:.0f} s (hang or too slow); worker killed")
+                    res["errors"].append(f"no result within {limit:.0f} s{after} (hang or too slow); worker killed")
                     break
                 if not conn.poll(min(budget, 1.0)):
                     if not w.process.is_alive():
                         raise EOFError
                     continue
                 kind, payload = conn.recv()
-                if kind == "outputs":
+                if kind == "imported":
+                    if run_limit is not None and run_limit < budget:
+                        budget, limit = run_limit, run_limit  # built: the rest gets the plain limit
+                        after = " after its build"
+                elif kind == "outputs":
                     ok = self._check(payload, seeds, res)
                     if not ok:
                         status = Status.rejected_hack if payload["tag"] in ("reuse", "timed") else Status.incorrect

@@ -305,6 +305,7 @@ class Harness:
         _check_integrity(snap)
         self.phases["import"] = _perf_counter() - t0
         self._note_cutlass_builds(cand)
+        self.send("imported", None)  # any build is done: the judge's plain time limit starts now
 
         seeds: list[int] = job["seeds"]
         wls: list[int] = job["workloads"]

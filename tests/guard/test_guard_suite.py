@@ -148,6 +148,25 @@ def test_next_candidate_runs_after_a_crash_and_a_hang(guard):
     assert v.correct
 
 
+def test_a_cutlass_kernel_that_hangs_after_its_build_gets_the_plain_limit(guard):
+    """The build allowance covers nvcc only: once a CUTLASS candidate is imported (built), a kernel
+    that hangs is killed at the plain limit, not the plain limit plus the build allowance (a hung
+    kernel shares the GPU with every other worker's timing until it is killed)."""
+    import dataclasses
+    import time
+
+    cfg, guard.cfg = guard.cfg, dataclasses.replace(guard.cfg, build_timeout_s=120.0)
+    try:
+        t0 = time.monotonic()
+        v = guard.evaluate(Candidate(source=BAD["hang"][0], language="cutlass"), timeout_s=3).verdict
+        took = time.monotonic() - t0
+    finally:
+        guard.cfg = cfg
+    assert v.status is Status.timeout, v.errors
+    assert "after its build" in " ".join(v.errors)
+    assert took < 60, took
+
+
 def test_static_checks_allow_ordinary_kernels():
     assert check_source(TRITON_GOOD).ok
     assert check_source(
