@@ -7,7 +7,8 @@ against cuDNN SDPA side by side.
 Phase 1 builds every point in parallel (nvcc, one process per point). Phase 2 runs the points
 one at a time: dense and causal attention (B4 H32 S4096 D128, bf16), checked against an fp32
 SDPA on the first batch and head group, then timed with CUDA events, interleaved with cuDNN
-SDPA in the same process. A point that has not answered within --timeout is killed and listed
+SDPA in the same process. With --points whose knobs carry RESIDUAL, the attention_residual family
+is probed instead, against cuDNN SDPA followed by the add. A point that has not answered within --timeout is killed and listed
 as a hang. Prints one table last; writes probe_fmha.jsonl under --out.
 """
 
@@ -31,15 +32,17 @@ RUN_POINT = r"""
 import json, sys, torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from kernelarc.families.cutlass_fmha import CUTLASS_FMHA
+from kernelarc.families.cutlass_fmha import CUTLASS_FMHA, CUTLASS_FMHA_RESIDUAL
 from kernelarc.tasks.inputs import load_module
 knobs = json.loads(sys.argv[1])
-mod = load_module(CUTLASS_FMHA.render(knobs), "probe")
+residual = "RESIDUAL" in knobs
+mod = load_module((CUTLASS_FMHA_RESIDUAL if residual else CUTLASS_FMHA).render(knobs), "probe")
 if sys.argv[2] == "build":
     print(json.dumps({"built": True})); sys.exit(0)
 torch.manual_seed(0)
 B, H, S, D = 4, 32, 4096, 128
-q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+q, k, v, r = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+args = (lambda c: (q, k, v, r, c)) if residual else (lambda c: (q, k, v, c))
 def events(fn, n=20):
     fn(); torch.cuda.synchronize()
     ts = []
@@ -49,16 +52,19 @@ def events(fn, n=20):
     return sorted(ts)[len(ts) // 2]
 res = {}
 for causal in (False, True):
-    o = mod.run(q, k, v, causal)
+    o = mod.run(*args(causal))
     torch.cuda.synchronize()
     ref = F.scaled_dot_product_attention(q[:1, :8].float(), k[:1, :8].float(), v[:1, :8].float(), is_causal=causal)
+    if residual:
+        ref = ref + r[:1, :8].float()
     err = (o[:1, :8].float() - ref).abs().max().item()
-    def cudnn():
+    def cudnn():  # the library route: cuDNN SDPA, then the add
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return out + r if residual else out
     mine, lib = [], []
     for _ in range(3):  # interleaved rounds
-        mine.append(events(lambda: mod.run(q, k, v, causal)))
+        mine.append(events(lambda: mod.run(*args(causal))))
         lib.append(events(cudnn))
     name = "causal" if causal else "dense"
     res[name] = {"max_abs_err": err, "ms": min(mine), "cudnn_ms": min(lib), "vs_cudnn": min(lib) / min(mine)}
@@ -97,11 +103,16 @@ def main() -> None:
     ap.add_argument("--stages", default="4", help="comma-separated STAGES_KV values")
     ap.add_argument("--timeout", type=float, default=60.0, help="per point, run phase")
     ap.add_argument("--build-timeout", type=float, default=400.0)
+    ap.add_argument(
+        "--points",
+        help="JSON list of knob dicts instead of the sweep (a RESIDUAL knob: the "
+        "attention_residual family, against cuDNN SDPA followed by the add)",
+    )
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pts = points([int(s) for s in args.stages.split(",")])
+    pts = json.loads(args.points) if args.points else points([int(s) for s in args.stages.split(",")])
     print(f"{len(pts)} points; building with {args.jobs} jobs", flush=True)
     with ThreadPoolExecutor(args.jobs) as ex:
         builds = list(ex.map(lambda k: call(k, "build", args.build_timeout), pts))
@@ -114,14 +125,14 @@ def main() -> None:
             rows.append(row)
             fh.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
-    print("\n| BLOCK_KV | schedule | persistent | ordered softmax | stages | dense ms | vs cuDNN | causal ms "
-          "| vs cuDNN | max err | note |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| BLOCK_KV | schedule | persistent | ordered softmax | stages | residual | dense ms | vs cuDNN | "
+          "causal ms | vs cuDNN | max err | note |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         k = r["knobs"]
         d, c = r.get("dense", {}), r.get("causal", {})
         err = max(d.get("max_abs_err", 0), c.get("max_abs_err", 0)) if d else None
-        cells = [k["BLOCK_KV"], k["SCHEDULE"], k["PERSISTENT"], k["ORDER_SOFTMAX"], k["STAGES_KV"],
+        cells = [k["BLOCK_KV"], k["SCHEDULE"], k["PERSISTENT"], k["ORDER_SOFTMAX"], k["STAGES_KV"], k.get("RESIDUAL", "-"),
                  f"{d['ms']:.3f}" if d else "-", f"{d['vs_cudnn']:.2f}x" if d else "-",
                  f"{c['ms']:.3f}" if c else "-", f"{c['vs_cudnn']:.2f}x" if c else "-",
                  f"{err:.3g}" if err is not None else "-", str(r.get("error", ""))[:80]]  # fmt: skip

@@ -39,16 +39,21 @@ _SCHEDULES = {
 
 
 def render_cpp(k: Mapping[str, Any]) -> str:
+    fused = k.get("RESIDUAL") == "epilogue"
     options = [f"Option<Tag::kStagesKV, Int<{k['STAGES_KV']}>>"]
     if k["PERSISTENT"] and k["SCHEDULE"] == "cooperative":  # ping-pong adds it itself
         options.append("Option<Tag::kIsPersistent, true_type>")
     if k["ORDER_SOFTMAX"]:  # the consumer warpgroups take turns at softmax (FA3's inter-warpgroup ping-pong)
         options.append("Option<Tag::kIsMainloopLocked, true_type>")
+    if fused and k["SCHEDULE"] == "pingpong":
+        # the template composes the kernel itself here, so it adds what FmhaBuilder adds for ping-pong
+        options += ["Option<Tag::kIsPersistent, true_type>", "Option<Tag::kLoadsQSeparately, true_type>"]
     return string.Template(TEMPLATE.read_text()).substitute(
         BLOCK_Q=k["BLOCK_Q"],
         BLOCK_KV=k["BLOCK_KV"],
         KERNEL_SCHEDULE=_SCHEDULES[k["SCHEDULE"]],
         OPTIONS="".join(", " + o for o in options),
+        RESIDUAL_EPILOGUE=int(fused),
     )
 
 
@@ -56,8 +61,17 @@ def _render(family: Family, knobs: Mapping[str, Any], residual: bool) -> str:
     k = family.check_point(knobs)
     signature = "q, k, v, residual, causal" if residual else "q, k, v, causal"
     what = "softmax(q k^T / sqrt(D)) v + residual" if residual else "softmax(q k^T / sqrt(D)) v"
-    # the residual is added after the kernel, in place on its output (one extra pass over o)
-    finish = "    return o.add_(residual)\n" if residual else "    return o\n"
+    fused = k.get("RESIDUAL") == "epilogue"
+    inputs = "[q, k, v, residual.to(torch.bfloat16).contiguous()]" if fused else "[q, k, v]"
+    check = (
+        '\n    if residual.shape != q.shape:\n        raise ValueError("the residual must have the shape of q")'
+        if fused else ""
+    )  # fmt: skip
+    if residual and not fused:
+        # the residual is added after the kernel, in place on its output (one extra pass over o)
+        finish = "    return o.add_(residual)\n"
+    else:  # the kernel's epilogue added it (RESIDUAL=epilogue), or there is none
+        finish = "    return o\n"
     return (
         cutlass_candidate_head(family.name, k, render_cpp(k))
         + f"""
@@ -74,12 +88,12 @@ def run({signature}):
         # grouped-query attention: each K/V head serves H // Hkv query heads
         k = k.repeat_interleave(H // Hkv, dim=1)
         v = v.repeat_interleave(H // Hkv, dim=1)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous(){check}
     o = torch.empty_like(q)
     lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
     if B * H * S == 0:
-        return o
-    _KERNEL([q, k, v], [o, lse], [B, H, S, D, 1 if causal else 0])
+        return o{" + residual" if fused else ""}
+    _KERNEL({inputs}, [o, lse], [B, H, S, D, 1 if causal else 0])
 {finish}"""
     )
 
@@ -117,7 +131,8 @@ CUTLASS_FMHA = Family(
         Knob("BLOCK_KV", (64, 128), "tiling", "keys per mainloop step"),
         Knob("SCHEDULE", ("cooperative", "pingpong"), "scheduling", "consumer warpgroups share a Q tile or alternate"),
         Knob("PERSISTENT", (False, True), "scheduling", "persistent tile scheduler (ping-pong always is)"),
-        Knob("STAGES_KV", (2, 3, 4, 5, 6, 7, 8), "scheduling", "K/V pipeline stages in shared memory"),
+        # 2 stages left out: that point hung on the H200 after building (2026-11-30, BENCHMARKS.md)
+        Knob("STAGES_KV", (3, 4, 5, 6, 7, 8), "scheduling", "K/V pipeline stages in shared memory"),
         Knob("ORDER_SOFTMAX", (False, True), "scheduling", "consumer warpgroups take turns at softmax (barrier)"),
     ),
     # CUTLASS's example default for head dim 128 (its "tma ws cooperative 128x128x128")
@@ -139,7 +154,17 @@ CUTLASS_FMHA_RESIDUAL = dataclasses.replace(
     CUTLASS_FMHA,
     name="attention_residual.cutlass_fmha_sm90",
     task="attention_residual",
-    description="CUTLASS Hopper FMHA (FA3-style) followed by the residual add in place on its output",
+    description="CUTLASS Hopper FMHA (FA3-style) with the residual added in its epilogue or after it",
+    knobs=(
+        *CUTLASS_FMHA.knobs,
+        Knob(
+            "RESIDUAL",
+            ("after", "epilogue"),
+            "fusion",
+            "residual added in place after the kernel, or to the accumulator before the store",
+        ),
+    ),  # fmt: skip
+    start={**CUTLASS_FMHA.start, "RESIDUAL": "after"},
     render=render_residual,
 )
 
