@@ -50,13 +50,15 @@ def test_cuda_is_really_used():
     assert torch.cuda.is_available()
 
 
-def _start_point_is_correct(task_name: str, fam, workloads: list[int]) -> None:
-    """The family's start point, judged by the guard against the task's reference on ``workloads``."""
+def _start_point_is_correct(task_name: str, fam, workloads: list[int], **knobs) -> None:
+    """The family's start point (with ``knobs`` changed), judged by the guard against the task's
+    reference on ``workloads``."""
     task = load_builtin(task_name)
     g = Guard(task, None, "cuda:0", GuardConfig(workloads=workloads, timeout_s=600))
+    point = {**fam.start, **knobs}
     try:
         g.set_baselines(g.evaluate(reference_candidate(task), trusted=True), None)
-        cand = Candidate(source=fam.render(fam.start), language=fam.language, family=fam.name, knobs=dict(fam.start))
+        cand = Candidate(source=fam.render(point), language=fam.language, family=fam.name, knobs=point)
         v = g.evaluate(cand).verdict
         assert v.correct, (v.status, v.errors)
     finally:
@@ -82,6 +84,7 @@ def test_cutlass_fmha_start_point_is_correct_on_the_gpu():
         pytest.skip("needs nvcc and the CUTLASS headers with examples")
     _start_point_is_correct("attention", CUTLASS_FMHA, [0, 1, 2])
     _start_point_is_correct("attention_residual", CUTLASS_FMHA_RESIDUAL, [0])
+    _start_point_is_correct("attention_residual", CUTLASS_FMHA_RESIDUAL, [0], RESIDUAL="epilogue")
 
 
 def test_cutlass_gemm_pads_odd_shapes_on_the_gpu():

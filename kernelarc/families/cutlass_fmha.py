@@ -67,11 +67,9 @@ def _render(family: Family, knobs: Mapping[str, Any], residual: bool) -> str:
         '\n    if residual.shape != q.shape:\n        raise ValueError("the residual must have the shape of q")'
         if fused else ""
     )  # fmt: skip
-    if residual and not fused:
-        # the residual is added after the kernel, in place on its output (one extra pass over o)
-        finish = "    return o.add_(residual)\n"
-    else:  # the kernel's epilogue added it (RESIDUAL=epilogue), or there is none
-        finish = "    return o\n"
+    # RESIDUAL=after: added in place on the kernel's output (one extra pass over o); =epilogue: the
+    # kernel's epilogue added it to the accumulator before storing o
+    finish = "    return o.add_(residual)\n" if residual and not fused else "    return o\n"
     return (
         cutlass_candidate_head(family.name, k, render_cpp(k))
         + f"""

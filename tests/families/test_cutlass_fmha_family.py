@@ -38,9 +38,28 @@ def test_render_places_the_knobs_and_passes_the_static_checks():
     assert "kIsMainloopLocked" not in render_cpp(CUTLASS_FMHA.start)
     assert "KernelTmaWarpSpecializedCooperative" in cpp and "$" not in cpp
     pp = render_cpp(CUTLASS_FMHA.check_point({"SCHEDULE": "pingpong", "PERSISTENT": True}))
-    assert "KernelTmaWarpSpecializedPingpong" in pp and "kIsPersistent" not in pp  # ping-pong sets it itself
+    # through FmhaBuilder, which sets ping-pong's persistence itself
+    assert "KernelTmaWarpSpecializedPingpong\n    , Option<Tag::kStagesKV, Int<5>>>::Kernel>" in pp
+    assert "#define KERNELARC_RESIDUAL_EPILOGUE 0" in pp
     report = check_source(CUTLASS_FMHA.render(k))
     assert report.ok, report.violations
+
+
+def test_residual_in_the_epilogue_renders_its_own_kernel():
+    assert [k.name for k in CUTLASS_FMHA_RESIDUAL.knobs] == [k.name for k in CUTLASS_FMHA.knobs] + ["RESIDUAL"]
+    assert CUTLASS_FMHA_RESIDUAL.start["RESIDUAL"] == "after"
+    after = render_cpp(CUTLASS_FMHA_RESIDUAL.start)
+    assert "#define KERNELARC_RESIDUAL_EPILOGUE 0" in after
+    fused = render_cpp({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "epilogue"})
+    assert "#define KERNELARC_RESIDUAL_EPILOGUE 1" in fused
+    assert "ResidualKernel<Fusion , Option<Tag::kStagesKV, Int<5>>>::Kernel" in fused
+    # composed without FmhaBuilder, ping-pong gets the options FmhaBuilder would add
+    pp = render_cpp({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "epilogue", "SCHEDULE": "pingpong", "PERSISTENT": True})
+    assert ("Option<Tag::kIsPersistent, true_type>, Option<Tag::kLoadsQSeparately, true_type>>::Kernel") in pp
+    for residual in ("after", "epilogue"):
+        src = CUTLASS_FMHA_RESIDUAL.render({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": residual})
+        assert check_source(src).ok
+        assert ("o.add_(residual)" in src) == (residual == "after")
 
 
 class _FakeFmha:
@@ -50,14 +69,18 @@ class _FakeFmha:
         self.calls = []
 
     def __call__(self, inputs, outputs, dims):
-        (q, k, v), (o, lse), (b, h, s, d, causal) = inputs, outputs, dims
-        self.calls.append(tuple(dims))
+        (q, k, v, *residual), (o, lse), (b, h, s, d, causal) = inputs, outputs, dims
+        self.calls.append((*dims, len(inputs)))
         assert q.shape == k.shape == v.shape == o.shape == (b, h, s, d) and lse.shape == (b, h, s)
         assert all(t.is_contiguous() for t in (q, k, v, o, lse)) and lse.dtype == torch.float32
         scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(d)
         if causal:
             scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
-        o.copy_((scores.softmax(-1) @ v.float()).to(o.dtype))
+        out = scores.softmax(-1) @ v.float()
+        for r in residual:  # RESIDUAL=epilogue: added to the fp32 accumulator before the store
+            assert r.shape == o.shape and r.dtype == torch.bfloat16 and r.is_contiguous()
+            out = out + r.float()
+        o.copy_(out.to(o.dtype))
 
 
 def _reference(q, k, v, causal):
@@ -80,23 +103,31 @@ def test_candidate_passes_layout_gqa_and_causal_to_the_kernel(monkeypatch):
         v = torch.randn(1, hkv, 16, 128, generator=gen).to(torch.bfloat16)
         out = mod.run(q, k, v, causal)
         torch.testing.assert_close(out.double(), _reference(q, k, v, causal), rtol=3e-2, atol=3e-2)
-    assert fake.calls == [(1, 4, 16, 128, 0), (1, 4, 16, 128, 1), (1, 4, 16, 128, 1)]
+    assert fake.calls == [(1, 4, 16, 128, 0, 3), (1, 4, 16, 128, 1, 3), (1, 4, 16, 128, 1, 3)]
     with pytest.raises(ValueError, match="head dim 128"):
         mod.run(*(torch.randn(1, 2, 16, 64).to(torch.bfloat16) for _ in range(3)), 0)
     with pytest.raises(ValueError, match="bf16"):
         mod.run(*(torch.randn(1, 2, 16, 128) for _ in range(3)), 0)
-    # attention + residual: the same kernel, the residual added to its output
-    res_mod = load_module(CUTLASS_FMHA_RESIDUAL.render(CUTLASS_FMHA_RESIDUAL.start), "fmha_res_fake")
+    # attention + residual: the residual added to the kernel's output, or passed to its epilogue
+    assert CUTLASS_FMHA_RESIDUAL.task == "attention_residual"
     q, k, v, r = (torch.randn(2, 4, 24, 128, generator=gen).to(torch.bfloat16) for _ in range(4))
-    out = res_mod.run(q, k, v, r, 1)
-    torch.testing.assert_close(out.double(), _reference(q, k, v, 1) + r.double(), rtol=3e-2, atol=3e-2)
-    assert CUTLASS_FMHA_RESIDUAL.task == "attention_residual" and CUTLASS_FMHA_RESIDUAL.knobs == CUTLASS_FMHA.knobs
+    for residual, n_inputs in (("after", 3), ("epilogue", 4)):
+        fake.calls.clear()
+        knobs = {**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": residual}
+        res_mod = load_module(CUTLASS_FMHA_RESIDUAL.render(knobs), f"fmha_res_fake_{residual}")
+        out = res_mod.run(q, k, v, r, 1)
+        torch.testing.assert_close(out.double(), _reference(q, k, v, 1) + r.double(), rtol=3e-2, atol=3e-2)
+        assert fake.calls == [(2, 4, 24, 128, 1, n_inputs)]
+    with pytest.raises(ValueError, match="shape of q"):
+        res_mod.run(q, k, v, r[:, :2], 0)
 
 
 @needs_toolchain
-def test_start_point_builds_for_sm90a(tmp_path, monkeypatch):
+@pytest.mark.parametrize("knobs", [CUTLASS_FMHA.start, {**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "epilogue"}],
+                         ids=["start", "residual_epilogue"])  # fmt: skip
+def test_start_point_builds_for_sm90a(tmp_path, monkeypatch, knobs):
     monkeypatch.setenv("KERNELARC_CUTLASS_CACHE", str(tmp_path / "cache"))
-    lib = cutlass.build(render_cpp(CUTLASS_FMHA.start))
+    lib = cutlass.build(render_cpp(knobs))
     usage = cutlass.resource_usage(lib)
     assert usage["kernels"] >= 2, usage  # the dense and the causal kernel
     handle = ctypes.CDLL(str(lib))

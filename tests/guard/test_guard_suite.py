@@ -221,7 +221,6 @@ def test_killing_a_worker_takes_what_it_started_with_it():
         pool.close()
 
 
-
 def test_a_busy_worker_dies_with_a_killed_search():
     """A search killed outright (SIGKILL: no cleanup runs) leaves nothing behind: a worker busy in
     a build watches its parent and kills its own process group (itself and its nvcc, here a
