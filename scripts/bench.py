@@ -91,7 +91,7 @@ def library_compare(task_name: str, champion_src: str, wl_axes: dict) -> dict:
     # Interleaved rounds, the order reversed every other round (a GEMM near the power limit runs
     # slower as the card heats, which would otherwise favour whoever goes first); the spread of a
     # function's rounds says how far to trust a ratio.
-    rounds = 5 if task_name == "matmul" else 2
+    rounds = 5  # attention had 2 until 2026-11-30 10:40; its figures moved ±3% between calls
     for rnd in range(rounds):
         for name, f in list(fns.items())[:: -1 if rnd % 2 else 1]:
             try:
