@@ -13,8 +13,10 @@ Scope: bf16, head dim 128, sequence length a multiple of 8 (16-byte TMA rows); o
 get a clear error. Grouped-query attention (fewer K/V heads) is served by repeating K and V
 to the query heads first (correct, but it adds that copy to the time).
 
-Feasibility (``valid``): two Q tiles (one per consumer warpgroup) plus ``STAGES_KV`` K/V tiles
-fit the 227 KB of shared memory; ping-pong is always persistent.
+Feasibility (``valid``): the kernel's shared memory (``smem_bytes``: Q, ``STAGES_KV`` K/V tiles,
+the epilogue's buffers when persistent) fits the 227 KB an sm_90 block can have; ping-pong is always
+persistent. 256-key tiles (one of CUTLASS's own head-dim-128 configurations) fit only with 3 stages,
+non-persistent.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import Any
 from kernelarc.families.base import Family, Knob, cutlass_candidate_head, offered_on_gpu
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "cutlass" / "fmha_sm90.cu.in"
-SMEM_LIMIT = 227 * 1024
+SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
+_BARRIERS = 512
+_EPILOGUE_BESIDE = 17408
 HEAD_DIM = 128
 ELEM = 2  # bf16
 
@@ -104,10 +108,23 @@ def render_residual(knobs: Mapping[str, Any]) -> str:
     return _render(CUTLASS_FMHA_RESIDUAL, knobs, residual=True)
 
 
-def valid(k: Mapping[str, Any]) -> bool:
-    q_tiles = 2 * k["BLOCK_Q"] * HEAD_DIM * ELEM  # one Q tile per consumer warpgroup
+def smem_bytes(k: Mapping[str, Any]) -> int:
+    """Shared memory of the kernel at ``k``: ``sizeof(Kernel::SharedStorage)`` of CUTLASS 4.2's example,
+    modelled exactly (checked against nvcc by tests/families/test_cutlass_fmha_family.py).
+
+    Q: two stages of a half tile (one per consumer warpgroup), BLOCK_Q x D in all; K and V share
+    STAGES_KV stages of BLOCK_KV x D; pipeline barriers 512 bytes. A persistent kernel (ping-pong is
+    always persistent) keeps the epilogue's store buffers beside the mainloop's instead of in a union
+    with them: 17408 bytes more.
+    """
+    q = k["BLOCK_Q"] * HEAD_DIM * ELEM
     kv = k["STAGES_KV"] * k["BLOCK_KV"] * HEAD_DIM * ELEM
-    return q_tiles + kv <= SMEM_LIMIT
+    persistent = k["PERSISTENT"] or k["SCHEDULE"] == "pingpong"
+    return q + kv + _BARRIERS + (_EPILOGUE_BESIDE if persistent else 0)
+
+
+def valid(k: Mapping[str, Any]) -> bool:
+    return smem_bytes(k) <= SMEM_LIMIT
 
 
 def available() -> bool:
@@ -126,7 +143,7 @@ CUTLASS_FMHA = Family(
     description="CUTLASS Hopper FMHA (FA3-style): TMA producer + wgmma consumer warpgroups, cooperative/ping-pong",
     knobs=(
         Knob("BLOCK_Q", (128,), "tiling", "query rows per CTA tile (64 per consumer warpgroup)"),
-        Knob("BLOCK_KV", (64, 128), "tiling", "keys per mainloop step"),
+        Knob("BLOCK_KV", (64, 128, 256), "tiling", "keys per mainloop step"),
         Knob("SCHEDULE", ("cooperative", "pingpong"), "scheduling", "consumer warpgroups share a Q tile or alternate"),
         Knob("PERSISTENT", (False, True), "scheduling", "persistent tile scheduler (ping-pong always is)"),
         # 2 stages left out: that point hung on the H200 after building (2026-11-30, BENCHMARKS.md)

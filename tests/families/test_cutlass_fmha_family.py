@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from kernelarc import cutlass
-from kernelarc.families.cutlass_fmha import CUTLASS_FMHA, CUTLASS_FMHA_RESIDUAL, available, render_cpp, valid
+from kernelarc.families.cutlass_fmha import (
+    CUTLASS_FMHA,
+    CUTLASS_FMHA_RESIDUAL,
+    available,
+    render_cpp,
+    smem_bytes,
+    valid,
+)
 from kernelarc.guard.static import check_source
 from kernelarc.tasks.inputs import load_module
 
@@ -24,9 +31,65 @@ def test_knobs_start_and_feasibility():
     names = [k.name for k in CUTLASS_FMHA.knobs]
     points = [dict(zip(names, v, strict=True)) for v in itertools.product(*[k.values for k in CUTLASS_FMHA.knobs])]
     assert 0.3 < sum(map(valid, points)) / len(points) < 1.0
-    # two 128x128 Q tiles (64 KB) + 6 x 32 KB K/V stages do not fit 227 KB; 5 do
-    assert not valid(CUTLASS_FMHA.check_point({"STAGES_KV": 6}))
+    # Q (32 KB) + 6 x 32 KB K/V stages fit 227 KB; persistent adds the epilogue's 17 KB and then 6 do not
+    assert valid(CUTLASS_FMHA.check_point({"STAGES_KV": 6}))
+    assert not valid(CUTLASS_FMHA.check_point({"STAGES_KV": 6, "PERSISTENT": True}))
+    assert not valid(CUTLASS_FMHA.check_point({"STAGES_KV": 6, "SCHEDULE": "pingpong"}))
     assert valid(CUTLASS_FMHA.check_point({"STAGES_KV": 8, "BLOCK_KV": 64}))
+    # 256-key tiles: 3 stages, non-persistent only; 2 stages are out of the space (hung on the H200)
+    assert valid(CUTLASS_FMHA.check_point({"STAGES_KV": 3, "BLOCK_KV": 256}))
+    assert not valid(CUTLASS_FMHA.check_point({"STAGES_KV": 4, "BLOCK_KV": 256}))
+    assert not valid(CUTLASS_FMHA.check_point({"STAGES_KV": 3, "BLOCK_KV": 256, "PERSISTENT": True}))
+    assert 2 not in next(k.values for k in CUTLASS_FMHA.knobs if k.name == "STAGES_KV")
+
+
+_SMEM_PROBE = """#include <cstdio>
+#include "cutlass/cutlass.h"
+#include "cute/tensor.hpp"
+#include "88_hopper_fmha/collective/fmha_fusion.hpp"
+#include "88_hopper_fmha/device/device_universal.hpp"
+#include "88_hopper_fmha/kernel/fmha_kernel_builder.hpp"
+using namespace cute;
+using cutlass::fmha::kernel::Option;
+using cutlass::fmha::kernel::Tag;
+using S = cute::tuple<int, _1, cute::tuple<int, int>>;
+template <int KV, class Schedule, int Stages, class... O>
+void show() {
+  using K = typename cutlass::fmha::kernel::FmhaBuilder<cutlass::bfloat16_t, float, float, Shape<_128, Int<KV>, _128>,
+      S, S, S, cutlass::fmha::collective::DefaultFusion, Schedule, Option<Tag::kStagesKV, Int<Stages>>, O...>::Kernel;
+  printf("%zu\\n", sizeof(typename K::SharedStorage));
+}
+using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using PingPong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using Persistent = Option<Tag::kIsPersistent, true_type>;
+int main() {
+  show<128, Coop, 6>(); show<64, Coop, 3>(); show<128, Coop, 5, Persistent>(); show<64, PingPong, 8>();
+  show<256, Coop, 3>();
+}
+"""
+
+
+@needs_toolchain
+def test_smem_model_matches_the_compiled_kernel(tmp_path):
+    """``smem_bytes`` against ``sizeof(Kernel::SharedStorage)`` as nvcc computes it for the installed
+    CUTLASS (host code only: no kernel is generated, ~30 s on two cores)."""
+    import subprocess
+
+    src = tmp_path / "smem.cu"
+    src.write_text(_SMEM_PROBE)
+    exe = tmp_path / "smem"
+    cmd = [cutlass.nvcc(), "-std=c++17", "--expt-relaxed-constexpr", "-gencode=arch=compute_90a,code=sm_90a",
+           *[f"-I{d}" for d in cutlass.include_dirs()], "-o", str(exe), str(src)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    sizes = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    points = [
+        {"BLOCK_KV": 128, "SCHEDULE": "cooperative", "PERSISTENT": False, "STAGES_KV": 6},
+        {"BLOCK_KV": 64, "SCHEDULE": "cooperative", "PERSISTENT": False, "STAGES_KV": 3},
+        {"BLOCK_KV": 128, "SCHEDULE": "cooperative", "PERSISTENT": True, "STAGES_KV": 5},
+        {"BLOCK_KV": 64, "SCHEDULE": "pingpong", "PERSISTENT": True, "STAGES_KV": 8},
+        {"BLOCK_KV": 256, "SCHEDULE": "cooperative", "PERSISTENT": False, "STAGES_KV": 3},
+    ]
+    assert sizes == [smem_bytes(CUTLASS_FMHA.check_point(p)) for p in points]
 
 
 def test_render_places_the_knobs_and_passes_the_static_checks():
