@@ -61,8 +61,8 @@ def backend_of(cfg: KernelArcConfig) -> str:
     b = cfg.agents.backend
     if b == "auto":
         return "anthropic" if os.environ.get("ANTHROPIC_API_KEY") else "search"
-    if b not in ("search", "anthropic"):
-        raise UsageError(f"agents.backend must be search, anthropic or auto, not {b!r}")
+    if b not in ("search", "anthropic", "sweep"):
+        raise UsageError(f"agents.backend must be search, anthropic, sweep or auto, not {b!r}")
     return b
 
 
@@ -84,6 +84,14 @@ def relevant_strategies(names: list[str], task_name: str) -> list[str]:
 
 def build_agents(cfg: KernelArcConfig, task) -> list[Any]:
     backend = backend_of(cfg)
+    if backend == "sweep":
+        from kernelarc.agents.sweep import SweepError, build_sweep_agents
+
+        sw = cfg.agents.sweep
+        try:
+            return build_sweep_agents(task.name, cfg.agents.count, sw.family, sw.grid, sw.points)
+        except SweepError as e:
+            raise UsageError(str(e)) from None
     strategies = list(cfg.strategies.names)
     if backend == "search" and cfg.agents.count < len(strategies):
         strategies = relevant_strategies(strategies, task.name)

@@ -30,9 +30,18 @@ class StrategiesConfig:
 
 
 @dataclass
+class SweepConfig:
+    """``agents.backend=sweep``: one family's points, each proposed once (kernelarc.agents.sweep)."""
+
+    family: str | None = None  # e.g. matmul.cutlass_sm90
+    grid: Any = None  # knob -> list of values; other knobs at the start
+    points: Any = None  # a list of exact points (knob -> value) instead of a grid
+
+
+@dataclass
 class AgentsConfig:
     count: int = 4
-    backend: str = "auto"  # search | anthropic | auto (anthropic when ANTHROPIC_API_KEY is set)
+    backend: str = "auto"  # search | anthropic | sweep | auto (anthropic when ANTHROPIC_API_KEY is set)
     per_round: int = 2  # candidates each agent proposes per round
     model: str = "claude-sonnet-4-5"
     max_tokens: int = 8000
@@ -47,6 +56,7 @@ class AgentsConfig:
         }
     )
     tune_llm_knobs: bool = True  # search agents tune knobs that LLM kernels declare
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 @dataclass

@@ -146,7 +146,10 @@ def session_key(cfg: KernelArcConfig, target_name: str) -> str:
         "agents": [cfg.agents.count, cfg.agents.backend, cfg.agents.model], "memory": cfg.memory.limit,
         "strategies": cfg.strategies.names, "seed": cfg.seed, "budget": [cfg.budget.candidates, cfg.budget.minutes],
     }  # fmt: skip
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
+    if cfg.agents.backend == "sweep":  # another sweep is another session (other keys are unchanged)
+        sw = cfg.agents.sweep
+        ident["sweep"] = [sw.family, sw.grid, sw.points]
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 class SearchSession:

@@ -4,6 +4,9 @@ then time each champion side by side with the library baselines in one process.
 Usage (on the GPU machine, repo root, wheels from scripts/build_wheels.sh installed):
   python scripts/bench.py --tasks rmsnorm,softmax,matmul --candidates 30 --minutes 2.5 --out $OUT
 Prints one table per task last; writes bench.json and bench.md under --out.
+A sweep instead of a search (every feasible point of a grid, judged the same way):
+  python scripts/bench.py --tasks matmul --candidates 200 --minutes 8 --set agents.backend=sweep \
+      --set agents.sweep.family=matmul.cutlass_sm90 --set 'agents.sweep.grid={CLUSTER_M:[1,2]}' --out $OUT
 """
 
 from __future__ import annotations
@@ -132,6 +135,9 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--state", default="/tmp/kernelarc-bench", help="session state and MLflow store")
     ap.add_argument("--no-compile-baseline", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every session (repeatable), e.g. agents.backend=sweep "
+                    "agents.sweep.family=matmul.cutlass_sm90 'agents.sweep.grid={TILE_N:[128,256]}'")  # fmt: skip
     ap.add_argument("--compare-agents", default="", help="e.g. 1,4: equal-budget sessions per agent count instead")
     args = ap.parse_args()
     out = Path(args.out)
@@ -175,6 +181,9 @@ def main() -> None:
             f"tracking.uri=sqlite:///{state}/mlflow.db", f"task.workloads=[{','.join(map(str, wls))}]" if on_gpu else "task.workloads=null",
             f"guard.compile_baseline={'false' if args.no_compile_baseline else 'true'}",
         ]  # fmt: skip
+        for extra in args.set:  # a --set replaces the default for its key
+            name = extra.split("=", 1)[0].lstrip("+")
+            overrides = [o for o in overrides if o.split("=", 1)[0].lstrip("+") != name] + [extra]
         Path(state).mkdir(parents=True, exist_ok=True)
         log(f"search session: {key} ({' '.join(overrides)})")
         try:

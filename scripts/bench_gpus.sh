@@ -5,6 +5,7 @@
 # writes OUT/gpuI/{bench.json,bench.md,log.txt} and is stopped after LIMIT_S (SIGKILL 15 s later).
 # The last lines printed are each group's table.
 set -u
+set -f  # ARGS are split on spaces only: a sweep grid's [..] is no filename pattern
 out=$1 limit=$2
 shift 2
 mkdir -p "$out"
