@@ -165,6 +165,11 @@ def test_a_cutlass_kernel_that_hangs_after_its_build_gets_the_plain_limit(guard)
     assert v.status is Status.timeout, v.errors
     assert "after its build" in " ".join(v.errors)
     assert took < 60, took
+    # it hung while holding the GPU (a CUTLASS candidate warms up under the lock, so a hang never
+    # shares the device with another candidate's timing); a Triton/PyTorch one warms up outside it
+    assert "gpu_wait" in v.phases, v.phases
+    v = guard.evaluate(Candidate(source=BAD["hang"][0], language="pytorch"), timeout_s=3).verdict
+    assert v.status is Status.timeout and "gpu_wait" not in v.phases, v.phases
 
 
 def test_static_checks_allow_ordinary_kernels():
