@@ -243,7 +243,7 @@ class Guard:
         return ev
 
     def _drive(
-        self, w: Worker, job: dict, seeds: list[int], limit: float, run_limit: float | None = None
+        self, w: Worker, job: dict, seeds: list[int], limit: float, run_limit: float
     ) -> tuple[Status | None, dict]:
         res: dict[str, Any] = {"errors": [], "warnings": [], "samples": {}, "champion_samples": {}, "phases": {},
                                "checks": {}}  # fmt: skip
@@ -269,7 +269,7 @@ class Guard:
                     continue
                 kind, payload = conn.recv()
                 if kind == "imported":
-                    if run_limit is not None and run_limit < budget:
+                    if run_limit < budget:
                         budget, limit = run_limit, run_limit  # built: the rest gets the plain limit
                         after = " after its build"
                 elif kind == "outputs":

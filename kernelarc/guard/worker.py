@@ -148,6 +148,12 @@ class Harness:
     def recv(self) -> tuple[str, Any]:
         return self.conn.recv()
 
+    def acquire_gpu(self) -> None:
+        """Wait until the judge grants this worker the device (one candidate measures at a time)."""
+        self.send("want_gpu", None)
+        kind, _ = self.recv()
+        assert kind == "go", kind
+
     # -- checks around one call ----------------------------------------------------------
     def _sync(self) -> None:
         if self.is_cuda:
@@ -319,11 +325,10 @@ class Harness:
         # A CUTLASS candidate was built at import and has nothing to compile here, so it warms up
         # under the lock too: a kernel of its that hangs or runs long then only delays the others,
         # and never shares the GPU with their timing (the judge kills it at the plain limit).
-        gpu_first = job["timing"]["enabled"] and job.get("language") == "cutlass"
+        timed = job["timing"]["enabled"]
+        gpu_first = timed and job.get("language") == "cutlass"
         if gpu_first:
-            self.send("want_gpu", None)
-            kind, _ = self.recv()
-            assert kind == "go", kind
+            self.acquire_gpu()
         t0 = _perf_counter()
         for wl in wls:
             warm_inputs = self.make_inputs(self.task, wl, seeds[0], self.device)
@@ -333,10 +338,8 @@ class Harness:
             del warm_inputs
         _check_integrity(snap)
         self.phases["compile"] = _perf_counter() - t0
-        if job["timing"]["enabled"] and not gpu_first:
-            self.send("want_gpu", None)
-            kind, _ = self.recv()
-            assert kind == "go", kind
+        if timed and not gpu_first:
+            self.acquire_gpu()
         t0 = _perf_counter()
         for wl in wls:
             sets[wl] = []
@@ -503,7 +506,11 @@ def _die_with_parent(period_s: float = 1.0) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(period_s)
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        # The group only when this worker leads it (as pool.Worker.kill checks): had setpgid failed,
+        # the group would be the caller's, with whatever else it runs.
+        if os.getpgid(0) == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os._exit(1)
 
     threading.Thread(target=watch, name="kernelarc-parent-watch", daemon=True).start()
 
