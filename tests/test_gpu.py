@@ -85,6 +85,8 @@ def test_cutlass_fmha_start_point_is_correct_on_the_gpu():
     _start_point_is_correct("attention", CUTLASS_FMHA, [0, 1, 2])
     _start_point_is_correct("attention_residual", CUTLASS_FMHA_RESIDUAL, [0])
     _start_point_is_correct("attention_residual", CUTLASS_FMHA_RESIDUAL, [0], RESIDUAL="epilogue")
+    _start_point_is_correct("attention_residual", CUTLASS_FMHA_RESIDUAL, [0], RESIDUAL="prefetch", SCHEDULE="pingpong",
+                            STAGES_KV=4)  # fmt: skip
 
 
 def test_cutlass_gemm_pads_odd_shapes_on_the_gpu():
@@ -122,3 +124,29 @@ def test_splitk_partials_past_int32_offsets():
     ref = a.double() @ b.double().T
     assert torch.isfinite(c).all()
     assert ((c.double() - ref).abs().max() / ref.abs().max()).item() < 1e-2
+
+
+def test_cutlass_fmha_residual_epilogue_on_partial_tiles_on_the_gpu():
+    """The residual read in the epilogue (and its L2 prefetch) on sequence lengths that end inside a
+    tile, and on several batches and heads, against an fp64 reference."""
+    import math
+
+    from kernelarc.families.cutlass_fmha import CUTLASS_FMHA_RESIDUAL, available
+    from kernelarc.tasks.inputs import load_module
+
+    if not available():
+        pytest.skip("needs nvcc and the CUTLASS headers with examples")
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    for residual, extra in (("epilogue", {}), ("prefetch", {"SCHEDULE": "pingpong", "STAGES_KV": 4})):
+        knobs = CUTLASS_FMHA_RESIDUAL.check_point({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": residual, **extra})
+        mod = load_module(CUTLASS_FMHA_RESIDUAL.render(knobs), f"fmha_partial_{residual}")
+        for b, h, s in ((2, 3, 200), (1, 2, 72), (1, 1, 136)):
+            q, k, v, r = (torch.randn(b, h, s, 128, device="cuda", generator=gen).bfloat16() for _ in range(4))
+            for causal in (0, 1):
+                scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(128)
+                if causal:
+                    future = ~torch.ones(s, s, dtype=torch.bool, device="cuda").tril()
+                    scores = scores.masked_fill(future, float("-inf"))
+                ref = scores.softmax(-1) @ v.double() + r.double()
+                err = (mod.run(q, k, v, r, causal).double() - ref).abs().max().item()
+                assert err < 3e-2, (residual, b, h, s, causal, err)

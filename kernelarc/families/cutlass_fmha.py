@@ -42,8 +42,11 @@ _SCHEDULES = {
 }
 
 
+_IN_EPILOGUE = ("epilogue", "prefetch")  # RESIDUAL values that pass the residual to the kernel
+
+
 def render_cpp(k: Mapping[str, Any]) -> str:
-    fused = k.get("RESIDUAL") == "epilogue"
+    fused = k.get("RESIDUAL") in _IN_EPILOGUE
     options = [f"Option<Tag::kStagesKV, Int<{k['STAGES_KV']}>>"]
     if k["PERSISTENT"] and k["SCHEDULE"] == "cooperative":  # ping-pong adds it itself
         options.append("Option<Tag::kIsPersistent, true_type>")
@@ -58,6 +61,7 @@ def render_cpp(k: Mapping[str, Any]) -> str:
         KERNEL_SCHEDULE=_SCHEDULES[k["SCHEDULE"]],
         OPTIONS="".join(", " + o for o in options),
         RESIDUAL_EPILOGUE=int(fused),
+        RESIDUAL_PREFETCH=int(k.get("RESIDUAL") == "prefetch"),
     )
 
 
@@ -65,14 +69,15 @@ def _render(family: Family, knobs: Mapping[str, Any], residual: bool) -> str:
     k = family.check_point(knobs)
     signature = "q, k, v, residual, causal" if residual else "q, k, v, causal"
     what = "softmax(q k^T / sqrt(D)) v + residual" if residual else "softmax(q k^T / sqrt(D)) v"
-    fused = k.get("RESIDUAL") == "epilogue"
+    fused = k.get("RESIDUAL") in _IN_EPILOGUE
     inputs = "[q, k, v, residual.to(torch.bfloat16).contiguous()]" if fused else "[q, k, v]"
     check = (
         '\n    if residual.shape != q.shape:\n        raise ValueError("the residual must have the shape of q")'
         if fused else ""
     )  # fmt: skip
     # RESIDUAL=after: added in place on the kernel's output (one extra pass over o); =epilogue: the
-    # kernel's epilogue added it to the accumulator before storing o
+    # kernel's epilogue added it to the accumulator before storing o (=prefetch: from L2, where the
+    # kernel asked for it before its mainloop)
     finish = "    return o.add_(residual)\n" if residual and not fused else "    return o\n"
     return (
         cutlass_candidate_head(family.name, k, render_cpp(k))
@@ -174,9 +179,10 @@ CUTLASS_FMHA_RESIDUAL = dataclasses.replace(
         *CUTLASS_FMHA.knobs,
         Knob(
             "RESIDUAL",
-            ("after", "epilogue"),
+            ("after", "epilogue", "prefetch"),
             "fusion",
-            "residual added in place after the kernel, or to the accumulator before the store",
+            "residual added in place after the kernel, or to the accumulator before the store "
+            "(prefetch: its tile brought into L2 before the mainloop)",
         ),
     ),  # fmt: skip
     start={**CUTLASS_FMHA.start, "RESIDUAL": "after"},

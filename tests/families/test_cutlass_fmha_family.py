@@ -119,7 +119,10 @@ def test_residual_in_the_epilogue_renders_its_own_kernel():
     # composed without FmhaBuilder, ping-pong gets the options FmhaBuilder would add
     pp = render_cpp({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "epilogue", "SCHEDULE": "pingpong", "PERSISTENT": True})
     assert ("Option<Tag::kIsPersistent, true_type>, Option<Tag::kLoadsQSeparately, true_type>>::Kernel") in pp
-    for residual in ("after", "epilogue"):
+    pre = render_cpp({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "prefetch"})
+    assert "#define KERNELARC_RESIDUAL_EPILOGUE 1" in pre and "#define KERNELARC_RESIDUAL_PREFETCH 1" in pre
+    assert "#define KERNELARC_RESIDUAL_PREFETCH 0" in fused
+    for residual in ("after", "epilogue", "prefetch"):
         src = CUTLASS_FMHA_RESIDUAL.render({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": residual})
         assert check_source(src).ok
         assert ("o.add_(residual)" in src) == (residual == "after")
@@ -174,7 +177,7 @@ def test_candidate_passes_layout_gqa_and_causal_to_the_kernel(monkeypatch):
     # attention + residual: the residual added to the kernel's output, or passed to its epilogue
     assert CUTLASS_FMHA_RESIDUAL.task == "attention_residual"
     q, k, v, r = (torch.randn(2, 4, 24, 128, generator=gen).to(torch.bfloat16) for _ in range(4))
-    for residual, n_inputs in (("after", 3), ("epilogue", 4)):
+    for residual, n_inputs in (("after", 3), ("epilogue", 4), ("prefetch", 4)):
         fake.calls.clear()
         knobs = {**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": residual}
         res_mod = load_module(CUTLASS_FMHA_RESIDUAL.render(knobs), f"fmha_res_fake_{residual}")
@@ -186,8 +189,8 @@ def test_candidate_passes_layout_gqa_and_causal_to_the_kernel(monkeypatch):
 
 
 @needs_toolchain
-@pytest.mark.parametrize("knobs", [CUTLASS_FMHA.start, {**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "epilogue"}],
-                         ids=["start", "residual_epilogue"])  # fmt: skip
+@pytest.mark.parametrize("knobs", [CUTLASS_FMHA.start, {**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "prefetch"}],
+                         ids=["start", "residual_prefetch"])  # fmt: skip
 def test_start_point_builds_for_sm90a(tmp_path, monkeypatch, knobs):
     monkeypatch.setenv("KERNELARC_CUTLASS_CACHE", str(tmp_path / "cache"))
     lib = cutlass.build(render_cpp(knobs))
