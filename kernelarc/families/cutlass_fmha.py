@@ -6,8 +6,9 @@ The C++ lives in ``templates/cutlass/fmha_sm90.cu.in`` and instantiates CUTLASS'
 structure the Triton family cannot express on Triton 3.6 -- a TMA producer warpgroup feeding
 two consumer warpgroups (cooperative on one Q tile, or ping-pong over two with a persistent
 scheduler so one's softmax overlaps the other's wgmma), online softmax in exp2, and causal
-block skipping. One built library holds the dense and the causal kernel; ``run`` picks by the
-``causal`` input.
+block skipping. One built library holds the dense and the causal kernel, and a dense kernel that masks
+the last K/V tile's keys past S (for S not a multiple of ``BLOCK_KV``); the library picks by the
+``causal`` input and S.
 
 Scope: bf16, head dim 128, sequence length a multiple of 8 (16-byte TMA rows); other inputs
 get a clear error. Grouped-query attention (fewer K/V heads) is served by repeating K and V
@@ -70,7 +71,7 @@ def _render(family: Family, knobs: Mapping[str, Any], residual: bool) -> str:
     signature = "q, k, v, residual, causal" if residual else "q, k, v, causal"
     what = "softmax(q k^T / sqrt(D)) v + residual" if residual else "softmax(q k^T / sqrt(D)) v"
     fused = k.get("RESIDUAL") in _IN_EPILOGUE
-    inputs = "[q, k, v, residual.to(torch.bfloat16).contiguous()]" if fused else "[q, k, v]"
+    inputs = "[q, k, v, _aligned(residual.to(torch.bfloat16))]" if fused else "[q, k, v]"
     check = (
         '\n    if residual.shape != q.shape:\n        raise ValueError("the residual must have the shape of q")'
         if fused else ""
@@ -82,6 +83,13 @@ def _render(family: Family, knobs: Mapping[str, Any], residual: bool) -> str:
     return (
         cutlass_candidate_head(family.name, k, render_cpp(k))
         + f"""
+
+def _aligned(t):
+    # contiguous, and 16-byte aligned as TMA (and the epilogue's paired residual loads) need: a view
+    # into a larger tensor may start anywhere
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
 
 def run({signature}):
     # {what} per (batch, head), q/k/v/o as [B, H, S, D] bf16
@@ -95,7 +103,7 @@ def run({signature}):
         # grouped-query attention: each K/V head serves H // Hkv query heads
         k = k.repeat_interleave(H // Hkv, dim=1)
         v = v.repeat_interleave(H // Hkv, dim=1)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous(){check}
+    q, k, v = (_aligned(t) for t in (q, k, v)){check}
     o = torch.empty_like(q)
     lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
     if B * H * S == 0:

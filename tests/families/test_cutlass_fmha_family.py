@@ -195,6 +195,6 @@ def test_start_point_builds_for_sm90a(tmp_path, monkeypatch, knobs):
     monkeypatch.setenv("KERNELARC_CUTLASS_CACHE", str(tmp_path / "cache"))
     lib = cutlass.build(render_cpp(knobs))
     usage = cutlass.resource_usage(lib)
-    assert usage["kernels"] >= 2, usage  # the dense and the causal kernel
+    assert usage["kernels"] >= 3, usage  # dense, dense masking a partial last K/V tile, causal
     handle = ctypes.CDLL(str(lib))
     assert handle.kernelarc_run and handle.kernelarc_workspace
