@@ -7,9 +7,11 @@ against cuDNN SDPA side by side.
 Phase 1 builds every point in parallel (nvcc, one process per point). Phase 2 runs the points
 one at a time: dense and causal attention (B4 H32 S4096 D128, bf16), checked against an fp32
 SDPA on the first batch and head group, then timed with CUDA events, interleaved with cuDNN
-SDPA in the same process. With --points whose knobs carry RESIDUAL, the attention_residual family
-is probed instead, against cuDNN SDPA followed by the add. A point that has not answered within --timeout is killed and listed
-as a hang. Prints one table last; writes probe_fmha.jsonl under --out.
+SDPA in the same process (--rounds rounds, alternating which goes first; the table gives the best
+of each side and the ratio of medians). With --points whose knobs carry RESIDUAL, the
+attention_residual family is probed instead, against cuDNN SDPA followed by the add. A point that
+has not answered within --timeout is killed and listed as a hang. Prints one table last; writes
+probe_fmha.jsonl under --out.
 """
 
 from __future__ import annotations
@@ -63,11 +65,17 @@ for causal in (False, True):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return out + r if residual else out
     mine, lib = [], []
-    for _ in range(3):  # interleaved rounds
+    for i in range(int(sys.argv[3])):  # interleaved rounds, alternating which goes first
+        if i % 2:
+            lib.append(events(cudnn))
+            mine.append(events(lambda: mod.run(*args(causal))))
+            continue
         mine.append(events(lambda: mod.run(*args(causal))))
         lib.append(events(cudnn))
     name = "causal" if causal else "dense"
-    res[name] = {"max_abs_err": err, "ms": min(mine), "cudnn_ms": min(lib), "vs_cudnn": min(lib) / min(mine)}
+    res[name] = {"max_abs_err": err, "ms": min(mine), "cudnn_ms": min(lib), "vs_cudnn": min(lib) / min(mine),
+                 "spread": [max(mine) / min(mine) - 1, max(lib) / min(lib) - 1],
+                 "vs_cudnn_median": sorted(lib)[len(lib) // 2] / sorted(mine)[len(mine) // 2]}
 print(json.dumps(res))
 """
 
@@ -85,10 +93,10 @@ def points(stages: list[int]) -> list[dict]:
     return out
 
 
-def call(knobs: dict, mode: str, timeout: float) -> dict:
+def call(knobs: dict, mode: str, timeout: float, rounds: int = 3) -> dict:
     t0 = time.monotonic()
     try:
-        p = subprocess.run([sys.executable, "-c", RUN_POINT, json.dumps(knobs), mode], capture_output=True,
+        p = subprocess.run([sys.executable, "-c", RUN_POINT, json.dumps(knobs), mode, str(rounds)], capture_output=True,
                            text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     except subprocess.TimeoutExpired:
         return {"error": f"no answer within {timeout:.0f} s ({mode}): hang", "s": time.monotonic() - t0}
@@ -108,6 +116,7 @@ def main() -> None:
         help="JSON list of knob dicts instead of the sweep (a RESIDUAL knob: the "
         "attention_residual family, against cuDNN SDPA followed by the add)",
     )
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds against cuDNN per point")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     args = ap.parse_args()
     out = Path(args.out)
@@ -119,23 +128,31 @@ def main() -> None:
     rows = []
     with (out / "probe_fmha.jsonl").open("w") as fh:
         for k, b in zip(pts, builds, strict=True):
-            r = call(k, "run", args.timeout) if "error" not in b else {"error": b["error"]}
+            r = call(k, "run", args.timeout, args.rounds) if "error" not in b else {"error": b["error"]}
             r["build_s"] = b.get("s")
             row = {"knobs": k, **r}
             rows.append(row)
             fh.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
-    print("\n| BLOCK_KV | schedule | persistent | ordered softmax | stages | residual | dense ms | vs cuDNN | "
-          "causal ms | vs cuDNN | max err | note |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| BLOCK_KV | schedule | persistent | ordered softmax | stages | residual | dense ms | vs cuDNN, best "
+          "(median) | causal ms | vs cuDNN, best (median) | spread mine / cuDNN | max err | note |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def ratio(x: dict) -> str:
+        return f"{x['vs_cudnn']:.3f}x ({x['vs_cudnn_median']:.3f}x)" if x else "-"
+
+    def spread(x: dict) -> str:
+        return "/".join(f"{100 * v:.1f}%" for v in x["spread"]) if x else "-"
+
     for r in rows:
         k = r["knobs"]
         d, c = r.get("dense", {}), r.get("causal", {})
         err = max(d.get("max_abs_err", 0), c.get("max_abs_err", 0)) if d else None
-        cells = [k["BLOCK_KV"], k["SCHEDULE"], k["PERSISTENT"], k["ORDER_SOFTMAX"], k["STAGES_KV"], k.get("RESIDUAL", "-"),
-                 f"{d['ms']:.3f}" if d else "-", f"{d['vs_cudnn']:.2f}x" if d else "-",
-                 f"{c['ms']:.3f}" if c else "-", f"{c['vs_cudnn']:.2f}x" if c else "-",
-                 f"{err:.3g}" if err is not None else "-", str(r.get("error", ""))[:80]]  # fmt: skip
+        cells = [k["BLOCK_KV"], k["SCHEDULE"], k["PERSISTENT"], k["ORDER_SOFTMAX"], k["STAGES_KV"],
+                 k.get("RESIDUAL", "-"), f"{d['ms']:.3f}" if d else "-", ratio(d),
+                 f"{c['ms']:.3f}" if c else "-", ratio(c),
+                 f"{spread(d)}, {spread(c)}", f"{err:.3g}" if err is not None else "-",
+                 str(r.get("error", ""))[:80]]  # fmt: skip
         print("| " + " | ".join(map(str, cells)) + " |")
 
 
