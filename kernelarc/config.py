@@ -115,6 +115,7 @@ class SearchConfig:
     dispatch: bool = True  # compose a shape-dispatch candidate from the fastest kernel per workload
     dispatch_min_gain: float = 0.01  # ...when its predicted geomean beats the champion's by this much
     dispatch_route_margin: float = 0.02  # a workload leaves the default kernel only for one this much faster
+    dispatch_baselines: bool = True  # the reference and torch.compile baselines may be parts (routes) too
 
 
 @dataclass

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -398,6 +398,7 @@ def plan(
     champion_ms: float | None,
     min_gain: float,
     route_margin: float = 0.0,
+    exclude: Collection[tuple[str, int]] = (),
 ) -> Plan | None:
     """The dispatch worth trying now, or None.
 
@@ -406,7 +407,9 @@ def plan(
     ``signatures``: workload index -> input signature; workloads with the same signature are
     one group and share a part. ``champion_ms``: the champion's geomean on the same time base.
     A group leaves the default part (the best geomean over all workloads) only for a kernel
-    more than ``route_margin`` faster on it, so a near-tie stays with one kernel. A plan is
+    more than ``route_margin`` faster on it, so a near-tie stays with one kernel. ``exclude`` holds
+    (candidate id, workload) routes an earlier dispatch measured slower than the champion beside it
+    (see ``failed_routes``): such a kernel is no part for that workload's group. A plan is
     offered only when it uses at least two kernels and the geomean of each workload's chosen
     latency beats ``champion_ms`` by more than ``min_gain``.
     """
@@ -425,7 +428,8 @@ def plan(
     chosen: dict[str, Route] = {}
     best: dict[int, float] = {}
     for sig, idx in groups.items():
-        c, lat = min(parts, key=lambda p: _geomean([p[1][i] for i in idx]))
+        allowed = [p for p in parts if not any((p[0].id, i) in exclude for i in idx)] or [(default, default_lat)]
+        c, lat = min(allowed, key=lambda p: _geomean([p[1][i] for i in idx]))
         if _geomean([lat[i] for i in idx]) * (1.0 + route_margin) > _geomean([default_lat[i] for i in idx]):
             c, lat = default, default_lat
         r = chosen.setdefault(c.id, Route(c, [], [], []))
@@ -439,6 +443,31 @@ def plan(
     if predicted > champion_ms * (1.0 - min_gain):
         return None
     return Plan(routes=list(chosen.values()), default=default, predicted_ms=predicted, champion_ms=champion_ms)
+
+
+def failed_routes(
+    history: Sequence[tuple[Candidate, Verdict, str | None]], min_gain: float, noise_factor: float = 1.0
+) -> set[tuple[str, int]]:
+    """(part id, workload) routes that a judged dispatch ran slower than the champion beside it, by
+    more than the guard's bar for that workload (``1 + max(min_gain, noise_factor * noise)``).
+
+    A plan's routes come from latencies measured minutes apart, corrected for drift through
+    chained ratios; a dispatch is then timed interleaved with the champion, which is the better
+    figure. A route that lost there is dropped from later plans, so the next plan keeps what
+    held up instead of repeating the wrong route in every composition.
+    """
+    bad: set[tuple[str, int]] = set()
+    for c, v, champ_id in history:
+        if c.family != FAMILY or not v.correct:
+            continue
+        for w in v.workloads:
+            part = c.knobs.get(f"workload{w.index}")
+            if not part or part == champ_id or not w.latency_ms or not w.champion_ms:
+                continue
+            bar = 1.0 + max(min_gain, noise_factor * (w.noise or 0.0))
+            if float(w.champion_ms) / float(w.latency_ms) < 1.0 / bar:
+                bad.add((str(part), w.index))
+    return bad
 
 
 def build_candidate(p: Plan, axes: dict[int, dict[str, int]] | None = None) -> Candidate:

@@ -574,14 +574,20 @@ class SearchSession:
             if self._signatures is None:
                 self._signatures = {i: dispatch.workload_signature(self.task, i) for i in self.guards[0].workloads}
             with self.lock:
-                candidates = [r.candidate for r in self.records if r.kind == "candidate" and r.verdict.correct]
+                # the baselines are parts too: the library's kernel may stay the route for some shapes
+                kinds = ("candidate", "baseline") if self.cfg.search.dispatch_baselines else ("candidate",)
+                candidates = [r.candidate for r in self.records if r.kind in kinds and r.verdict.correct]
                 champ_id = self.champion.id if self.champion else None
             lat = self.drift_corrected_latencies()
             pool = [(c, lat[c.id]) for c in candidates if c.id in lat]
+            with self.lock:
+                judged = [(r.candidate, r.verdict, r.champion_id) for r in self.records if r.kind == "candidate"]
+            g = self.cfg.guard
+            failed = dispatch.failed_routes(judged, g.min_gain, g.noise_factor)
             champ_lat = lat.get(champ_id or "")
             champ_ms = dispatch.geomean_over(champ_lat, self._signatures) if champ_lat else None
             s = self.cfg.search
-            p = dispatch.plan(pool, self._signatures, champ_ms, s.dispatch_min_gain, s.dispatch_route_margin)
+            p = dispatch.plan(pool, self._signatures, champ_ms, s.dispatch_min_gain, s.dispatch_route_margin, failed)
             if p is None or p.key in self.dispatch_tried:
                 return None
             self.dispatch_tried.add(p.key)

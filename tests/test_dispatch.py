@@ -136,6 +136,32 @@ def test_plan_takes_the_fastest_kernel_per_signature_group():
     assert {r.candidate.id for r in p.routes} == {c.id, b.id}
 
 
+def test_a_route_a_dispatch_lost_is_not_planned_again():
+    a, b, c = (_cand(f"def run(x):\n    return x  # {i}\n") for i in range(3))
+    sigs = {0: ("s0",), 1: ("s1",), 2: ("s2",)}
+    la, lb, lc = {0: 1.0, 1: 1.0, 2: 1.0}, {0: 1.5, 1: 0.9, 2: 1.5}, {0: 1.5, 1: 1.5, 2: 0.95}
+    p = dispatch.plan([(a, la), (b, lb), (c, lc)], sigs, _geo(la), 0.01)
+    first = dispatch.build_candidate(p)
+    assert first.knobs == {"default": a.id, "workload0": a.id, "workload1": b.id, "workload2": c.id}
+    # judged beside champion a: c's route held (5% faster), b's did not (8% slower on workload 1)
+    v = _verdict(first, {0: 1.0, 1: 1.08, 2: 0.95}, champion={0: 1.0, 1: 1.0, 2: 1.0})
+    for w in v.workloads:
+        w.noise = 0.01
+    failed = dispatch.failed_routes([(first, v, a.id)], min_gain=0.01)
+    assert failed == {(b.id, 1)}
+    p2 = dispatch.plan([(a, la), (b, lb), (c, lc)], sigs, _geo(la), 0.01, exclude=failed)
+    assert dispatch.build_candidate(p2).knobs == {"default": a.id, "workload0": a.id, "workload1": a.id,
+                                                  "workload2": c.id}  # fmt: skip
+    # a loss inside the workload's noise, or on the champion's own route, is no failure
+    for w in v.workloads:
+        w.noise = 0.1
+    assert dispatch.failed_routes([(first, v, a.id)], min_gain=0.01) == set()
+    assert dispatch.failed_routes([(first, v, b.id)], min_gain=0.01) == set()
+    # candidates other than dispatches are not read
+    plain = _verdict(b, {0: 9.0, 1: 9.0, 2: 9.0}, champion={0: 1.0, 1: 1.0, 2: 1.0})
+    assert dispatch.failed_routes([(b, plain, a.id)], min_gain=0.01) == set()
+
+
 def test_drift_correction_chains_interleaved_ratios():
     ref, x, y = (_cand(f"def run(x):\n    return x  # {i}\n") for i in range(3))
     # the reference at the start: 1.0 ms on both workloads
@@ -231,7 +257,8 @@ def test_cpu_session_composes_and_judges_a_dispatch(tmp_path, monkeypatch):
     register_configs()
     overrides = ["+task=rmsnorm", "gpu=cpu", "budget.candidates=3", "guard.compile_baseline=false",
                  "executor.parallel=1", "guard.target_ms=5", "guard.max_iters=20",
-                 "search.dispatch_min_gain=-100", f"search.state_dir={tmp_path}/state",
+                 "search.dispatch_min_gain=-100", "search.dispatch_baselines=false",
+                 f"search.state_dir={tmp_path}/state",
                  f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]  # fmt: skip
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
@@ -257,6 +284,7 @@ def test_every_family_start_point_can_be_a_part():
     from kernelarc.families import families_for
     from kernelarc.families.cutlass_fmha import CUTLASS_FMHA, CUTLASS_FMHA_RESIDUAL
     from kernelarc.families.cutlass_gemm import CUTLASS_GEMM
+    from kernelarc.guard.judge import compiled_candidate, reference_candidate
     from kernelarc.tasks.loader import builtin_tasks
 
     cutlass_families = {"matmul": [CUTLASS_GEMM], "attention": [CUTLASS_FMHA],
@@ -269,3 +297,8 @@ def test_every_family_start_point_can_be_a_part():
             part = dispatch.rename_part(src, "_p1_")
             assert "_p1_run" in part.names, fam.name
             compile(part.body, fam.name, "exec")
+        # the baselines are parts too: a dispatch may keep the library's kernel for some shapes
+        for cand in (reference_candidate(task), compiled_candidate(task)):
+            part = dispatch.rename_part(cand.source, "_p2_")
+            assert "_p2_run" in part.names, (name, cand.strategy)
+            compile(part.body, f"{name} {cand.strategy}", "exec")

@@ -74,6 +74,26 @@ def test_geomean_noise_combines_workloads_instead_of_taking_the_worst():
     assert not decide({0: [x / 1.03 for x in champ_wl(3)]}, {0: champ_wl(3)}).promote
 
 
+def test_pareto_gain_on_some_workloads_is_promoted():
+    # a dispatch's typical result: 6% faster on one quiet shape, the same kernel on three shapes
+    # whose spread (6%) keeps the geomean gain (1.5%) inside the combined noise
+    def champ_wl(w):
+        return [0.98, 0.98, 1.0, 1.0] if w == 2 else [0.97, 0.97, 1.03, 1.03]
+
+    champ = {w: champ_wl(w) for w in range(4)}
+    dispatch = {w: [x / (1.06 if w == 2 else 1.0) for x in champ_wl(w)] for w in range(4)}
+    d = decide(dispatch, champ)
+    assert d.promote and "Pareto" in d.reason and d.speedup < d.required
+    # ...but not when another shape is slower beyond its own noise (a wrong route)
+    worse = {**dispatch, 1: [x * 1.08 for x in champ_wl(1)]}
+    assert not decide(worse, champ).promote
+    # nor when the one gain is inside that shape's noise
+    small = {w: [x / (1.015 if w == 2 else 1.0) for x in champ_wl(w)] for w in range(4)}
+    assert not decide(small, champ).promote
+    # one workload: only the geomean route
+    assert not decide({0: [x / 1.03 for x in champ_wl(0)]}, {0: champ_wl(0)}).promote
+
+
 def test_board_memory_limits_and_persistence(tmp_path):
     b = Board(tmp_path / "board.jsonl")
     for i in range(20):
