@@ -399,6 +399,7 @@ def plan(
     min_gain: float,
     route_margin: float = 0.0,
     exclude: Collection[tuple[str, int]] = (),
+    champion_id: str | None = None,
 ) -> Plan | None:
     """The dispatch worth trying now, or None.
 
@@ -406,7 +407,8 @@ def plan(
     latencies (see ``drift_corrected``); only those timed on every workload can be parts.
     ``signatures``: workload index -> input signature; workloads with the same signature are
     one group and share a part. ``champion_ms``: the champion's geomean on the same time base.
-    A group leaves the default part (the best geomean over all workloads) only for a kernel
+    A group leaves the default part (the champion, ``champion_id``, when it is one of the parts,
+    else the best geomean over all workloads) only for a kernel
     more than ``route_margin`` faster on it, so a near-tie stays with one kernel. ``exclude`` holds
     (candidate id, workload) routes an earlier dispatch measured slower than the champion beside it
     (see ``failed_routes``): such a kernel is no part for that workload's group. A plan is
@@ -424,7 +426,8 @@ def plan(
         groups.setdefault(signatures[i], []).append(i)
     if len(groups) < 2:
         return None
-    default, default_lat = min(parts, key=lambda p: _geomean([p[1][i] for i in wls]))
+    incumbent = [p for p in parts if champion_id and p[0].id == champion_id]
+    default, default_lat = incumbent[0] if incumbent else min(parts, key=lambda p: _geomean([p[1][i] for i in wls]))
     chosen: dict[str, Route] = {}
     best: dict[int, float] = {}
     for sig, idx in groups.items():

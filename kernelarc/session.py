@@ -587,7 +587,8 @@ class SearchSession:
             champ_lat = lat.get(champ_id or "")
             champ_ms = dispatch.geomean_over(champ_lat, self._signatures) if champ_lat else None
             s = self.cfg.search
-            p = dispatch.plan(pool, self._signatures, champ_ms, s.dispatch_min_gain, s.dispatch_route_margin, failed)
+            p = dispatch.plan(pool, self._signatures, champ_ms, s.dispatch_min_gain, s.dispatch_route_margin, failed,
+                              champion_id=champ_id)  # fmt: skip
             if p is None or p.key in self.dispatch_tried:
                 return None
             self.dispatch_tried.add(p.key)

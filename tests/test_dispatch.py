@@ -136,6 +136,24 @@ def test_plan_takes_the_fastest_kernel_per_signature_group():
     assert {r.candidate.id for r in p.routes} == {c.id, b.id}
 
 
+def test_the_champion_is_the_default_part_when_it_is_one():
+    # the library (the champion) vs a kernel 1% slower overall, 2.5% faster on one shape and 1.5% on another
+    lib, k = (_cand(f"def run(x):\n    return x  # {i}\n") for i in range(2))
+    sigs = {0: ("s0",), 1: ("s1",), 2: ("s2",)}
+    llib, lk = {0: 1.0, 1: 1.0, 2: 1.0}, {0: 0.975, 1: 0.985, 2: 1.07}
+    p = dispatch.plan([(lib, llib), (k, lk)], sigs, _geo(llib), 0.001, route_margin=0.02, champion_id=lib.id)
+    knobs = dispatch.build_candidate(p).knobs
+    assert knobs == {"default": lib.id, "workload0": k.id, "workload1": lib.id, "workload2": lib.id}
+    # where the kernel has the best geomean it would be the default, and keep shape 1 by its 1.5%
+    lk2 = {0: 0.975, 1: 0.985, 2: 1.03}
+    knobs = dispatch.build_candidate(dispatch.plan([(lib, llib), (k, lk2)], sigs, _geo(llib), 0.001, 0.02)).knobs
+    assert knobs == {"default": k.id, "workload0": k.id, "workload1": k.id, "workload2": lib.id}
+    knobs = dispatch.build_candidate(
+        dispatch.plan([(lib, llib), (k, lk2)], sigs, _geo(llib), 0.001, 0.02, champion_id=lib.id)
+    ).knobs
+    assert knobs == {"default": lib.id, "workload0": k.id, "workload1": lib.id, "workload2": lib.id}
+
+
 def test_a_route_a_dispatch_lost_is_not_planned_again():
     a, b, c = (_cand(f"def run(x):\n    return x  # {i}\n") for i in range(3))
     sigs = {0: ("s0",), 1: ("s1",), 2: ("s2",)}
