@@ -577,11 +577,10 @@ class SearchSession:
                 # the baselines are parts too: the library's kernel may stay the route for some shapes
                 kinds = ("candidate", "baseline") if self.cfg.search.dispatch_baselines else ("candidate",)
                 candidates = [r.candidate for r in self.records if r.kind in kinds and r.verdict.correct]
+                judged = [(r.candidate, r.verdict, r.champion_id) for r in self.records if r.kind == "candidate"]
                 champ_id = self.champion.id if self.champion else None
             lat = self.drift_corrected_latencies()
             pool = [(c, lat[c.id]) for c in candidates if c.id in lat]
-            with self.lock:
-                judged = [(r.candidate, r.verdict, r.champion_id) for r in self.records if r.kind == "candidate"]
             g = self.cfg.guard
             failed = dispatch.failed_routes(judged, g.min_gain, g.noise_factor)
             champ_lat = lat.get(champ_id or "")
