@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 DEFAULT_WORKLOADS = {
     "matmul": [0, 1, 2, 3],
     "attention": [0, 1],
-    "attention_residual": [0],
+    "attention_residual": [0, 1],  # non-causal and causal
     "rmsnorm": [0, 1],
     "fused_add_rmsnorm": [0],
     "softmax": [0, 1],
