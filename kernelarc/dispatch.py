@@ -25,6 +25,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kernelarc.guard.decision import noise_bar
 from kernelarc.models import Candidate, Verdict
 from kernelarc.tasks.loader import Task
 
@@ -426,8 +427,8 @@ def plan(
         groups.setdefault(signatures[i], []).append(i)
     if len(groups) < 2:
         return None
-    incumbent = [p for p in parts if champion_id and p[0].id == champion_id]
-    default, default_lat = incumbent[0] if incumbent else min(parts, key=lambda p: _geomean([p[1][i] for i in wls]))
+    incumbent = next((p for p in parts if champion_id and p[0].id == champion_id), None)
+    default, default_lat = incumbent or min(parts, key=lambda p: _geomean([p[1][i] for i in wls]))
     chosen: dict[str, Route] = {}
     best: dict[int, float] = {}
     for sig, idx in groups.items():
@@ -467,8 +468,7 @@ def failed_routes(
             part = c.knobs.get(f"workload{w.index}")
             if not part or part == champ_id or not w.latency_ms or not w.champion_ms:
                 continue
-            bar = 1.0 + max(min_gain, noise_factor * (w.noise or 0.0))
-            if float(w.champion_ms) / float(w.latency_ms) < 1.0 / bar:
+            if float(w.champion_ms) / float(w.latency_ms) < 1.0 / noise_bar(w.noise or 0.0, min_gain, noise_factor):
                 bad.add((str(part), w.index))
     return bad
 

@@ -36,6 +36,12 @@ DEFAULT_WORKLOADS = {
 }
 
 
+def _corrected_ratio(lat: dict, ref_lat: dict, cand_id: str, wi: int) -> float | None:
+    """The reference's drift-corrected latency over a candidate's on workload ``wi`` (None if either is missing)."""
+    b, c = ref_lat.get(wi), lat.get(cand_id, {}).get(wi)
+    return b / c if b and c else None
+
+
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -207,10 +213,8 @@ def main() -> None:
             ref_rec = next((r for r in session.records if r.kind == "baseline" and r.candidate.strategy == "reference"),
                            None)  # fmt: skip
             ref_lat = lat.get(ref_rec.candidate.id, {}) if ref_rec else {}
-            champ_lat = lat.get(summary["champion"], {})
             for w in per_wl:
-                b, c_ = ref_lat.get(w["index"]), champ_lat.get(w["index"])
-                w["vs_reference_corrected"] = b / c_ if b and c_ else None
+                w["vs_reference_corrected"] = _corrected_ratio(lat, ref_lat, summary["champion"], w["index"])
             if on_gpu:
                 for w in per_wl:
                     if w["sol_bound"] == "memory" and w["tbps"] and w["latency_ms"]:
@@ -253,9 +257,7 @@ def main() -> None:
                  "latency_ms": r.verdict.latency_ms, "vs_reference": r.verdict.speedup_vs_baseline or 0.0,
                  "per_workload_vs_reference": [w.speedup_vs_baseline for w in r.verdict.workloads],
                  "per_workload_vs_reference_corrected": [
-                     ref_lat[w.index] / lat[r.candidate.id][w.index]
-                     if ref_lat.get(w.index) and lat.get(r.candidate.id, {}).get(w.index) else None
-                     for w in r.verdict.workloads]}
+                     _corrected_ratio(lat, ref_lat, r.candidate.id, w.index) for w in r.verdict.workloads]}
                 for r in top[:5]
             ]  # fmt: skip
             best_at = next((r.index + 1 for r in reversed(cands) if r.candidate.id == summary["champion"]), 0)

@@ -65,13 +65,10 @@ for causal in (False, True):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return out + r if residual else out
     mine, lib = [], []
+    sides = [(mine, lambda: mod.run(*args(causal))), (lib, cudnn)]
     for i in range(int(sys.argv[3])):  # interleaved rounds, alternating which goes first
-        if i % 2:
-            lib.append(events(cudnn))
-            mine.append(events(lambda: mod.run(*args(causal))))
-            continue
-        mine.append(events(lambda: mod.run(*args(causal))))
-        lib.append(events(cudnn))
+        for times, fn in sides[:: -1 if i % 2 else 1]:
+            times.append(events(fn))
     name = "causal" if causal else "dense"
     res[name] = {"max_abs_err": err, "ms": min(mine), "cudnn_ms": min(lib), "vs_cudnn": min(lib) / min(mine),
                  "spread": [max(mine) / min(mine) - 1, max(lib) / min(lib) - 1],

@@ -42,6 +42,11 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
 
 
+def noise_bar(noise: float, min_gain: float, noise_factor: float = 1.0) -> float:
+    """The speedup a challenger must exceed over a comparison whose relative noise is ``noise``."""
+    return 1.0 + max(min_gain, noise_factor * noise)
+
+
 @dataclass(frozen=True)
 class Decision:
     promote: bool
@@ -102,11 +107,11 @@ def decide(
     speedup = geomean(ratios)
     per_wl = [max(rel_noise(challenger[w]), rel_noise(champion[w])) for w in common]
     noise = math.sqrt(sum(x * x for x in per_wl)) / len(per_wl)
-    required = 1.0 + max(min_gain, noise_factor * noise)
+    required = noise_bar(noise, min_gain, noise_factor)
     if speedup > required:
         return Decision(True, speedup, required, f"{speedup:.3f}x faster > required {required:.3f}x")
     if len(common) > 1 and speedup > 1.0:
-        bars = [1.0 + max(min_gain, noise_factor * x) for x in per_wl]
+        bars = [noise_bar(x, min_gain, noise_factor) for x in per_wl]
         faster = [(w, r, b) for w, r, b in zip(common, ratios, bars, strict=True) if r > b]
         slower = [w for w, r, b in zip(common, ratios, bars, strict=True) if r < 1.0 / b]
         if faster and not slower:
