@@ -150,3 +150,41 @@ def test_cutlass_fmha_residual_epilogue_on_partial_tiles_on_the_gpu():
                 ref = scores.softmax(-1) @ v.double() + r.double()
                 err = (mod.run(q, k, v, r, causal).double() - ref).abs().max().item()
                 assert err < 3e-2, (residual, b, h, s, causal, err)
+
+
+def test_cutlass_softmax_points_are_correct_on_the_gpu():
+    """The staged-row softmax at several knob points (vector, streaming and bulk-copy stores; one to
+    three CTAs per SM; one-pass and two-pass statistics; exp recomputed or kept as fp16; rows per tile
+    from 1 to 96 with a partial last tile) and through its plain kernel
+    (N not a multiple of 8, a row larger than a stage), against a float64 softmax; the start point
+    also through the guard on the task's three workloads."""
+    from kernelarc.families.cutlass_softmax import CUTLASS_SOFTMAX, available
+    from kernelarc.tasks.inputs import load_module
+
+    if not available():
+        pytest.skip("needs nvcc and nvidia-cutlass headers")
+    points = [
+        {},
+        dict(THREADS=1024, STAGES=3, STORE="bulk", EXP="exp2", NORMALIZE="mul_rcp", LOAD_HINT="evict_first"),
+        dict(THREADS=512, STAGES=3, STAGE_KB=32, CTAS_PER_SM=2, STORE="st_cs", ELEMS_PER_THREAD=8),
+        dict(THREADS=256, STAGES=6, STAGE_KB=16, ELEMS_PER_THREAD=128, STORE="bulk"),
+        dict(THREADS=512, STAGES=1, CTAS_PER_SM=3, UNROLL=4, STATS="online", EXP="exp2", NORMALIZE="mul_rcp",
+             STORE="bulk"),  # fmt: skip
+        dict(THREADS=1024, UNROLL=2, STATS="online", STAGE_KB=96, ELEMS_PER_THREAD=16),
+        dict(EXP_CACHE="fp16", EXP="exp2", NORMALIZE="mul_rcp", UNROLL=4, STAGES=3),
+        dict(EXP_CACHE="fp16", STORE="bulk", THREADS=1024, STAGE_KB=32),
+    ]
+    shapes = [(301, 32768), (1000, 4096), (777, 1024), (9, 8), (64, 1000), (33, 40000), (3, 12)]
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    for i, point in enumerate(points):
+        mod = load_module(CUTLASS_SOFTMAX.render(point), f"cutlass_softmax_{i}")
+        for m, n in shapes:
+            x = (torch.randn(m, n, device="cuda", generator=gen) * 4).to(torch.bfloat16)
+            ref = torch.softmax(x.double(), dim=-1)
+            y = mod.run(x).double()
+            torch.cuda.synchronize()
+            bad = ((y - ref).abs() > 2**-7 * ref.abs() + 1e-7).sum().item()
+            assert bad == 0, (point, m, n, bad, (y - ref).abs().max().item())
+        view = (torch.randn(40, 4097, device="cuda", generator=gen)).to(torch.bfloat16)[:, 1:]
+        torch.testing.assert_close(mod.run(view).double(), torch.softmax(view.double(), -1), rtol=2**-7, atol=1e-7)
+    _start_point_is_correct("softmax", CUTLASS_SOFTMAX, [0, 1, 2])

@@ -127,3 +127,29 @@ def test_offline_agents_are_spent_on_strategies_that_can_move_something():
     # every strategy is kept (in the user's order after the relevant ones)
     assert sorted(relevant_strategies(names, "matmul")) == sorted(names)
     assert relevant_strategies(["fusion"], "matmul") == ["fusion"]
+
+
+def test_exploring_agents_climb_a_tried_family_from_its_best_point():
+    """A family that is not the champion's, with a measured point, is stepped from that point (one local
+    move), not only restarted at its start or ported onto."""
+    from kernelarc.models import Candidate, Verdict
+
+    task = load_builtin("matmul", cpu=True)
+    fams = {f.name: f for f in families_for("matmul")}
+    tiled = fams["matmul.tiled"]
+    other = next(f for n, f in fams.items() if n != tiled.name and f.language == "triton")
+    champ = Candidate(source=tiled.render(tiled.start), language="triton", family=tiled.name, knobs=dict(tiled.start))
+    best = dict(other.start)
+    finding = Finding(agent="a0", strategy="tiling", candidate_id="y", family=other.name, knobs=best,
+                      status=Status.correct_slower, gain=-0.3, lesson="slower start")  # fmt: skip
+    verdict = Verdict(candidate_id=champ.id, status=Status.champion)
+    ctx = AgentContext(task=task, target=None, champion=champ, champion_verdict=verdict, findings=[finding],
+                       history=[], seen=frozenset(), redirect="explore: plateau")  # fmt: skip
+    agent = SearchAgent("a1", "scheduling", task, seed=3, families=[tiled, other])
+    cands = [c for _ in range(16) for c in agent.propose(ctx, 1).candidates]
+    climbed = [c for c in cands if "climbing" in c.rationale]
+    assert climbed, [c.rationale for c in cands]
+    for c in climbed:
+        assert c.family == other.name and c.parent == "y" and c.knobs != best
+        changed = {k for k in c.knobs if c.knobs[k] != best.get(k)}
+        assert changed and len(changed) <= 4, changed  # a local step (plus any feasibility repair)

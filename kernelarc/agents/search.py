@@ -117,6 +117,12 @@ class SearchAgent:
             others = [f for f in fams if not champ or f.name != champ.family]
             if others:
                 fam = self.rng.choice(others)
+                # a family already tried but not the champion: half the time, step from its own best point,
+                # so a design whose start point is slow still gets climbed (not only restarted or ported onto)
+                own = [k for k in self._known(ctx) if k[1].name == fam.name]
+                if own and self.rng.random() < 0.5:
+                    _, _, point, cid, _ = own[0]
+                    return fam, point, cid, f"climbing {fam.name} from its best point"
                 # the best family point so far (the champion when it is one) carried over to this family
                 src = [(champ.family, champ.knobs)] if champ is not None and champ.family in self.families else []
                 src += [(k[1].name, k[2]) for k in self._known(ctx)]
