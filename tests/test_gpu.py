@@ -127,8 +127,9 @@ def test_splitk_partials_past_int32_offsets():
 
 
 def test_cutlass_fmha_residual_epilogue_on_partial_tiles_on_the_gpu():
-    """The residual read in the epilogue (and its L2 prefetch) on sequence lengths that end inside a
-    tile, and on several batches and heads, against an fp64 reference."""
+    """The residual read in the epilogue (after its L2 prefetch, or from shared memory where each thread
+    staged its own values) on sequence lengths that end inside a tile, and on several batches and heads,
+    against an fp64 reference."""
     import math
 
     from kernelarc.families.cutlass_fmha import CUTLASS_FMHA_RESIDUAL, available
@@ -137,9 +138,10 @@ def test_cutlass_fmha_residual_epilogue_on_partial_tiles_on_the_gpu():
     if not available():
         pytest.skip("needs nvcc and the CUTLASS headers with examples")
     gen = torch.Generator(device="cuda").manual_seed(11)
-    for residual, extra in (("epilogue", {}), ("prefetch", {"SCHEDULE": "pingpong", "STAGES_KV": 4})):
+    for residual, extra in (("epilogue", {}), ("prefetch", {"SCHEDULE": "pingpong", "STAGES_KV": 4}), ("stage", {}),
+                            ("stage", {"SCHEDULE": "pingpong", "STAGES_KV": 4})):
         knobs = CUTLASS_FMHA_RESIDUAL.check_point({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": residual, **extra})
-        mod = load_module(CUTLASS_FMHA_RESIDUAL.render(knobs), f"fmha_partial_{residual}")
+        mod = load_module(CUTLASS_FMHA_RESIDUAL.render(knobs), f"fmha_partial_{residual}_{len(extra)}")
         for b, h, s in ((2, 3, 200), (1, 2, 72), (1, 1, 136)):
             q, k, v, r = (torch.randn(b, h, s, 128, device="cuda", generator=gen).bfloat16() for _ in range(4))
             for causal in (0, 1):

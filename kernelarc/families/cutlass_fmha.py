@@ -1,5 +1,6 @@
 """CUTLASS Hopper attention-forward families for ``attention`` and ``attention_residual`` (language
-``cutlass``; for the second, the residual is added in place on the kernel's output).
+``cutlass``; for the second, the residual is added in place on the kernel's output, or in its epilogue:
+see the ``RESIDUAL`` knob).
 
 The C++ lives in ``templates/cutlass/fmha_sm90.cu.in`` and instantiates CUTLASS's
 ``examples/88_hopper_fmha`` kernel (shipped in the nvidia-cutlass wheel): the FlashAttention-3
@@ -43,7 +44,8 @@ _SCHEDULES = {
 }
 
 
-_IN_EPILOGUE = ("epilogue", "prefetch")  # RESIDUAL values that pass the residual to the kernel
+_IN_EPILOGUE = ("epilogue", "prefetch", "stage")  # RESIDUAL values that pass the residual to the kernel
+_IN_MAINLOOP = ("prefetch", "stage")  # ... and to its mainloop, which starts bringing it in
 
 
 def render_cpp(k: Mapping[str, Any]) -> str:
@@ -62,7 +64,8 @@ def render_cpp(k: Mapping[str, Any]) -> str:
         KERNEL_SCHEDULE=_SCHEDULES[k["SCHEDULE"]],
         OPTIONS="".join(", " + o for o in options),
         RESIDUAL_EPILOGUE=int(fused),
-        RESIDUAL_PREFETCH=int(k.get("RESIDUAL") == "prefetch"),
+        RESIDUAL_PREFETCH=int(k.get("RESIDUAL") in _IN_MAINLOOP),
+        RESIDUAL_STAGE=int(k.get("RESIDUAL") == "stage"),
     )
 
 
@@ -78,7 +81,8 @@ def _render(family: Family, knobs: Mapping[str, Any], residual: bool) -> str:
     )  # fmt: skip
     # RESIDUAL=after: added in place on the kernel's output (one extra pass over o); =epilogue: the
     # kernel's epilogue added it to the accumulator before storing o (=prefetch: from L2, where the
-    # kernel asked for it before its mainloop)
+    # kernel asked for it before its mainloop; =stage: from shared memory, where each thread copied its
+    # own values before its mainloop)
     finish = "    return o.add_(residual)\n" if residual and not fused else "    return o\n"
     return (
         cutlass_candidate_head(family.name, k, render_cpp(k))
@@ -128,12 +132,14 @@ def smem_bytes(k: Mapping[str, Any]) -> int:
     Q: two stages of a half tile (one per consumer warpgroup), BLOCK_Q x D in all; K and V share
     STAGES_KV stages of BLOCK_KV x D; pipeline barriers 512 bytes. A persistent kernel (ping-pong is
     always persistent) keeps the epilogue's store buffers beside the mainloop's instead of in a union
-    with them: 17408 bytes more.
+    with them: 17408 bytes more. ``RESIDUAL=stage`` adds the residual's slots, a BLOCK_Q x D bf16 tile
+    (static shared memory, beside ``SharedStorage``).
     """
     q = k["BLOCK_Q"] * HEAD_DIM * ELEM
     kv = k["STAGES_KV"] * k["BLOCK_KV"] * HEAD_DIM * ELEM
     persistent = k["PERSISTENT"] or k["SCHEDULE"] == "pingpong"
-    return q + kv + _BARRIERS + (_EPILOGUE_BESIDE if persistent else 0)
+    staged = k["BLOCK_Q"] * HEAD_DIM * ELEM if k.get("RESIDUAL") == "stage" else 0
+    return q + kv + _BARRIERS + (_EPILOGUE_BESIDE if persistent else 0) + staged
 
 
 def valid(k: Mapping[str, Any]) -> bool:
@@ -187,10 +193,11 @@ CUTLASS_FMHA_RESIDUAL = dataclasses.replace(
         *CUTLASS_FMHA.knobs,
         Knob(
             "RESIDUAL",
-            ("after", "epilogue", "prefetch"),
+            ("after", "epilogue", "prefetch", "stage"),
             "fusion",
             "residual added in place after the kernel, or to the accumulator before the store "
-            "(prefetch: its tile brought into L2 before the mainloop)",
+            "(prefetch: its tile brought into L2 before the mainloop; stage: each thread's residual values copied "
+            "into shared memory before the mainloop)",
         ),
     ),  # fmt: skip
     start={**CUTLASS_FMHA.start, "RESIDUAL": "after"},

@@ -122,7 +122,16 @@ def test_residual_in_the_epilogue_renders_its_own_kernel():
     pre = render_cpp({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "prefetch"})
     assert "#define KERNELARC_RESIDUAL_EPILOGUE 1" in pre and "#define KERNELARC_RESIDUAL_PREFETCH 1" in pre
     assert "#define KERNELARC_RESIDUAL_PREFETCH 0" in fused
-    for residual in ("after", "epilogue", "prefetch"):
+    assert "#define KERNELARC_RESIDUAL_STAGE 0" in pre
+    stage = render_cpp({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "stage"})
+    assert "#define KERNELARC_RESIDUAL_PREFETCH 1" in stage and "#define KERNELARC_RESIDUAL_STAGE 1" in stage
+    # the staged residual's slots (a BLOCK_Q x D bf16 tile) count against shared memory: 5 K/V stages fit
+    # a non-persistent kernel, not a persistent one (its epilogue buffers sit beside the mainloop's)
+    assert smem_bytes(CUTLASS_FMHA_RESIDUAL.check_point({"RESIDUAL": "stage"})) == smem_bytes(
+        CUTLASS_FMHA_RESIDUAL.start) + 128 * 128 * 2
+    assert CUTLASS_FMHA_RESIDUAL.valid(CUTLASS_FMHA_RESIDUAL.check_point({"RESIDUAL": "stage"}))
+    assert not CUTLASS_FMHA_RESIDUAL.valid(CUTLASS_FMHA_RESIDUAL.check_point({"RESIDUAL": "stage", "PERSISTENT": True}))
+    for residual in ("after", "epilogue", "prefetch", "stage"):
         src = CUTLASS_FMHA_RESIDUAL.render({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": residual})
         assert check_source(src).ok
         assert ("o.add_(residual)" in src) == (residual == "after")
@@ -177,7 +186,7 @@ def test_candidate_passes_layout_gqa_and_causal_to_the_kernel(monkeypatch):
     # attention + residual: the residual added to the kernel's output, or passed to its epilogue
     assert CUTLASS_FMHA_RESIDUAL.task == "attention_residual"
     q, k, v, r = (torch.randn(2, 4, 24, 128, generator=gen).to(torch.bfloat16) for _ in range(4))
-    for residual, n_inputs in (("after", 3), ("epilogue", 4), ("prefetch", 4)):
+    for residual, n_inputs in (("after", 3), ("epilogue", 4), ("prefetch", 4), ("stage", 4)):
         fake.calls.clear()
         knobs = {**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": residual}
         res_mod = load_module(CUTLASS_FMHA_RESIDUAL.render(knobs), f"fmha_res_fake_{residual}")
@@ -189,8 +198,9 @@ def test_candidate_passes_layout_gqa_and_causal_to_the_kernel(monkeypatch):
 
 
 @needs_toolchain
-@pytest.mark.parametrize("knobs", [CUTLASS_FMHA.start, {**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "prefetch"}],
-                         ids=["start", "residual_prefetch"])  # fmt: skip
+@pytest.mark.parametrize("knobs", [CUTLASS_FMHA.start, {**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "prefetch"},
+                                   {**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "stage"}],
+                         ids=["start", "residual_prefetch", "residual_stage"])  # fmt: skip
 def test_start_point_builds_for_sm90a(tmp_path, monkeypatch, knobs):
     monkeypatch.setenv("KERNELARC_CUTLASS_CACHE", str(tmp_path / "cache"))
     lib = cutlass.build(render_cpp(knobs))
