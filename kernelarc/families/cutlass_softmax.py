@@ -41,6 +41,10 @@ def smem_bytes(k: Mapping[str, Any]) -> int:
     return k["STAGES"] * k["STAGE_KB"] * 1024 + _SCRATCH
 
 
+def _cpp_bool(flag: bool) -> str:
+    return "true" if flag else "false"
+
+
 def render_cpp(k: Mapping[str, Any]) -> str:
     return string.Template(TEMPLATE.read_text()).substitute(
         THREADS=k["THREADS"],
@@ -49,12 +53,12 @@ def render_cpp(k: Mapping[str, Any]) -> str:
         CTAS_PER_SM=k["CTAS_PER_SM"],
         ELEMS_PER_THREAD=k["ELEMS_PER_THREAD"],
         STORE=_STORES[k["STORE"]],
-        EXP2="true" if k["EXP"] == "exp2" else "false",
-        MUL_RCP="true" if k["NORMALIZE"] == "mul_rcp" else "false",
-        EVICT_FIRST="true" if k["LOAD_HINT"] == "evict_first" else "false",
-        ONLINE="true" if k["STATS"] == "online" else "false",
+        EXP2=_cpp_bool(k["EXP"] == "exp2"),
+        MUL_RCP=_cpp_bool(k["NORMALIZE"] == "mul_rcp"),
+        EVICT_FIRST=_cpp_bool(k["LOAD_HINT"] == "evict_first"),
+        ONLINE=_cpp_bool(k["STATS"] == "online"),
         UNROLL=k["UNROLL"],
-        EXP_CACHE="true" if k["EXP_CACHE"] == "fp16" else "false",
+        EXP_CACHE=_cpp_bool(k["EXP_CACHE"] == "fp16"),
     )
 
 
