@@ -119,13 +119,14 @@ class SearchAgent:
                 fam = self.rng.choice(others)
                 # a family already tried but not the champion: half the time, step from its own best point,
                 # so a design whose start point is slow still gets climbed (not only restarted or ported onto)
-                own = [k for k in self._known(ctx) if k[1].name == fam.name]
+                known = self._known(ctx)
+                own = [k for k in known if k[1].name == fam.name]
                 if own and self.rng.random() < 0.5:
                     _, _, point, cid, _ = own[0]
                     return fam, point, cid, f"climbing {fam.name} from its best point"
                 # the best family point so far (the champion when it is one) carried over to this family
                 src = [(champ.family, champ.knobs)] if champ is not None and champ.family in self.families else []
-                src += [(k[1].name, k[2]) for k in self._known(ctx)]
+                src += [(k[1].name, k[2]) for k in known]
                 src = [(f, kn) for f, kn in src if self.families[f].language != "pytorch"][:1]
                 ported = self._port(fam, *src[0]) if src else None
                 if ported is not None and self.rng.random() < 0.75:

@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kernelarc.families.base import Family, Knob
+from kernelarc.families.base import SM90_SMEM_PER_BLOCK, Family, Knob
 
-SMEM_LIMIT = 232448  # bytes per block on H100/H200
+SMEM_LIMIT = SM90_SMEM_PER_BLOCK  # bytes per block on H100/H200
 SMEM_SLACK = 1024
 MAX_HEAD_DIM = 128  # largest D on the GPU workloads: valid() must hold for it
 

@@ -14,6 +14,10 @@ from typing import Any
 
 STRATEGIES = ("tiling", "memory", "precision", "fusion", "scheduling", "algorithmic")
 
+# Hopper (sm_90, H100/H200) shared memory: what one block may opt in to, and what an SM holds in all
+SM90_SMEM_PER_BLOCK = 227 * 1024
+SM90_SMEM_PER_SM = 228 * 1024
+
 
 @dataclass(frozen=True)
 class Knob:

@@ -29,10 +29,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelarc.families.base import Family, Knob, cutlass_candidate_head, offered_on_gpu
+from kernelarc.families.base import SM90_SMEM_PER_BLOCK, Family, Knob, cutlass_candidate_head, offered_on_gpu
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "cutlass" / "fmha_sm90.cu.in"
-SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
+SMEM_LIMIT = SM90_SMEM_PER_BLOCK
 _BARRIERS = 512
 _EPILOGUE_BESIDE = 17408
 HEAD_DIM = 128

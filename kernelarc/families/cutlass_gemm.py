@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelarc.families.base import Family, Knob, cutlass_candidate_head, offered_on_gpu
+from kernelarc.families.base import SM90_SMEM_PER_BLOCK, Family, Knob, cutlass_candidate_head, offered_on_gpu
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "cutlass" / "gemm_sm90.cu.in"
-SMEM_LIMIT = 227 * 1024
+SMEM_LIMIT = SM90_SMEM_PER_BLOCK
 ELEM = 2  # bf16
 
 _SCHEDULES = {  # knob value -> (mainloop kernel schedule, epilogue schedule)

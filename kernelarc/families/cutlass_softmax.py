@@ -26,11 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from kernelarc.cutlass import available  # nvcc and the CUTLASS headers: all this family needs to build
-from kernelarc.families.base import Family, Knob, cutlass_candidate_head, offered_on_gpu
+from kernelarc.families.base import (
+    SM90_SMEM_PER_BLOCK,
+    SM90_SMEM_PER_SM,
+    Family,
+    Knob,
+    cutlass_candidate_head,
+    offered_on_gpu,
+)
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "cutlass" / "softmax_sm90.cu.in"
-SMEM_PER_SM = 228 * 1024  # sm_90: shared memory per SM; one CTA may opt in to 227 KB of it
-SMEM_PER_CTA = 227 * 1024
 CTA_RESERVED = 1024  # the runtime reserves 1 KB of shared memory per resident CTA
 THREADS_PER_SM = 1536  # of the SM's 2048: ptxas may then give each thread 40 registers
 _SCRATCH = 1024  # mbarriers and reduction slots after the stages (sizeof(Shared) <= 1 KB)
@@ -89,9 +94,9 @@ def valid(k: Mapping[str, Any]) -> bool:
     if k["EXP_CACHE"] != "none" and k["STATS"] != "two_pass":
         return False  # the cached exp must be taken against the row's final max
     smem = smem_bytes(k)
-    if smem > SMEM_PER_CTA:
+    if smem > SM90_SMEM_PER_BLOCK:
         return False
-    if k["CTAS_PER_SM"] * (smem + CTA_RESERVED) > SMEM_PER_SM:
+    if k["CTAS_PER_SM"] * (smem + CTA_RESERVED) > SM90_SMEM_PER_SM:
         return False
     return k["CTAS_PER_SM"] * k["THREADS"] <= THREADS_PER_SM
 

@@ -30,10 +30,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kernelarc.families.base import Family, Knob
+from kernelarc.families.base import SM90_SMEM_PER_BLOCK, Family, Knob
 
-# Hopper: 227 KB of shared memory per block (232448 bytes); Triton adds a few barriers.
-SMEM_LIMIT = 232448
+SMEM_LIMIT = SM90_SMEM_PER_BLOCK  # 232448 bytes; Triton adds a few barriers (SMEM_SLACK)
 SMEM_SLACK = 1024
 ELEM = 2  # bf16 bytes
 
