@@ -19,11 +19,33 @@ def test_all_45_problems_load_and_validate():
             t.axes(i)
 
 
-def test_misspelt_tolerance_key_is_read_with_a_warning():
+def test_misspelt_tolerance_key_is_ignored_as_nvidias_harness_does_with_a_warning():
     p = next(p for p in PROBLEMS if "required_match_ratio" in (p / "workload.jsonl").read_text())
     t = load_task(p)
-    assert any("required_match_ratio" in w for w in t.warnings)
-    assert any(w.tolerance and w.tolerance.required_matched_ratio is not None for w in t.workloads)
+    assert any("required_match_ratio" in w and "ignores" in w for w in t.warnings)
+    i = next(i for i, w in enumerate(t.workloads) if "required_match_ratio" in (w.tolerance.model_extra or {}))
+    assert t.workloads[i].tolerance.model_extra["required_match_ratio"] == 0.98
+    rule = t.tolerance_rule(i, t.output_names[0])
+    assert rule.ratio == 0.99 and rule.atol == t.workloads[i].tolerance.max_atol
+
+
+def test_tolerance_defaults_and_fields_are_nvidias(tmp_path):
+    d = json.loads((Path(load_builtin("rmsnorm").path) / "definition.json").read_text())
+    base = {"uuid": "a", "axes": {"M": 4, "N": 8}, "inputs": {"x": {"type": "random"}, "weight": {"type": "random"}}}
+    wls = [
+        base,
+        {**base, "uuid": "b", "tolerance": {"max_rtol": 0.05}},
+        {**base, "uuid": "c", "tolerance": {"max_error_cap": 0.1, "allow_negative_inf": True, "odd": 1}},
+    ]
+    t = load_task(_write(tmp_path, d, wls))
+    out = t.output_names[0]
+    assert t.tolerance(0, out) == (1e-2, 1e-2, 0.99)
+    assert t.tolerance(1, out) == (1e-2, 0.05, 0.99)
+    r = t.tolerance_rule(2, out)
+    assert r.max_error_cap == 0.1 and r.allow_negative_inf and r.ratio == 0.99
+    assert any("'odd'" in w for w in t.warnings)
+    with pytest.raises(TaskError, match="no output"):
+        t.tolerance_rule(0, "nope")
 
 
 @pytest.mark.parametrize(

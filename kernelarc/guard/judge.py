@@ -350,9 +350,10 @@ class Guard:
         refs, hps = self.reference(wl, seeds[j])
         entry = res["checks"].setdefault(wl, {"max_abs_err": 0.0, "matched": 1.0, "rel_err": 0.0})
         for k, (name, _spec) in enumerate(self.task.definition.outputs.items()):
-            atol, rtol, ratio = self.task.tolerance(wl, name)
+            tol = self.task.tolerance_rule(wl, name)
             hp = hps[k] if hps is not None else None
-            c = compare_output(name, outs[k], refs[k], hp, atol, rtol, ratio)
+            c = compare_output(name, outs[k], refs[k], hp, tol.atol, tol.rtol, tol.ratio,
+                               max_error_cap=tol.max_error_cap, allow_negative_inf=tol.allow_negative_inf)  # fmt: skip
             if c.max_abs_err is not None:
                 entry["max_abs_err"] = max(entry["max_abs_err"], c.max_abs_err)
             if c.matched_ratio is not None:

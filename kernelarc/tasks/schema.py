@@ -109,10 +109,18 @@ InputDescriptor = Annotated[InputRandom | InputScalar | InputSafetensors | Input
 
 
 class Tolerance(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A workload's correctness bounds, as NVIDIA's ToleranceSpec has them (unset fields take its defaults).
+
+    Unknown keys are kept (``model_extra``) and ignored, as the harness ignores them (pydantic's default
+    there); the loader warns about them, e.g. the misspelt ``required_match_ratio`` of real data.
+    """
+
+    model_config = ConfigDict(extra="allow")
     max_atol: float | None = None
     max_rtol: float | None = None
     required_matched_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_error_cap: float | None = Field(default=None, description="Hard ceiling on any absolute error.")
+    allow_negative_inf: bool | None = Field(default=None, description="Positions -inf in both pass.")
 
 
 class Workload(BaseModel):
