@@ -119,6 +119,25 @@ class SearchConfig:
 
 
 @dataclass
+class ExportConfig:
+    """``python -m kernelarc.export``: the SOL-ExecBench calling convention of the written solution."""
+
+    dps: bool = True  # destination-passing style (the harness's default); false: value-returning run()
+
+
+@dataclass
+class SuiteConfig:
+    """``python -m kernelarc.suite dir=TREE``: one search session per problem folder (kernelarc.suite)."""
+
+    problems: list[str] | None = None  # only these problems (folder names or paths relative to dir); null: all
+    workloads: int | None = None  # per problem, this many representative workloads; null: the session's default
+    out: str = ".kernelarc/suite"  # per-problem results (resume), table.csv, table.json
+    isolation: str = "inline"  # inline: sessions in this process; process: one subprocess per problem
+    progress: bool = False  # the sessions' own candidate lines (the suite prints one line per problem)
+    problem_timeout_s: float | None = None  # isolation=process: kill a problem's session after this long
+
+
+@dataclass
 class KernelArcConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     gpu: Any = field(default_factory=lambda: {"name": "auto"})
@@ -130,12 +149,15 @@ class KernelArcConfig:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     guard: GuardSettings = field(default_factory=GuardSettings)
     search: SearchConfig = field(default_factory=SearchConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    suite: SuiteConfig = field(default_factory=SuiteConfig)
     seed: int = 0
     # check / export entry points
     kernel: str | None = None
     language: str | None = None
     format: str = "sol-execbench"
     out: str | None = None
+    dir: str | None = None  # suite entry point: the tree of SOL-ExecBench problem folders
 
 
 def register_configs() -> None:

@@ -1,7 +1,9 @@
-"""python -m kernelarc.export +task=NAME gpu=TARGET format=sol-execbench|python out=DIR
+"""python -m kernelarc.export +task=NAME gpu=TARGET format=sol-execbench|python out=DIR [export.dps=false]
 
 Writes the registry's champion (alias ``champion`` of ``kernelarc.<task>.<gpu>``) as a
-SOL-ExecBench solution.json with its sources, or as a standalone Python module.
+SOL-ExecBench solution.json with its sources (destination-passing style, the harness's
+default; ``export.dps=false`` for a value-returning entry point), or as a standalone Python
+module.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ register_configs()
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from kernelarc.app import UsageError, fail, typed
-    from kernelarc.exporting import export_solution, sol_target_hardware
+    from kernelarc.exporting import export_for_task
     from kernelarc.registry import Registry
     from kernelarc.session import load_task_from_config
 
@@ -40,9 +42,9 @@ def main(cfg: DictConfig) -> None:
         if found is None:
             raise UsageError(f"no champion registered for {task.name} on {gpu}: run a search first")
         version, cand, tags = found
-        path = export_solution(
-            cand, task.definition.name, hydra.utils.to_absolute_path(c.out), c.format, sol_target_hardware(gpu),
-            f"KernelArc champion v{version} ({cand.family or cand.language}) for {task.name} on {gpu}",
+        path = export_for_task(
+            cand, task, hydra.utils.to_absolute_path(c.out), c.format, gpu, dps=c.export.dps,
+            description=f"KernelArc champion v{version} ({cand.family or cand.language}) for {task.name} on {gpu}",
             metrics={k: v for k, v in tags.items() if not k.startswith("kernelarc.source")},
             provenance={"registry_version": version, "model": f"kernelarc.{task.name}.{gpu}"},
         )  # fmt: skip

@@ -1,10 +1,15 @@
 """Export a kernel out of KernelArc.
 
-- ``sol-execbench``: ``solution.json`` in the SOL-ExecBench Solution schema (docs/solution.md:
-  name, definition, description, author, spec {language, target_hardware, entry_point,
-  destination_passing_style, dependencies}, sources [{path, content}]) plus ``main.py``
-  beside it. Candidates follow the value-returning convention, hence
-  ``destination_passing_style: false``.
+- ``sol-execbench``: ``solution.json`` in the Solution schema of NVIDIA's harness
+  (``../shared/sol-execbench-harness/docs/solution.md`` and its pydantic model
+  ``sol_execbench.core.data.solution.Solution``): name, definition, description, author,
+  spec {languages, target_hardware, entry_point, destination_passing_style, dependencies},
+  sources [{path, content}], with the sources also written beside it.
+  Destination-passing style (the schema's default) is ours too: ``main.py::run`` takes the
+  inputs, then the preallocated outputs, and returns nothing; it calls the candidate (which
+  returns its outputs, KernelArc's convention) kept unchanged in ``kernelarc_kernel.py`` and
+  copies the results into the destinations. ``dps=False`` exports the value-returning module
+  alone as ``main.py`` (``destination_passing_style: false``).
 - ``python``: one standalone module ``<name>.py`` with a provenance header comment.
 """
 
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import json
+import keyword
 import logging
 import re
 import time
@@ -27,23 +33,103 @@ log = logging.getLogger(__name__)
 FORMATS = ("sol-execbench", "python")
 ENTRY_FILE = "main.py"
 ENTRY_POINT = f"{ENTRY_FILE}::run"
+KERNEL_MODULE = "kernelarc_kernel"  # the candidate's own module under DPS (a name no package uses)
+KERNEL_FILE = f"{KERNEL_MODULE}.py"
 AUTHOR = "kernelarc"
-# Values SOL-ExecBench's own Solution model accepts for target_hardware.
+# Values SOL-ExecBench's own Solution model accepts for target_hardware (enum SupportedHardware).
 SOL_HARDWARE = ("B200", "LOCAL")
-# Our language -> the schema's spec.language. A CUTLASS candidate is a Python module that
-# builds and calls CUTLASS, so its entry point is Python.
-_SPEC_LANGUAGE = {"triton": "triton", "pytorch": "python", "cutlass": "python"}
+# The schema's spec.languages enum (SupportedLanguages); Python ones may not be mixed with C++ ones.
+SOL_LANGUAGES = ("pytorch", "triton", "cute_dsl", "cutile", "cudnn_frontend", "cutlass", "cudnn", "cublas", "cuda_cpp")
+# Our language -> the schema's languages. A KernelArc CUTLASS candidate is a Python module that
+# builds its C++ with nvcc and calls it through ctypes: its entry point is Python, so it is a
+# "pytorch" solution to the harness (the schema's "cutlass" means a C++ entry file it compiles).
+_SPEC_LANGUAGES = {"triton": ["triton"], "pytorch": ["pytorch"], "cutlass": ["pytorch"]}
 _DEPENDENCIES = {"triton": ["torch", "triton"], "pytorch": ["torch"], "cutlass": ["torch", "nvidia-cutlass"]}
+
+
+def _imports_triton(source: str) -> bool:
+    return re.search(r"^\s*(import triton|from triton\b)", source, re.MULTILINE) is not None
 
 
 def _dependencies(candidate: Candidate) -> list[str]:
     """The language's packages, plus triton for a module that imports it under another language
     (a shape dispatch over CUTLASS and Triton parts is language ``cutlass``)."""
     deps = list(_DEPENDENCIES[candidate.language])
-    imports_triton = re.search(r"^\s*(import triton|from triton\b)", candidate.source, re.MULTILINE)
-    if imports_triton and "triton" not in deps:
+    if _imports_triton(candidate.source) and "triton" not in deps:
         deps.append("triton")
     return deps
+
+
+def spec_languages(candidate: Candidate) -> list[str]:
+    """``spec.languages`` for a candidate: the schema's enum values (see ``SOL_LANGUAGES``)."""
+    langs = list(_SPEC_LANGUAGES[candidate.language])
+    if _imports_triton(candidate.source) and "triton" not in langs:
+        langs.append("triton")
+    return langs
+
+
+def _param_names(names: Sequence[str]) -> bool:
+    """True when every name can be a Python parameter of the DPS entry point."""
+    reserved = {"torch", "_kernel_run", "_store", "_OUTPUTS", "_INPUTS"}
+    return all(n.isidentifier() and not keyword.iskeyword(n) and n not in reserved for n in names) and len(
+        set(names)
+    ) == len(names)
+
+
+def dps_entry(input_names: Sequence[str], output_names: Sequence[str]) -> str:
+    """``main.py`` of a DPS export: ``run(<inputs>, <outputs>)`` calls the value-returning kernel
+    and copies its results into the preallocated outputs, with the checks the harness applies to
+    a value-returning solution (count, shape, dtype), so a wrong result is not hidden by
+    broadcasting or casting in ``copy_``. Parameters are named as in the definition (the
+    schema's rule) when the names are identifiers, else positional."""
+    ins, outs = list(input_names), list(output_names)
+    if not outs:
+        raise ValueError("a destination-passing export needs the definition's output names")
+    if _param_names(ins + outs):
+        params = ", ".join(ins + outs)
+        call = f"_kernel_run({', '.join(ins)})"
+        dests = f"[{', '.join(outs)}]"
+    else:
+        params = "*args"
+        call = "_kernel_run(*args[: len(_INPUTS)])"
+        dests = "list(args[len(_INPUTS) :])"
+    return f'''"""SOL-ExecBench entry point, destination-passing style: the inputs, then the preallocated
+outputs; returns nothing. The kernel (KernelArc's value-returning candidate, unchanged) lives in
+{KERNEL_FILE}; its results are copied into the outputs."""
+
+import torch
+
+from {KERNEL_MODULE} import run as _kernel_run
+
+_INPUTS = {tuple(ins)!r}
+_OUTPUTS = {tuple(outs)!r}
+
+
+def run({params}):
+    _store({call}, {dests})
+
+
+def _store(result, dests):
+    if len(dests) != len(_OUTPUTS):
+        raise TypeError(f"expected {{len(_INPUTS)}} inputs and {{len(_OUTPUTS)}} outputs {{_OUTPUTS}}")
+    if isinstance(result, dict):
+        values = [result[name] for name in _OUTPUTS]
+    elif isinstance(result, (tuple, list)):
+        values = list(result)
+    else:
+        values = [result]
+    if len(values) != len(dests):
+        raise RuntimeError(f"the kernel returned {{len(values)}} outputs, {{len(dests)}} expected {{_OUTPUTS}}")
+    for name, dst, val in zip(_OUTPUTS, dests, values):
+        if not isinstance(val, torch.Tensor):
+            val = torch.tensor(val, dtype=dst.dtype, device=dst.device)
+        if tuple(val.shape) != tuple(dst.shape):
+            got, want = tuple(val.shape), tuple(dst.shape)
+            raise RuntimeError(f"output {{name}}: the kernel returned shape {{got}}, expected {{want}}")
+        if val.dtype != dst.dtype:
+            raise RuntimeError(f"output {{name}}: the kernel returned {{val.dtype}}, expected {{dst.dtype}}")
+        dst.copy_(val)
+'''
 
 
 def sol_target_hardware(gpu: str) -> list[str]:
@@ -169,15 +255,22 @@ def export_solution(
     metrics: Mapping[str, Any] | None = None,
     provenance: Mapping[str, Any] | None = None,
     dependencies: Sequence[str] | None = None,
+    dps: bool = True,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
 ) -> Path:
     """Write the candidate to ``out_dir``; returns ``solution.json`` or the module path.
 
-    ``metrics`` (latency_ms, speedup_vs_baseline, ...) and ``provenance`` (run id, model
-    version, gpu, software versions) go into the python header and, for sol-execbench, into a
-    ``kernelarc.json`` sidecar (the Solution schema has no field for them).
+    ``dps`` (sol-execbench only, the schema's default): the entry point takes the inputs and the
+    preallocated outputs (``input_names`` and ``output_names``, the definition's, in its order,
+    are then required). ``metrics`` (latency_ms, speedup_vs_baseline, ...) and ``provenance``
+    (run id, model version, gpu, software versions) go into the python header and, for
+    sol-execbench, into a ``kernelarc.json`` sidecar (the Solution schema has no field for them).
     """
     hardware = _validate(candidate, task_definition_name, fmt, target_hardware)
     definition = task_definition_name.strip()
+    if fmt == "sol-execbench" and dps and not output_names:
+        raise ValueError("a destination-passing export needs output_names (the definition's outputs), or dps=False")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"out_dir {out} exists and is not a directory")
@@ -193,26 +286,55 @@ def export_solution(
         path.write_text(_header(candidate, definition, description, hardware, metrics, provenance) + source)
         return path
 
+    if dps:
+        files = {ENTRY_FILE: dps_entry(input_names or [], output_names or []), KERNEL_FILE: source}
+    else:
+        files = {ENTRY_FILE: source}
     solution = {
         "name": sol_name,
         "definition": definition,
         "description": scrub_text(description),
         "author": AUTHOR,
         "spec": {
-            "language": _SPEC_LANGUAGE[candidate.language],
+            "languages": spec_languages(candidate),
             "target_hardware": hardware,
             "entry_point": ENTRY_POINT,
-            "destination_passing_style": False,
+            "destination_passing_style": bool(dps),
             "dependencies": list(dependencies) if dependencies is not None else _dependencies(candidate),
         },
-        "sources": [{"path": ENTRY_FILE, "content": source}],
+        "sources": [{"path": k, "content": v} for k, v in files.items()],
     }
     path = out / "solution.json"
     path.write_text(json.dumps(solution, indent=2) + "\n")
-    (out / ENTRY_FILE).write_text(source)
+    for stale in (ENTRY_FILE, KERNEL_FILE):  # a re-export in the other style leaves no stray module
+        if stale not in files:
+            (out / stale).unlink(missing_ok=True)
+    for fname, text in files.items():
+        (out / fname).write_text(text)
     if metrics or provenance:
         side = {"candidate": candidate.model_dump(mode="json", exclude={"source"}) | {"id": candidate.id}}
         side["metrics"] = dict(metrics or {})
         side["provenance"] = dict(provenance or {})
         (out / "kernelarc.json").write_text(scrub_text(json.dumps(side, indent=2, sort_keys=True, default=str)) + "\n")
     return path
+
+
+def export_for_task(
+    candidate: Candidate,
+    task: Any,
+    out_dir: str | Path,
+    fmt: str = "sol-execbench",
+    gpu: str = "local",
+    *,
+    dps: bool = True,
+    description: str | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    provenance: Mapping[str, Any] | None = None,
+) -> Path:
+    """``export_solution`` for a loaded task (``kernelarc.tasks.loader.Task``): its definition's
+    name, input and output names, and the harness's hardware name for ``gpu``."""
+    return export_solution(
+        candidate, task.definition.name, out_dir, fmt, sol_target_hardware(gpu), description,
+        metrics=metrics, provenance=provenance, dps=dps, input_names=task.input_names,
+        output_names=task.output_names,
+    )  # fmt: skip
