@@ -2,7 +2,11 @@
 
 Registered model ``kernelarc.<task>.<gpu>``; every promoted kernel is a version whose source
 is the child run's ``kernel/`` artifact folder (``kernel.py``, ``candidate.json``,
-``verdict.json``). The alias ``champion`` marks the current best.
+``verdict.json``). The alias ``champion`` marks the current best. That folder is an MLflow
+model too (``MLmodel``, ``code/kernelarc_pyfunc.py``, ``definition.json``, ``input_example.pt``):
+``mlflow.pyfunc.load_model("models:/kernelarc.<task>.<gpu>@champion").predict([x, w])`` runs
+the kernel on the inputs in definition order and returns its outputs (``kernelarc.pyfunc_model``).
+A kernel registered again (the reference baseline of every session) keeps its first version.
 
 The promotion RULE (the alias moves only to a version that beat the current champion, both
 measured side by side in the same run on the same GPU) is decided by the caller, which holds
@@ -15,14 +19,17 @@ import contextlib
 import importlib.metadata
 import json
 import logging
+import math
 import platform
 import re
+import shutil
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from kernelarc import pyfunc_model
 from kernelarc.models import Candidate, Verdict
 from kernelarc.tracking import (
     CANDIDATE_ARTIFACT_DIR,
@@ -37,6 +44,12 @@ from kernelarc.tracking import (
 log = logging.getLogger(__name__)
 
 CHAMPION = "champion"
+PYFUNC_LOADER = "kernelarc_pyfunc"  # pyfunc_model.py's name inside a model's code/ folder
+INPUT_EXAMPLE = "input_example.pt"
+MAX_EXAMPLE_BYTES = 8 << 20  # the smallest workload's inputs ride along up to this size
+# Definition dtypes numpy can hold (a tensor signature); bfloat16 and fp8 have none: their shapes and
+# dtypes are in the model's metadata and definition.json only.
+_NUMPY_DTYPES = ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
 _MODEL_URI_RE = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[\w\-]+)|/(?P<version>\d+))$")
 _VERSION_METRICS = (
     "latency_ms",
@@ -90,7 +103,9 @@ def _tag_value(value: Any) -> str:
 class Registry:
     """Champion store for one (task, gpu)."""
 
-    def __init__(self, tracker_or_client: Tracker | Any | str | None, task: str, gpu: str):
+    def __init__(self, tracker_or_client: Tracker | Any | str | None, task: str, gpu: str, problem: Any = None):
+        """``problem``: the loaded ``kernelarc.tasks.loader.Task``; with it, a version's model carries the
+        task definition (input names and order for ``predict``, signature, an input example)."""
         from mlflow import MlflowClient
 
         if isinstance(tracker_or_client, Tracker):
@@ -105,6 +120,7 @@ class Registry:
             raise TypeError(f"expected a Tracker, an MlflowClient or a tracking URI, got {type(tracker_or_client)}")
         self.task = task
         self.gpu = gpu
+        self.problem = problem
         self.name = model_name(task, gpu)
         self._lock = threading.Lock()
         with contextlib.suppress(Exception):  # private API moved: logging is only slower
@@ -144,8 +160,14 @@ class Registry:
             raise ValueError(f"verdict is for candidate {verdict.candidate_id}, not {candidate.id}")
         if not verdict.correct:
             raise ValueError(f"refusing to register candidate {candidate.id}: verdict is {verdict.status.value}")
+        existing = self.version_for(candidate.id)
+        if existing is not None:  # the same kernel (e.g. the reference baseline of a later session)
+            self._ensure_pyfunc(existing)
+            log.info("%s: candidate %s is version %s already", self.name, candidate.id, existing)
+            return existing
         run = self.client.get_run(run_id)
         source = run.info.artifact_uri.rstrip("/") + "/" + CANDIDATE_ARTIFACT_DIR
+        self._write_model(candidate, verdict, run_id)
 
         tags: dict[str, Any] = {
             "candidate_id": candidate.id,
@@ -177,6 +199,93 @@ class Registry:
             )
         log.info("registered %s version %s (candidate %s)", self.name, mv.version, candidate.id)
         return int(mv.version)
+
+    # -- the MLflow model of a version ----------------------------------------
+
+    def _write_model(self, candidate: Candidate, verdict: Verdict, run_id: str) -> None:
+        """Make the run's ``kernel/`` folder an MLflow pyfunc model (files added beside the kernel)."""
+        from mlflow.models import Model
+
+        definition = self._definition()
+        metadata: dict[str, Any] = {
+            "model": self.name,
+            "task": self.task,
+            "gpu": self.gpu,
+            "candidate_id": candidate.id,
+            "language": candidate.language,
+            "family": candidate.family,
+            "entry_point": "kernel.py::run",
+            "predict": "model.predict([inputs in definition order]) -> the kernel's outputs (torch tensors)",
+        }
+        for name in _VERSION_METRICS:
+            value = getattr(verdict, name)
+            if value is not None and math.isfinite(value):
+                metadata[name] = value
+        with tempfile.TemporaryDirectory(prefix="kernelarc-model-") as tmp:
+            mdir = Path(tmp) / CANDIDATE_ARTIFACT_DIR
+            (mdir / "code").mkdir(parents=True)
+            shutil.copyfile(pyfunc_model.__file__, mdir / "code" / f"{PYFUNC_LOADER}.py")
+            signature = None
+            if definition is not None:
+                (mdir / pyfunc_model.DEFINITION_FILE).write_text(json.dumps(definition, indent=2))
+                metadata["inputs"] = _specs(definition.get("inputs", {}))
+                metadata["outputs"] = _specs(definition.get("outputs", {}))
+                signature = _signature(definition)
+                example = self._input_example(mdir / INPUT_EXAMPLE)
+                if example is not None:
+                    metadata["input_example"] = {"file": INPUT_EXAMPLE, "axes": example}
+            (mdir / "requirements.txt").write_text("\n".join(_requirements(candidate)) + "\n")
+            model = Model(artifact_path=CANDIDATE_ARTIFACT_DIR, run_id=run_id, signature=signature, metadata=metadata)
+            model.add_flavor(
+                "python_function",
+                loader_module=PYFUNC_LOADER,
+                code="code",
+                data="kernel.py",
+                python_version=platform.python_version(),
+            )
+            model.add_flavor("kernelarc", language=candidate.language, source="kernel.py", task=self.task)
+            model.save(str(mdir / "MLmodel"))
+            self.client.log_artifacts(run_id, str(mdir), CANDIDATE_ARTIFACT_DIR)
+
+    def _ensure_pyfunc(self, version: int) -> None:
+        """A version registered before versions were MLflow models gets its model files now."""
+        mv = self._model_version(version)
+        if mv is None or not mv.run_id:
+            return
+        names = {a.path.rsplit("/", 1)[-1] for a in self.client.list_artifacts(mv.run_id, CANDIDATE_ARTIFACT_DIR)}
+        if "MLmodel" in names:
+            return
+        try:
+            cand = self._load(mv)
+            verdict_path = self.client.download_artifacts(mv.run_id, f"{CANDIDATE_ARTIFACT_DIR}/verdict.json")
+            verdict = Verdict.model_validate_json(Path(verdict_path).read_text())
+            self._write_model(cand, verdict, mv.run_id)
+        except Exception as exc:  # noqa: BLE001 - the kernel itself stays registered and exportable
+            log.warning("%s v%s: could not add its MLflow model files: %s", self.name, version, exc)
+
+    def _definition(self) -> dict[str, Any] | None:
+        if self.problem is None:
+            return None
+        path = Path(getattr(self.problem, "path", "")) / "definition.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        return self.problem.definition.model_dump(mode="json")
+
+    def _input_example(self, path: Path) -> dict[str, int] | None:
+        """The smallest workload's inputs (seed 0, CPU tensors) as ``torch.save`` of a list; its axes."""
+        import torch
+
+        from kernelarc.tasks.inputs import make_inputs
+
+        try:
+            index = min(range(len(self.problem.workloads)), key=self.problem.io_bytes)
+            if self.problem.io_bytes(index) > MAX_EXAMPLE_BYTES:
+                return None
+            torch.save(make_inputs(self.problem, index, 0, "cpu"), path)
+            return self.problem.axes(index)
+        except Exception as exc:  # noqa: BLE001 - custom inputs may need a GPU: the model works without
+            log.debug("%s: no input example: %s", self.name, exc)
+            return None
 
     def set_champion(self, version: int) -> None:
         """Point the ``champion`` alias at ``version`` (no checks: see ``promote``)."""
@@ -302,3 +411,45 @@ class Registry:
         if expected and candidate.id != expected:
             log.warning("%s v%s: candidate id %s != recorded %s", self.name, mv.version, candidate.id, expected)
         return candidate
+
+
+def _specs(tensors: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"name": n, "dtype": t.get("dtype"), "shape": t.get("shape")} for n, t in tensors.items()]
+
+
+def _signature(definition: dict[str, Any]):
+    """A tensor signature (symbolic axes as -1) when numpy holds every dtype, else None.
+
+    The signature is marked as coming from type hints: MLflow then passes the inputs through
+    unchanged (its schema enforcement takes numpy arrays only; the kernel takes torch tensors)."""
+    import numpy as np
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    def schema(tensors: dict[str, Any]) -> Schema | None:
+        specs = []
+        for name, t in tensors.items():
+            if t.get("dtype") not in _NUMPY_DTYPES:
+                return None
+            shape = tuple(d if isinstance(d, int) else -1 for d in (t.get("shape") or ()))
+            specs.append(TensorSpec(np.dtype(t["dtype"]), shape, name))
+        return Schema(specs) if specs else None
+
+    inputs, outputs = schema(definition.get("inputs", {})), schema(definition.get("outputs", {}))
+    if inputs is None or outputs is None:
+        return None
+    sig = ModelSignature(inputs=inputs, outputs=outputs)
+    sig._is_signature_from_type_hint = True
+    return sig
+
+
+def _requirements(candidate: Candidate) -> list[str]:
+    reqs = []
+    for dist in ("torch", "triton", "nvidia-cutlass"):
+        if dist == "triton" and "triton" not in candidate.source:
+            continue
+        if dist == "nvidia-cutlass" and candidate.language != "cutlass":
+            continue
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            reqs.append(f"{dist}=={importlib.metadata.version(dist).split('+')[0]}")
+    return reqs

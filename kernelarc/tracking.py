@@ -43,6 +43,29 @@ MAX_KEY = 250  # MAX_ENTITY_KEY_LENGTH
 MAX_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH (params and tags each); metrics allow 1000
 PARENT_TAG = "mlflow.parentRunId"
 CANDIDATE_ARTIFACT_DIR = "kernel"
+# MLflow 3's UI opens an experiment in its GenAI (traces) view unless this tag says otherwise.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+# A saved runs-table view (the UI's "share view" state) that ui_url() opens: the columns a user compares.
+VIEW_KEY = "kernelarc"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+VIEW_EXPANDED_SESSIONS = 20  # newest session runs shown expanded (their candidates nested below)
+VIEW_COLUMNS = (
+    "attributes.`Duration`",
+    "tags.`kernelarc.verdict`",
+    "params.`family`",
+    "params.`agent`",
+    "metrics.`latency_ms`",
+    "metrics.`tflops`",
+    "metrics.`tbps`",
+    "metrics.`sol_fraction`",
+    "metrics.`speedup_vs_baseline`",
+    "metrics.`speedup_vs_compile`",
+    "metrics.`speedup_vs_champion`",
+    "metrics.`evaluated`",
+    "params.`agents.count`",
+    "params.`memory.limit`",
+)
 
 # "token" but not "max_tokens"/"tokenizer": token budgets are config worth keeping.
 _SECRET_KEY_RE = re.compile(r"api[_-]?key|token(?!s|iz)|secret|passw(or)?d|credential", re.IGNORECASE)
@@ -287,6 +310,24 @@ def experiment_name(task: str, gpu: str) -> str:
     return f"kernelarc/{task}/{gpu}"
 
 
+def session_run_name(
+    task: str, gpu: str, agents: int, memory: int | None, backend: str = "search", seed: int = 0
+) -> str:
+    """``rmsnorm-cpu-4a-m16``: what a sweep varies, readable in the runs table (``mall``: memory.limit=null).
+    A non-default backend or seed is appended (``-anthropic``, ``-s1``)."""
+    name = f"{task}-{gpu}-{agents}a-m{'all' if memory is None else memory}"
+    if backend not in ("search", "auto"):
+        name += f"-{backend}"
+    if seed:
+        name += f"-s{seed}"
+    return name
+
+
+def ui_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
+    """The experiment's runs table with KernelArc's saved columns (see ``VIEW_COLUMNS``)."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
+
+
 def _chunks(items: list, size: int) -> Iterable[list]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
@@ -317,6 +358,7 @@ class Tracker:
         self.parent_run_id: str | None = None
         self._lock = threading.Lock()
         self._seq = 0
+        self._last_step = 0  # newest step of the session's metric series; the summary is logged there
 
     # -- setup ---------------------------------------------------------------
 
@@ -327,18 +369,50 @@ class Tracker:
         if exp is not None:
             if exp.lifecycle_stage == "deleted":
                 self.client.restore_experiment(exp.experiment_id)
+            if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # a store from an older KernelArc
+                self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return exp.experiment_id
         try:
             return self.client.create_experiment(
                 self.experiment_name,
                 artifact_location=self.artifact_location,
-                tags={"kernelarc.task": self.task, "kernelarc.gpu": self.gpu},
+                tags={
+                    "kernelarc.task": self.task,
+                    "kernelarc.gpu": self.gpu,
+                    EXPERIMENT_KIND_TAG: EXPERIMENT_KIND,
+                    VIEW_TAG: self._view_state([]),
+                },
             )
         except MlflowException:  # another process created it first
             exp = self.client.get_experiment_by_name(self.experiment_name)
             if exp is None:
                 raise
             return exp.experiment_id
+
+    @staticmethod
+    def _view_state(expanded: list[str]) -> str:
+        """The runs table ``ui_url`` opens: compared columns selected, newest sessions expanded, newest first."""
+        return json.dumps(
+            {
+                "selectedColumns": list(VIEW_COLUMNS),
+                "runsExpanded": {run_id: True for run_id in expanded},
+                "orderByKey": "attributes.start_time",
+                "orderByAsc": False,
+            }
+        )
+
+    def _expand_in_view(self, run_id: str) -> None:
+        """Put a new session first among the expanded ones of the saved view (best effort: a view only)."""
+        try:
+            exp = self.client.get_experiment(self.experiment_id)
+            try:
+                old = list(json.loads(exp.tags.get(VIEW_TAG, "{}")).get("runsExpanded", {}))
+            except ValueError:
+                old = []
+            keep = [run_id, *[r for r in old if r != run_id]][:VIEW_EXPANDED_SESSIONS]
+            self.client.set_experiment_tag(self.experiment_id, VIEW_TAG, self._view_state(keep))
+        except Exception as exc:  # noqa: BLE001
+            log.debug("saved view not updated: %s", exc)
 
     def _require_session(self) -> str:
         if self.parent_run_id is None:
@@ -447,6 +521,9 @@ class Tracker:
                 self._log_batch(resume_run_id, params=self._params(new_params), tags=self._tags(tags))
                 self.parent_run_id = resume_run_id
                 self._seq = len(self.find_candidate_runs(resume_run_id))
+                self._last_step = max(
+                    [m.step for m in self.client.get_metric_history(resume_run_id, "evaluated")], default=0
+                )
                 log.info("resumed session run %s (%d candidates logged before)", resume_run_id, self._seq)
                 return resume_run_id
 
@@ -459,12 +536,23 @@ class Tracker:
             self._log_batch(run_id, params=self._params(flat, keep_none=True))
             self.parent_run_id = run_id
             self._seq = 0
-            return run_id
+            self._last_step = 0
+        self._expand_in_view(run_id)
+        return run_id
 
     def log_candidate(
-        self, candidate: Candidate, verdict: Verdict, extra_metrics: Mapping[str, Any] | None = None
+        self,
+        candidate: Candidate,
+        verdict: Verdict,
+        extra_metrics: Mapping[str, Any] | None = None,
+        started: float | None = None,
+        ended: float | None = None,
     ) -> str:
-        """One nested child run for a judged candidate; returns its run id."""
+        """One nested child run for a judged candidate; returns its run id.
+
+        ``started``/``ended`` (``time.time()`` seconds) are the evaluation's real start and end: the run's
+        start and end times, so its duration in the UI is the evaluation's. Without them the run ends now
+        and starts ``verdict.eval_seconds`` earlier."""
         parent = self._require_session()
         cid = candidate.id
         if verdict.candidate_id != cid:
@@ -512,11 +600,17 @@ class Tracker:
             "candidate.json": json.dumps(cand_meta, indent=2, default=str),
         }
 
+        end_ms = int((ended if ended is not None else time.time()) * 1000)
+        if started is not None:
+            start_ms = min(int(started * 1000), end_ms)
+        else:
+            start_ms = end_ms - int((verdict.eval_seconds or 0.0) * 1000)
         with self._lock:
             step = self._seq
             self._seq += 1
             run = self.client.create_run(
                 self.experiment_id,
+                start_time=start_ms,
                 run_name=f"{candidate.agent}:{cid}",
                 tags={PARENT_TAG: parent},
             )
@@ -524,11 +618,11 @@ class Tracker:
             self._log_batch(
                 run_id,
                 params=self._params(params),
-                metrics=self._metrics(metrics, step=step),
+                metrics=self._metrics(metrics, step=step, timestamp=end_ms),
                 tags=self._tags(tags),
             )
             self._write_artifacts(run, files)
-            self.client.set_terminated(run_id, "FINISHED")
+            self.client.set_terminated(run_id, "FINISHED", end_time=end_ms)
         return run_id
 
     def _write_artifacts(self, run, files: Mapping[str, str]) -> None:
@@ -556,33 +650,47 @@ class Tracker:
         """Session-level time series on the parent run (best latency, candidates/min, ...)."""
         parent = self._require_session()
         with self._lock:
+            self._last_step = max(self._last_step, int(step))
             self._log_batch(parent, metrics=self._metrics(metrics, step=int(step)))
 
-    def log_best_so_far_plot(self, history: list[tuple[int, float]], name: str = "best_so_far.png") -> str | None:
-        """PNG of latency vs candidate index: each point and the running best (lower is better)."""
+    def log_best_so_far_plot(
+        self,
+        history: list[tuple[int, float]],
+        champions: list[tuple[int, float]] | None = None,
+        name: str = "best_so_far.png",
+    ) -> str | None:
+        """PNG of latency vs candidate index (lower is better): every correct candidate as a dot and
+        the champion's latency as a staircase. ``champions`` are the (index, latency) points where the
+        champion moved; without them the staircase is the running minimum of ``history``."""
         parent = self._require_session()
-        points = [(int(i), float(v)) for i, v in history if v is not None and math.isfinite(float(v))]
-        if not points:
+        points = sorted((int(i), float(v)) for i, v in history if v is not None and math.isfinite(float(v)))
+        steps = sorted((int(i), float(v)) for i, v in (champions or []) if v is not None and math.isfinite(float(v)))
+        if not points and not steps:
             return None
+        if not steps:
+            run_min = math.inf
+            for i, y in points:
+                if y < run_min:
+                    run_min = y
+                    steps.append((i, y))
         import matplotlib
 
         matplotlib.use("Agg", force=False)
         from matplotlib.figure import Figure  # no pyplot: no global figure state, thread-safe
 
-        points.sort()
-        xs = [p[0] for p in points]
-        ys = [p[1] for p in points]
-        best, run_min = [], math.inf
-        for y in ys:
-            run_min = min(run_min, y)
-            best.append(run_min)
+        last = max([i for i, _ in points + steps])
+        sx = [i for i, _ in steps] + [last]
+        sy = [y for _, y in steps] + [steps[-1][1]]
+        ys = [y for _, y in points] + sy
         fig = Figure(figsize=(7, 4), dpi=100)
         ax = fig.add_subplot(1, 1, 1)
-        ax.scatter(xs, ys, s=10, alpha=0.4, label="candidate")
-        ax.step(xs, best, where="post", color="C1", label="best so far")
+        if points:
+            ax.scatter([i for i, _ in points], [y for _, y in points], s=12, alpha=0.5, label=f"{len(points)} correct")
+        ax.step(sx, sy, where="post", color="C1", label="champion")
+        ax.scatter([i for i, _ in steps], [y for _, y in steps], marker="*", s=60, color="C1", zorder=3)
         ax.set_xlabel("candidate index")
         ax.set_ylabel("latency (ms)")
-        ax.set_title(f"{self.task} on {self.gpu}: best latency {best[-1]:.4g} ms")
+        ax.set_title(f"{self.task} on {self.gpu}: champion {sy[-1]:.4g} ms")
         if max(ys) / max(min(ys), 1e-12) > 50:
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
@@ -609,7 +717,8 @@ class Tracker:
         }
         other = {f"kernelarc.summary.{k}": v for k, v in summary.items() if k not in numeric and v is not None}
         with self._lock:
-            self._log_batch(parent, metrics=self._metrics(numeric), tags=self._tags(other))
+            # At the series' last step: a summary at step 0 would make ``evaluated`` fall back in the charts.
+            self._log_batch(parent, metrics=self._metrics(numeric, step=self._last_step), tags=self._tags(other))
             if summary:
                 with tempfile.TemporaryDirectory(prefix="kernelarc-sum-") as tmp:
                     path = Path(tmp) / "summary.json"

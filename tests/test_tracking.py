@@ -364,3 +364,81 @@ def test_logging_overhead(workdir, capsys):
             f"CPU median {statistics.median(cpu) * 1000:.1f} ms"
         )
     assert median_ms < 100
+
+
+def test_experiment_opens_in_the_classic_runs_view_with_compared_columns(workdir):
+    from kernelarc.tracking import EXPERIMENT_KIND_TAG, VIEW_TAG, ui_url
+
+    tr = Tracker(None, TASK, GPU)
+    tags = tr.client.get_experiment(tr.experiment_id).tags
+    assert tags[EXPERIMENT_KIND_TAG] == "custom_model_development"  # not MLflow 3's GenAI view
+    pid = tr.start_session({})
+    view = json.loads(tr.client.get_experiment(tr.experiment_id).tags[VIEW_TAG])
+    for col in (
+        "metrics.`latency_ms`",
+        "metrics.`sol_fraction`",
+        "metrics.`speedup_vs_baseline`",
+        "tags.`kernelarc.verdict`",
+    ):
+        assert col in view["selectedColumns"]
+    assert view["runsExpanded"] == {pid: True}
+    tr.end_session()
+    pid2 = Tracker(None, TASK, GPU).start_session({})
+    assert list(json.loads(tr.client.get_experiment(tr.experiment_id).tags[VIEW_TAG])["runsExpanded"]) == [pid2, pid]
+    assert ui_url(tr.experiment_id).endswith(f"/#/experiments/{tr.experiment_id}/runs?viewStateShareKey=kernelarc")
+    # A store made before the tag existed is fixed when a tracker opens it.
+    tr.client.set_experiment_tag(tr.experiment_id, EXPERIMENT_KIND_TAG, "genai_development")
+    Tracker(None, TASK, GPU)
+    assert tr.client.get_experiment(tr.experiment_id).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+
+def test_session_run_names_say_what_a_sweep_varies():
+    from kernelarc.tracking import session_run_name
+
+    assert session_run_name("rmsnorm", "cpu", 4, 16) == "rmsnorm-cpu-4a-m16"
+    assert session_run_name("rmsnorm", "h200", 1, None) == "rmsnorm-h200-1a-mall"
+    assert session_run_name("matmul", "h200", 2, 0, backend="anthropic", seed=3) == "matmul-h200-2a-m0-anthropic-s3"
+
+
+def test_child_run_duration_is_the_evaluation(workdir):
+    tr = Tracker(None, TASK, GPU)
+    tr.start_session({})
+    cand = make_candidate()
+    run = tr.client.get_run(tr.log_candidate(cand, make_verdict(cand), started=1_700_000_000.25, ended=1_700_000_004.5))
+    assert (run.info.start_time, run.info.end_time) == (1_700_000_000_250, 1_700_000_004_500)
+    assert tr.client.get_metric_history(run.info.run_id, "latency_ms")[0].timestamp == 1_700_000_004_500
+    # Without explicit times: ends now, started eval_seconds (3.2 s) earlier.
+    cand2 = make_candidate(2)
+    run2 = tr.client.get_run(tr.log_candidate(cand2, make_verdict(cand2)))
+    assert run2.info.end_time - run2.info.start_time == 3200
+
+
+def test_summary_is_logged_at_the_last_step_so_series_stay_monotone(workdir):
+    tr = Tracker(None, TASK, GPU)
+    pid = tr.start_session({})
+    for step in range(1, 6):
+        tr.log_session_metrics(step, evaluated=step)
+    tr.end_session(summary={"evaluated": 5})
+    history = sorted(tr.client.get_metric_history(pid, "evaluated"), key=lambda m: (m.step, m.timestamp))
+    values = [m.value for m in history]
+    assert values == sorted(values) and history[-1].step == 5 and history[-1].value == 5
+    # A resumed session continues the series from its last step.
+    tr2 = Tracker(None, TASK, GPU)
+    tr2.start_session({}, resume_run_id=pid)
+    tr2.end_session(summary={"evaluated": 5})
+    assert min(m.step for m in tr.client.get_metric_history(pid, "evaluated")) == 1
+
+
+def test_best_so_far_plot_shows_every_candidate_and_the_champion_staircase(workdir):
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    tr = Tracker(None, TASK, GPU)
+    pid = tr.start_session({})
+    history = [(i, 1.0 + 0.1 * (i % 5)) for i in range(30)]
+    assert tr.log_best_so_far_plot(history, champions=[(0, 1.2), (7, 1.0)]) == "best_so_far.png"
+    png = imread(tr.client.download_artifacts(pid, "best_so_far.png", str(workdir / "dl")))
+    # Blue-ish scatter pixels (C0) for the 30 candidates and orange ones (C1) for the staircase.
+    r, g, b = png[..., 0], png[..., 1], png[..., 2]
+    assert ((b > 0.6) & (r < 0.5)).sum() > 200
+    assert ((r > 0.9) & (g > 0.4) & (g < 0.7) & (b < 0.3)).sum() > 100
