@@ -43,6 +43,53 @@ def run(q, k, v{extra}causal):
     o = torch.matmul(p, v)
 {ret}"""
 
+FP8_REF = """import torch
+
+SCALE_BLOCK = 128  # BlockWise1x128 activations, BlockWise128x128 weights (SOL-ExecBench Quant, torch._scaled_mm)
+E4M3_MAX = 448.0
+
+
+def _expand(scale, rows, cols, block_rows, block_cols):
+    # one scale per block -> one per element (partial blocks at the edges cut off)
+    return scale.repeat_interleave(block_rows, dim=0)[:rows].repeat_interleave(block_cols, dim=1)[:, :cols]
+
+
+def _quantize(x, block_rows):
+    # the Quant problems' recipe: scale = amax(block) / 448, q = clamp(x / scale) in e4m3
+    rows, cols = x.shape
+    rp = -(-rows // block_rows) * block_rows
+    cp = -(-cols // SCALE_BLOCK) * SCALE_BLOCK
+    xp = torch.zeros(rp, cp, dtype=x.dtype, device=x.device)
+    xp[:rows, :cols] = x
+    amax = xp.reshape(rp // block_rows, block_rows, cp // SCALE_BLOCK, SCALE_BLOCK).abs().amax(dim=(1, 3))
+    scale = (amax / E4M3_MAX).clamp(min=1e-12)
+    q = (x / _expand(scale, rows, cols, block_rows, SCALE_BLOCK)).clamp(-E4M3_MAX, E4M3_MAX)
+    return q.to(torch.float8_e4m3fn), scale.to(torch.float32)
+
+
+def get_inputs(axes, device):
+    M, N, K = axes["M"], axes["N"], axes["K"]
+    # magnitudes that differ by row and by weight block, so a scale read from the wrong block shows
+    x = torch.randn(M, K, device=device) * torch.exp(torch.randn(M, 1, device=device))
+    nb, kb = -(-N // SCALE_BLOCK), -(-K // SCALE_BLOCK)
+    w = torch.randn(N, K, device=device) * _expand(torch.exp(torch.randn(nb, kb, device=device)), N, K,
+                                                    SCALE_BLOCK, SCALE_BLOCK)
+    A, scale_a = _quantize(x, 1)
+    B, scale_b = _quantize(w, SCALE_BLOCK)
+    return {"A": A, "B": B, "scale_a": scale_a, "scale_b": scale_b}
+
+
+@torch.no_grad()
+def run(A, B, scale_a, scale_b):
+    # dequantise, then one matmul (float64 when the judge upcasts the inputs for its high-precision check)
+    dt = torch.float64 if A.dtype == torch.float64 else torch.float32
+    M, K = A.shape
+    N = B.shape[0]
+    a = A.to(dt) * _expand(scale_a.to(dt), M, K, 1, SCALE_BLOCK)
+    b = B.to(dt) * _expand(scale_b.to(dt), N, K, SCALE_BLOCK, SCALE_BLOCK)
+    return (a @ b.T).to(torch.float64 if dt == torch.float64 else torch.bfloat16)
+"""
+
 TASKS = {
     "matmul": dict(
         description="C = A @ B.T in bf16 with fp32 accumulation (B in nn.Linear weight layout).",
@@ -58,6 +105,33 @@ TASKS = {
             dict(M=16, N=8192, K=8192),
         ],
         cpu=[dict(M=64, N=32, K=48), dict(M=37, N=50, K=70)],
+    ),
+    "fp8_matmul": dict(
+        description="fp8 e4m3 GEMM C = (A * scale_a) @ (B * scale_b).T in bf16 with blockwise scales as "
+        "SOL-ExecBench's Quant problems: 1x128 for A (activations), 128x128 for B (weights, nn.Linear layout).",
+        axes={
+            "M": var("rows of A (tokens)"),
+            "N": var("rows of B (output features)"),
+            "K": var("reduction"),
+            "KB": {"type": "expr", "expression": "(K + 127) // 128"},
+            "NB": {"type": "expr", "expression": "(N + 127) // 128"},
+        },
+        inputs={
+            "A": t(["M", "K"], "float8_e4m3fn"),
+            "B": t(["N", "K"], "float8_e4m3fn"),
+            "scale_a": t(["M", "KB"], "float32", "dequantisation scale per row and 128-wide K block"),
+            "scale_b": t(["NB", "KB"], "float32", "dequantisation scale per 128x128 block of B"),
+        },
+        outputs={"C": t(["M", "N"])},
+        reference=FP8_REF,
+        custom_inputs_entrypoint="get_inputs",
+        gpu=[
+            dict(M=8192, N=8192, K=8192),
+            dict(M=4096, N=4096, K=4096),
+            dict(M=8192, N=7168, K=16384),  # 015_fp8_mla_attention_output_projection's widest projection
+            dict(M=3584, N=18944, K=3584),  # 003_fp8_mlp_gate_up_projection
+        ],
+        cpu=[dict(M=48, N=160, K=256), dict(M=37, N=130, K=200)],
     ),
     "attention": dict(
         description="Scaled dot-product attention forward, bf16, optional causal mask, GQA.",
@@ -195,7 +269,9 @@ def workload(name: str, spec: dict, values: dict) -> dict:
     axes = {k: v for k, v in values.items() if k in spec["axes"] and spec["axes"][k]["type"] == "var"}
     inputs = {}
     for iname, ispec in spec["inputs"].items():
-        if ispec["shape"] is None:
+        if spec.get("custom_inputs_entrypoint"):
+            inputs[iname] = {"type": "custom"}
+        elif ispec["shape"] is None:
             inputs[iname] = {"type": "scalar", "value": values[iname]}
         else:
             inputs[iname] = {"type": "random"}
@@ -211,7 +287,7 @@ def main() -> None:
             "name": name,
             "description": spec["description"],
             "axes": spec["axes"],
-            "custom_inputs_entrypoint": None,
+            "custom_inputs_entrypoint": spec.get("custom_inputs_entrypoint"),
             "inputs": spec["inputs"],
             "outputs": spec["outputs"],
             "reference": spec["reference"],
