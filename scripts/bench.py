@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 # Workloads per task for the bench (indices into the task's GPU workload list).
 DEFAULT_WORKLOADS = {
     "matmul": [0, 1, 2, 3],
+    "fp8_matmul": [0, 1],  # 8192^3, 4096^3
     "attention": [0, 1],
     "attention_residual": [0, 1],  # non-causal and causal
     "rmsnorm": [0, 1],
@@ -94,6 +95,33 @@ def library_compare(task_name: str, champion_src: str, wl_axes: dict) -> dict:
         b = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
         fns = {"champion": lambda: mod.run(a, b), "cublas_matmul": lambda: torch.matmul(a, b.T),
                "cublas_linear": lambda: F.linear(a, b)}  # fmt: skip
+        flops = 2 * M * N * K
+    elif task_name == "fp8_matmul":
+        from kernelarc.tasks.loader import load_builtin
+
+        M, N, K = (wl_axes[k] for k in ("M", "N", "K"))
+        ref_mod = load_module(load_builtin("fp8_matmul").definition.reference, "fp8_matmul_reference")
+        a, b, sa, sb = ref_mod.get_inputs(dict(wl_axes), torch.device(dev)).values()
+        expected = ref_mod.run(a, b, sa, sb).float()
+        # torch._scaled_mm with the same blockwise scaling (1x128 / 128x128), in the layouts torch accepts;
+        # the first one that runs and matches the reference is the library baseline
+        sa_mmajor = sa.t().contiguous().t()
+        variants = {
+            "scaled_mm_blockwise": lambda: torch._scaled_mm(a, b.t(), scale_a=sa_mmajor, scale_b=sb.t(),
+                                                            out_dtype=torch.bfloat16),
+            "scaled_mm_blockwise_sbc": lambda: torch._scaled_mm(a, b.t(), scale_a=sa_mmajor,
+                                                                scale_b=sb.t().contiguous(), out_dtype=torch.bfloat16),
+        }  # fmt: skip
+        fns = {"champion": lambda: mod.run(a, b, sa, sb)}
+        for name, f in variants.items():
+            try:
+                y = f().float()
+                if ((y - expected).norm() / expected.norm()).item() < 2e-2:
+                    fns[name] = f
+                    break
+                out[name + "_error"] = "result differs from the reference"
+            except Exception as e:  # noqa: BLE001
+                out[name + "_error"] = str(e)[:200]
         flops = 2 * M * N * K
     else:
         return out
@@ -226,7 +254,7 @@ def main() -> None:
                     axes["causal"] = task.workloads[wi].inputs["causal"].value
                     label = f"workload {wi} ({'causal' if axes['causal'] else 'non-causal'})"
                     summary["library"][label] = library_compare(task_name, champ_rec.candidate.source, axes)
-            if on_gpu and champ_rec is not None and task_name == "matmul":
+            if on_gpu and champ_rec is not None and task_name in ("matmul", "fp8_matmul"):
                 src = champ_rec.candidate.source
                 summary["library"] = {f"workload {wi} {task.axes(wi)}": library_compare(task_name, src, task.axes(wi))
                                       for wi in wls}  # fmt: skip

@@ -190,3 +190,63 @@ def test_cutlass_softmax_points_are_correct_on_the_gpu():
         view = (torch.randn(40, 4097, device="cuda", generator=gen)).to(torch.bfloat16)[:, 1:]
         torch.testing.assert_close(mod.run(view).double(), torch.softmax(view.double(), -1), rtol=2**-7, atol=1e-7)
     _start_point_is_correct("softmax", CUTLASS_SOFTMAX, [0, 1, 2])
+
+
+def _fp8_blockwise(M: int, N: int, K: int, gen: torch.Generator):
+    """e4m3 operands with blockwise scales (1x128 for A, 128x128 for B) as the Quant problems quantise."""
+
+    def quant(x: torch.Tensor, block_rows: int):
+        rows, cols = x.shape
+        rp, cp = -(-rows // block_rows) * block_rows, -(-cols // 128) * 128
+        xp = torch.zeros(rp, cp, device=x.device)
+        xp[:rows, :cols] = x
+        s = (xp.reshape(rp // block_rows, block_rows, cp // 128, 128).abs().amax(dim=(1, 3)) / 448).clamp(min=1e-12)
+        full = s.repeat_interleave(block_rows, 0).repeat_interleave(128, 1)[:rows, :cols]
+        return (x / full).clamp(-448, 448).to(torch.float8_e4m3fn), s
+
+    x = torch.randn(M, K, device="cuda", generator=gen) * torch.exp(torch.randn(M, 1, device="cuda", generator=gen))
+    w = torch.randn(N, K, device="cuda", generator=gen)
+    A, sa = quant(x, 1)
+    B, sb = quant(w, 128)
+    a = A.double() * sa.double().repeat_interleave(128, 1)[:, :K]
+    b = B.double() * sb.double().repeat_interleave(128, 0).repeat_interleave(128, 1)[:N, :K]
+    return A, B, sa, sb, a @ b.T
+
+
+def test_fp8_matmul_points_are_correct_on_the_gpu():
+    """fp8 families against a float64 reference of the blockwise-scaled product at 8192^3 and odd shapes
+    (partial tiles, K not a multiple of 128 or 16), per-row and per-tensor scales at 4096^3; the start
+    points also through the guard on the task's 8192^3 and 4096^3 workloads."""
+    from kernelarc.families import get_family
+    from kernelarc.tasks.inputs import load_module
+
+    points = [
+        ("fp8_matmul.tiled", {}),
+        ("fp8_matmul.persistent_tma", {}),
+        ("fp8_matmul.persistent_tma", dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=4)),
+        ("fp8_matmul.tiled", dict(BLOCK_M=64, BLOCK_N=256, GROUP_M=8, num_warps=8, num_stages=4)),
+        ("fp8_matmul.persistent_tma", dict(BLOCK_M=64, BLOCK_N=128, num_stages=4, WARP_SPECIALIZE=True)),
+    ]
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    cases = [(8192, 8192, 8192), (1000, 1160, 1000), (77, 4096, 520), (4096, 200, 1032)]
+    problems = [(shape, _fp8_blockwise(*shape, gen)) for shape in cases]
+    for i, (name, knobs) in enumerate(points):
+        fam = get_family(name)
+        point = fam.check_point(knobs)
+        assert fam.valid(point), (name, knobs)
+        mod = load_module(fam.render(point), f"fp8_gpu_{i}")
+        for shape, (A, B, sa, sb, ref) in problems:
+            out = mod.run(A, B, sa, sb).double()
+            torch.cuda.synchronize()
+            rel = ((out - ref).norm() / ref.norm()).item()
+            assert rel < 1e-2, (name, knobs, shape, rel)
+            bad = ((out - ref).abs() > 2e-2 * ref.abs() + 1e-2 * ref.abs().max()).sum().item()
+            assert bad == 0, (name, knobs, shape, bad)
+        A, B = problems[0][1][0][:4096, :4096], problems[0][1][1][:4096, :4096]
+        for sa, sb in ((torch.rand(4096, 1, device="cuda") + 0.5, torch.rand(1, 4096, device="cuda") + 0.5),
+                       (torch.tensor(0.02, device="cuda"), torch.tensor(0.03, device="cuda"))):  # fmt: skip
+            ref = (A.double() * sa.double().reshape(-1, 1)) @ (B.double() * sb.double().reshape(-1, 1)).T
+            rel = ((mod.run(A, B, sa, sb).double() - ref).norm() / ref.norm()).item()
+            assert rel < 1e-2, (name, knobs, "per-row / per-tensor", rel)
+    for name in ("fp8_matmul.tiled", "fp8_matmul.persistent_tma"):
+        _start_point_is_correct("fp8_matmul", get_family(name), [0, 1])
