@@ -372,7 +372,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--budget-s", type=float, default=210.0, help="stop starting new steps after this")
+    ap.add_argument("--budget-s", type=float, default=200.0, help="stop starting new steps after this")
     args = ap.parse_args()
     out = Path(args.out) / "gpu_fp8_check"
     out.mkdir(parents=True, exist_ok=True)
@@ -389,7 +389,8 @@ def main() -> None:
     try:
         step_correctness(results, budget_s=args.budget_s * 0.45)
         step_timing(results, [(8192, 8192, 8192), (4096, 4096, 4096)], args.rounds, budget_s=args.budget_s * 0.8)
-        builder.join(timeout=max(0.0, min(45.0, args.budget_s - (time.monotonic() - T0) - 20)))
+        # the CUTLASS build had the fp8 steps' time; wait for it only within the budget
+        builder.join(timeout=max(0.0, min(45.0, args.budget_s - (time.monotonic() - T0))))
         step_softmax(results, box, rounds=3)
     except Exception:  # noqa: BLE001 - keep what was measured
         log("ERROR " + traceback.format_exc())
