@@ -8,6 +8,7 @@ Steps (each bounded; progress on stdout; everything also in $OUT/gpu_fp8_check/)
 2. timing at 8192^3 and 4096^3: family points vs torch._scaled_mm with the same scaling, side by side in
    one process: interleaved rounds (order reversed every other round), L2 flushed by do_bench before every
    call, median of the round medians and the spread (max - min) / median;
+   (the CUTLASS fp8 blockwise family's points too, built by nvcc in threads while step 1 runs);
 3. softmax 4096x32768: the new start points (Triton rowblock / online / split_row, CUTLASS when it builds)
    vs a same-size copy, interleaved the same way.
 Prints a short table last.
@@ -57,6 +58,32 @@ OUTER_ONLY = {
     "tiled 128x256 w8 s3": ("fp8_matmul.tiled", dict(BLOCK_M=128, BLOCK_N=256, GROUP_M=8, num_warps=8,
                                                      num_stages=3)),
 }  # fmt: skip
+
+
+# CUTLASS fp8 blockwise points (built by nvcc in background threads while the Triton steps run)
+CUTLASS_POINTS = {
+    "cutlass coop 128x128": {},
+    "cutlass coop 128x128 cluster 1x2": {"CLUSTER_N": 2},
+    "cutlass coop 128x128 stream-K": {"TILE_SCHEDULER": "stream_k"},
+    "cutlass pingpong 64x128": {"SCHEDULE": "pingpong", "BLOCK_M": 64},
+}
+
+
+def build_cutlass_fp8(label: str, knobs: dict, box: dict) -> None:
+    try:
+        from kernelarc.cutlass import available
+
+        if not available():
+            box[label] = "nvcc or the CUTLASS headers not found"
+            return
+        from kernelarc.families.cutlass_fp8_gemm import CUTLASS_FP8_GEMM as fam
+        from kernelarc.tasks.inputs import load_module
+
+        t = time.monotonic()
+        box[label] = load_module(fam.render(fam.check_point(knobs)), "cutlass_fp8_" + str(abs(hash(label))))
+        log(f"  built {label} in {time.monotonic() - t:.0f} s")
+    except Exception as e:  # noqa: BLE001
+        box[label] = f"{type(e).__name__}: {str(e)[:300]}"
 
 
 def load_point(fam_name: str, knobs: dict):
@@ -217,7 +244,32 @@ def step_correctness(results: dict, budget_s: float) -> None:
     results["correctness"] = rows
 
 
-def step_timing(results: dict, shapes, rounds: int, budget_s: float) -> None:
+def step_cutlass_correctness(results: dict, cutlass_mods: dict) -> None:
+    """The CUTLASS blockwise points on odd shapes (M, N, K padded by the launcher) and at 4096^3."""
+    import torch
+
+    rows = results.setdefault("correctness", [])
+    for shape in ((1000, 1160, 1000), (77, 4096, 520), (4096, 4096, 4096)):
+        A, B, sa, sb = make_problem(*shape, "blockwise", seed=2)
+        ref = ref64(A, B, sa, sb, "blockwise")
+        for label, mod in cutlass_mods.items():
+            if isinstance(mod, str):
+                continue
+            try:
+                out = mod.run(A, B, sa, sb)
+                torch.cuda.synchronize()
+                e = rel_err(out, ref)
+                ok = bool(torch.isfinite(out).all()) and e < 1e-2
+            except Exception as ex:  # noqa: BLE001
+                e, ok = float("nan"), False
+                log(f"  {label} {shape}: {type(ex).__name__}: {str(ex)[:300]}")
+            rows.append({"point": label, "shape": shape, "mode": "blockwise", "rel_err": e, "ok": ok})
+    done = [r for r in rows if r["point"].startswith("cutlass")]
+    log(f"  CUTLASS: {sum(r['ok'] for r in done)}/{len(done)} correct; not built: "
+        f"{ {k: v for k, v in cutlass_mods.items() if isinstance(v, str)} }")  # fmt: skip
+
+
+def step_timing(results: dict, shapes, rounds: int, budget_s: float, cutlass_mods: dict) -> None:
     import torch
 
     log(f"step 2: timing vs torch._scaled_mm, {rounds} interleaved rounds")
@@ -246,6 +298,19 @@ def step_timing(results: dict, shapes, rounds: int, budget_s: float) -> None:
             pts = dict(BLOCK_POINTS)
             if mode != "blockwise":
                 pts.update(OUTER_ONLY)
+            else:
+                for label, mod in cutlass_mods.items():
+                    if isinstance(mod, str):
+                        notes[label] = mod
+                        continue
+                    try:
+                        e = rel_err(mod.run(A, B, sa, sb), ref)
+                        if e < 1e-2:
+                            fns[label] = lambda mod=mod, A=A, B=B, sa=sa, sb=sb: mod.run(A, B, sa, sb)
+                        else:
+                            notes[label] = f"wrong result (rel err {e:.2e})"
+                    except Exception as ex:  # noqa: BLE001
+                        notes[label] = f"{type(ex).__name__}: {str(ex)[:200]}"
             for label, (fam, knobs) in pts.items():
                 try:
                     mod, valid = load_point(fam, knobs)
@@ -386,9 +451,19 @@ def main() -> None:
     box: dict = {}
     builder = threading.Thread(target=build_cutlass_softmax, args=(box,), daemon=True)
     builder.start()
+    fp8_box: dict = {}
+    fp8_builders = [threading.Thread(target=build_cutlass_fp8, args=(label, knobs, fp8_box), daemon=True)
+                    for label, knobs in CUTLASS_POINTS.items()]  # fmt: skip
+    for b in fp8_builders:
+        b.start()
     try:
-        step_correctness(results, budget_s=args.budget_s * 0.45)
-        step_timing(results, [(8192, 8192, 8192), (4096, 4096, 4096)], args.rounds, budget_s=args.budget_s * 0.8)
+        step_correctness(results, budget_s=args.budget_s * 0.4)
+        deadline = T0 + args.budget_s * 0.45  # the nvcc builds had the correctness step's time
+        for b in fp8_builders:
+            b.join(timeout=max(0.0, deadline - time.monotonic()))
+        cutlass_mods = {k: fp8_box.get(k, "build not finished within the budget") for k in CUTLASS_POINTS}
+        step_cutlass_correctness(results, cutlass_mods)
+        step_timing(results, [(8192, 8192, 8192), (4096, 4096, 4096)], args.rounds, args.budget_s * 0.8, cutlass_mods)
         # the CUTLASS build had the fp8 steps' time; wait for it only within the budget
         builder.join(timeout=max(0.0, min(45.0, args.budget_s - (time.monotonic() - T0))))
         step_softmax(results, box, rounds=3)

@@ -250,3 +250,23 @@ def test_fp8_matmul_points_are_correct_on_the_gpu():
             assert rel < 1e-2, (name, knobs, "per-row / per-tensor", rel)
     for name in ("fp8_matmul.tiled", "fp8_matmul.persistent_tma"):
         _start_point_is_correct("fp8_matmul", get_family(name), [0, 1])
+
+
+def test_cutlass_fp8_matmul_start_is_correct_on_the_gpu():
+    """The CUTLASS blockwise fp8 family's start point (one nvcc build) against the float64 reference at 8192^3
+    and on shapes the launcher pads (M not a multiple of 4, N and K not multiples of 128), then through the guard."""
+    from kernelarc import cutlass
+    from kernelarc.families.cutlass_fp8_gemm import CUTLASS_FP8_GEMM
+    from kernelarc.tasks.inputs import load_module
+
+    if not cutlass.available():
+        pytest.skip("needs nvcc and nvidia-cutlass headers")
+    mod = load_module(CUTLASS_FP8_GEMM.render(CUTLASS_FP8_GEMM.start), "cutlass_fp8_start")
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    for shape in ((8192, 8192, 8192), (1001, 1160, 1000), (77, 4096, 520), (4096, 200, 1032)):
+        A, B, sa, sb, ref = _fp8_blockwise(*shape, gen)
+        out = mod.run(A, B, sa, sb).double()
+        rel = ((out - ref).norm() / ref.norm()).item()
+        assert rel < 1e-2, (shape, rel)
+        assert ((out - ref).abs() > 2e-2 * ref.abs() + 1e-2 * ref.abs().max()).sum().item() == 0, shape
+    _start_point_is_correct("fp8_matmul", CUTLASS_FP8_GEMM, [0, 1])

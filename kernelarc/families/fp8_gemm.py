@@ -28,6 +28,9 @@ Every rendered module also runs under ``TRITON_INTERPRET=1`` on CPU tensors: the
 decodes e4m3 exactly (finite values; checked against torch's decoding of all 256 codes) and
 multiplies in fp32, so the kernels need no upcast there.
 
+A CUTLASS sibling, ``fp8_matmul.cutlass_sm90`` (``cutlass_fp8_gemm.py``), runs CUTLASS's own blockwise
+mainloop for the same task.
+
 ``valid()`` assumes the blockwise mode (the task's): two fp32 register tiles (the accumulator and
 the K tile's product) must fit a thread without spilling; fp8 operands take one byte in shared
 memory.

@@ -289,3 +289,58 @@ def test_softmax_start_points_use_fast_exp_and_a_reciprocal():
     assert cs.valid(start) and start["EXP"] == "exp2" and start["NORMALIZE"] == "mul_rcp"
     cpp = cs.render_cpp(start)
     assert "constexpr bool kExp2 = true;" in cpp and "constexpr bool kMulRcp = true;" in cpp
+
+
+# -- CUTLASS fp8 blockwise family --------------------------------------------------------------------
+
+
+def test_cutlass_fp8_knobs_and_feasibility():
+    from kernelarc.families.cutlass_fp8_gemm import CUTLASS_FP8_GEMM as fam
+    from kernelarc.families.cutlass_fp8_gemm import render_cpp
+
+    assert fam.task == "fp8_matmul" and fam.language == "cutlass"
+    start = fam.check_point({})
+    assert fam.valid(start)
+    ok = [{"SCHEDULE": "pingpong", "BLOCK_M": 64}, {"CLUSTER_N": 2}, {"TILE_SCHEDULER": "stream_k", "STAGES": 4}]
+    bad = [
+        {"BLOCK_M": 64},  # cooperative: two warpgroups need 128 rows
+        {"BLOCK_N": 256},  # 2 x 128 fp32 per consumer thread: over the budget
+        {"SCHEDULE": "pingpong"},  # one warpgroup holding 128x128 twice
+        {"SCHEDULE": "pingpong", "BLOCK_M": 64, "TILE_SCHEDULER": "stream_k"},
+    ]
+    for p in ok:
+        assert fam.valid(fam.check_point(p)), p
+    for p in bad:
+        assert not fam.valid(fam.check_point(p)), p
+    cpp = render_cpp(fam.check_point({"CLUSTER_N": 2, "RASTER": "along_n"}))
+    assert "$" not in cpp
+    assert "Shape<_128, _128, _128>" in cpp and "Shape<_1, _2, _1>" in cpp and "RasterOrderOptions::AlongN" in cpp
+    assert "KernelTmaWarpSpecializedCooperativeFP8Blockwise" in cpp
+    assert "Sm90BlockwiseScaleConfig<1, 128, 128" in cpp  # the Quant recipe's 1x128 / 128x128 granularity
+
+    from kernelarc.guard.static import check_source
+
+    report = check_source(fam.render(start))
+    assert report.ok, report.violations
+
+
+@pytest.mark.skipif(
+    not __import__("kernelarc.cutlass", fromlist=["available"]).available(), reason="needs nvcc and CUTLASS headers"
+)
+def test_cutlass_fp8_start_builds_for_sm90a_without_spills(tmp_path, monkeypatch):
+    """One nvcc build (about a minute of CPU): the blockwise mainloop with TMA loads, no spills."""
+    import ctypes
+
+    from kernelarc import cutlass
+    from kernelarc.families.cutlass_fp8_gemm import CUTLASS_FP8_GEMM, render_cpp
+
+    monkeypatch.setenv("KERNELARC_CUTLASS_CACHE", str(tmp_path / "cache"))
+    lib = cutlass.build(render_cpp(CUTLASS_FP8_GEMM.check_point({})))
+    usage = cutlass.resource_usage(lib)
+    assert usage["kernels"] >= 1 and usage["spill_bytes"] == 0, usage
+    log = lib.with_name("build.log").read_text()
+    # CUTLASS's blockwise-promoting fp8 mainloop, e4m3 x e4m3 -> fp32 wgmma, TMA loads
+    assert "MainloopSm90TmaGmmaWarpSpecializedBlockwiseFP8" in log and "SM90_TMA_LOAD" in log
+    assert re.search(r"MMA_64x128x32_F32E4M3E4M3", log)
+    handle = ctypes.CDLL(str(lib))
+    assert handle.kernelarc_run and handle.kernelarc_workspace
