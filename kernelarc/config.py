@@ -103,6 +103,7 @@ class GuardSettings:
     consistency: float | None = None  # null: 1.5 on a GPU, 4 on the CPU (noisy timers)
     hp_reference: bool = True
     compile_baseline: bool = True
+    memory_gb: float | None = None  # memory cap per device for the guard's memory plan (null: the device's memory)
 
 
 @dataclass

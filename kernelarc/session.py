@@ -31,7 +31,7 @@ from kernelarc.config import KernelArcConfig
 from kernelarc.guard.judge import Evaluation, Guard, GuardConfig, compiled_candidate, reference_candidate
 from kernelarc.models import Candidate, Finding, Status, Verdict
 from kernelarc.plateau import PlateauDetector
-from kernelarc.tasks.loader import Task, TaskError, load_builtin, load_task
+from kernelarc.tasks.loader import Task, TaskError, fit_workloads, load_builtin, load_task
 from kernelarc.ui import Progress
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,11 @@ def load_task_from_config(cfg: KernelArcConfig, on_cpu: bool) -> Task:
     if name == "sol_execbench":
         if not cfg.task.path:
             raise TaskError("task=sol_execbench needs task.path=DIR (a SOL-ExecBench problem folder)")
-        return load_task(cfg.task.path, cpu=cpu)
-    return load_builtin(name, cpu=cpu)
+        task = load_task(cfg.task.path, cpu=cpu)
+    else:
+        task = load_builtin(name, cpu=cpu)
+    # On the CPU, workloads too big are shrunk within the definition's constraints, with a warning.
+    return fit_workloads(task) if on_cpu else task
 
 
 def guard_config(cfg: KernelArcConfig, task: Task, on_cpu: bool) -> GuardConfig:

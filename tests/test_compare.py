@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernelarc.guard import compare
 from kernelarc.guard.compare import _first_mismatches, compare_output, layout_error, matched_ratio
 
 HARNESS_SRC = Path(__file__).resolve().parents[2] / "shared" / "sol-execbench-harness" / "src"
@@ -115,8 +116,12 @@ def _cases():
 CASES = _cases()
 
 
+@pytest.mark.parametrize("chunk", [None, 777], ids=["whole", "chunked"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_same_verdict_as_nvidias_harness(nvidia, case):
+def test_same_verdict_as_nvidias_harness(nvidia, case, chunk, monkeypatch):
+    """Also in chunks smaller than the tensors: the verdict of a chunked comparison is the whole one's."""
+    if chunk is not None:
+        monkeypatch.setattr(compare, "CHUNK", chunk)
     correctness, ToleranceSpec = nvidia
     _, out, ref, tol = case
     spec = ToleranceSpec(**tol)
@@ -172,6 +177,11 @@ def test_a_large_output_below_the_ratio_gets_a_message_with_positions():
     assert not c.ok and c.matched == 939_000 - 101 and c.total == 939_000
     assert "at (123456,)" in c.message and "938899 of 939000" in c.message
     assert compare_output("y", out, ref, None, 1e-2, 1e-2, 0.99).ok
+    # positions are the tensor's, whichever chunk they fall in
+    out2 = ref.clone().reshape(939, 1000)
+    out2[700, 3] += 9
+    c = compare_output("y", out2, ref.reshape(939, 1000), None, 1e-2, 1e-2, 1.0)
+    assert "at (700, 3)" in c.message
 
 
 def test_right_values_in_a_column_major_layout_are_incorrect():

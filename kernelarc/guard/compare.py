@@ -30,6 +30,8 @@ import torch
 
 # How many mismatching elements a message lists.
 SHOW_MISMATCHES = 3
+# Elements compared at once: bounds the float32 temporaries (about 18 bytes an element) for huge outputs.
+CHUNK = 1 << 24
 
 
 @dataclass
@@ -83,16 +85,28 @@ def _num(v: float) -> str:
     return f"{v:.5g}"
 
 
-def _first_mismatches(mask: torch.Tensor, o: torch.Tensor, r: torch.Tensor, k: int = SHOW_MISMATCHES) -> str:
-    """'at (i, j): got a, expected b; ...' for the first ``k`` True positions of ``mask``. Never raises."""
+def _first_mismatches(
+    mask: torch.Tensor,
+    o: torch.Tensor,
+    r: torch.Tensor,
+    k: int = SHOW_MISMATCHES,
+    *,
+    shape: tuple[int, ...] | None = None,
+    offset: int = 0,
+) -> str:
+    """'at (i, j): got a, expected b; ...' for the first ``k`` True positions of ``mask``. Never raises.
+
+    ``mask``, ``o`` and ``r`` may be a flat chunk starting at element ``offset`` of a tensor of ``shape``.
+    """
     try:
         flat = torch.nonzero(mask.reshape(-1))[:k, 0].tolist()
         if not flat:
             return "no single element is beyond tolerance"
-        parts = []
+        full = tuple(mask.shape) if shape is None else tuple(shape)
         of, rf = o.reshape(-1), r.reshape(-1)
+        parts = []
         for f in flat:
-            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(f), tuple(mask.shape))) if mask.dim() else ()
+            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(f + offset), full)) if full else ()
             parts.append(f"at {idx}: got {_num(float(of[f]))}, expected {_num(float(rf[f]))}")
         return "first mismatches " + "; ".join(parts)
     except Exception as e:  # noqa: BLE001 - a message must never turn a verdict into a traceback
@@ -143,14 +157,47 @@ def compare_output(
             return Comparison(False, err)
     elif tuple(out.shape) != tuple(ref.shape) or out.dtype != ref.dtype:
         return Comparison(False, f"{name}: {tuple(out.shape)} {out.dtype}, expected {tuple(ref.shape)} {ref.dtype}")
-    x = out.detach().to(device=ref.device, dtype=torch.float32)
-    y = ref.detach().to(torch.float32)
-    both_neg_inf = (x == float("-inf")) & (y == float("-inf")) if allow_negative_inf else None
-    x_bad, y_bad = ~torch.isfinite(x), ~torch.isfinite(y)
-    if both_neg_inf is not None:
-        x_bad &= ~both_neg_inf
-        y_bad &= ~both_neg_inf
-    n_x_bad, n_y_bad = int(x_bad.sum()), int(y_bad.sum())
+    shape = tuple(ref.shape)
+    of = out.detach().to(device=ref.device).reshape(-1)
+    rf = ref.detach().reshape(-1)
+    n_x_bad = n_y_bad = n_bad = total = 0
+    x_nonzero = y_nonzero = False
+    max_abs = 0.0
+    first_bad: str | None = None
+    first_exceeding: str | None = None
+    # In chunks, so that the float32 temporaries stay bounded for outputs of any size; every statistic is
+    # element-wise (counts, max, any non-zero), so the verdict is the one of the whole tensor at once.
+    for lo in range(0, of.numel(), CHUNK):
+        x = of[lo : lo + CHUNK].to(torch.float32)
+        y = rf[lo : lo + CHUNK].to(torch.float32)
+        both_neg_inf = (x == float("-inf")) & (y == float("-inf")) if allow_negative_inf else None
+        x_bad, y_bad = ~torch.isfinite(x), ~torch.isfinite(y)
+        if both_neg_inf is not None:
+            x_bad &= ~both_neg_inf
+            y_bad &= ~both_neg_inf
+        nx, ny = int(x_bad.sum()), int(y_bad.sum())
+        if nx and first_bad is None:
+            first_bad = _first_mismatches(x_bad, x, y, shape=shape, offset=lo)
+        n_x_bad, n_y_bad = n_x_bad + nx, n_y_bad + ny
+        if n_x_bad or n_y_bad:
+            continue  # the verdict is made; only the counts go on
+        x_nonzero = x_nonzero or torch.linalg.vector_norm(x).item() != 0
+        y_nonzero = y_nonzero or torch.linalg.vector_norm(y).item() > 0
+        if both_neg_inf is not None and bool(both_neg_inf.any()):
+            keep = ~both_neg_inf
+            x, y = torch.where(keep, x, 0.0), torch.where(keep, y, 0.0)  # excluded: counted as neither
+            total -= int(both_neg_inf.sum())
+        total += x.numel()
+        diff = (x - y).abs()
+        # The bound in float32, as the harness computes it; a non-finite difference (float32 overflow) fails.
+        exceeds = (diff > atol + rtol * y.abs()) | ~torch.isfinite(diff)
+        nb = int(exceeds.sum())
+        if nb and first_exceeding is None:
+            first_exceeding = _first_mismatches(exceeds, x, y, shape=shape, offset=lo)
+        n_bad += nb
+        if diff.numel():
+            max_abs = max(max_abs, float(diff.max()))
+        del x, y, diff, exceeds
     if n_x_bad or n_y_bad:
         if n_y_bad:
             msg = (
@@ -158,23 +205,14 @@ def compare_output(
                 "then (inputs invalid for the reference, e.g. an overflow)"
             )
         else:
-            msg = f"{name}: {n_x_bad} NaN/Inf values in the output, {_first_mismatches(x_bad, x, y)}"
+            msg = f"{name}: {n_x_bad} NaN/Inf values in the output, {first_bad}"
         return Comparison(False, msg, matched_ratio=0.0)
-    if torch.linalg.vector_norm(y).item() > 0 and torch.linalg.vector_norm(x).item() == 0:
+    if y_nonzero and not x_nonzero:
         return Comparison(False, f"{name}: output is all zeros, the reference is not", matched_ratio=0.0)
-    if both_neg_inf is not None and bool(both_neg_inf.any()):
-        keep = ~both_neg_inf
-        x, y = x[keep], y[keep]
-    total = x.numel()
     if total == 0:
         return Comparison(True, "", 0.0, 1.0, matched=0, total=0)
-    diff = (x - y).abs()
-    # The bound in float32, as the harness computes it; a non-finite difference (float32 overflow) fails.
-    exceeds = (diff > atol + rtol * y.abs()) | ~torch.isfinite(diff)
-    n_bad = int(exceeds.sum())
     matched = total - n_bad
     r = matched_ratio(matched, total)
-    max_abs = float(diff.max())
     rel = None
     if isinstance(ref_hp, torch.Tensor) and tuple(ref_hp.shape) == tuple(out.shape):
         try:
@@ -192,5 +230,5 @@ def compare_output(
         why.append(f"max abs err {max_abs:.4g} exceeds the cap {max_error_cap:g}")
     if ok:
         return Comparison(True, "", max_abs, r, rel, matched, total)
-    msg = f"{name}: {'; '.join(why)}; max abs err {max_abs:.4g}; {_first_mismatches(exceeds, x, y)}"
+    msg = f"{name}: {'; '.join(why)}; max abs err {max_abs:.4g}; {first_exceeding or 'no element beyond tolerance'}"
     return Comparison(False, msg, max_abs, r, rel, matched, total)

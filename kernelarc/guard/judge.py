@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from kernelarc.guard.compare import compare_output
+from kernelarc.guard.memory import memory_plan
 from kernelarc.guard.decision import Decision, decide, geomean, median, rel_noise
 from kernelarc.guard.pool import Worker, WorkerPool
 from kernelarc.guard.static import check_source
@@ -48,7 +49,8 @@ class GuardConfig:
     consistency: float = 1.5  # champion side by side vs alone may differ at most this factor
     prestart: int = 2  # workers kept started per device
     timing: bool = True
-    hp_reference: bool = True  # also compare against a float64 run of the reference
+    hp_reference: bool = True  # also run the reference in float64 (the rel_err metric), where memory allows
+    memory_gb: float | None = None  # memory cap per device for the guard's memory plan (None: the device's)
     workloads: list[int] | None = None  # subset of workload indices (None: all)
 
 
@@ -157,7 +159,7 @@ class Guard:
             out = self._ref_mod.run(*inputs)
         outs = list(out) if isinstance(out, tuple | list) else [out]
         hp = None
-        if self.cfg.hp_reference:
+        if self.cfg.hp_reference and memory_plan(self).hp_reference:
             try:
                 up = [
                     x.to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs
@@ -172,7 +174,7 @@ class Guard:
             torch.cuda.synchronize()
         with self._refs_lock:
             self._refs[key] = (outs, hp)
-            while len(self._refs) > max(self.cfg.seed_pool, 1) * len(self.workloads):
+            while len(self._refs) > memory_plan(self).ref_cache_entries:
                 self._refs.popitem(last=False)
         return outs, hp
 
@@ -199,7 +201,13 @@ class Guard:
                 return self._verdict(cand, Status.rejected_hack, list(rep.violations), t_start)
             if not rep.has_run:
                 return self._verdict(cand, Status.compile_error, ["source defines no top-level run()"], t_start)
-        seeds = self._seeds_for(self.cfg.seeds)
+        with self._gpu:
+            plan = memory_plan(self)  # once per guard: dry runs of the reference, on the device
+        if not plan.runnable:
+            return self._verdict(cand, Status.runtime_error, plan.errors(), t_start)
+        self.workloads = plan.runnable
+        warnings += plan.warnings()
+        seeds = self._seeds_for(plan.seeds)
         with self._gpu:
             for wl in self.workloads:
                 for s in seeds:

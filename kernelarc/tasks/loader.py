@@ -5,6 +5,7 @@ Errors name the file, the line (for workloads), the field and what was expected.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -273,6 +274,94 @@ def load_task(path: str | Path, *, workload_file: str | None = None, cpu: bool =
         except json.JSONDecodeError as e:
             warnings.append(f"{meta_file}: ignored, invalid JSON ({e.msg})")
     return Task(defn.name, p, defn, workloads, metadata, warnings, workload_file)
+
+
+# On the CPU a workload moves at most this many input + output bytes; larger ones are shrunk.
+CPU_MAX_IO_BYTES = 32 << 20
+
+
+def _shrunk_axes(task: Task, index: int, max_io_bytes: int) -> tuple[dict[str, int], float]:
+    """Var-axis values for workload ``index`` that keep the definition's constraints and move at most
+    ``max_io_bytes`` where possible: the largest var axis that can be halved (constraints and expr axes
+    still hold) is halved until the workload fits or none can be. Returns the axes and their bytes."""
+    defn = task.definition
+    given = dict(task.workloads[index].axes)
+    var = [n for n, a in defn.axes.items() if isinstance(a, AxisVar)]
+
+    def io(axes: dict[str, int]) -> float:
+        values = resolve_axes(defn, axes)
+        total = 0.0
+        for spec in (*defn.inputs.values(), *defn.outputs.values()):
+            if spec.shape is not None:
+                dims = [int(a) if is_literal_dim(a) else values[a] for a in spec.shape]
+                total += math.prod(dims) * DTYPE_BYTES[spec.dtype]
+        return total
+
+    size = io(given)
+    while size > max_io_bytes:
+        for name in sorted(var, key=lambda n: -given[n]):
+            if given[name] < 2:
+                continue
+            trial = {**given, name: given[name] // 2}
+            try:
+                trial_size = io(trial)
+            except (TaskError, ValueError, ZeroDivisionError):
+                continue
+            given, size = trial, trial_size
+            break
+        else:
+            break
+    return given, size
+
+
+def fit_workloads(task: Task, max_io_bytes: int = CPU_MAX_IO_BYTES) -> Task:
+    """The task with every workload above ``max_io_bytes`` shrunk (var axes halved within the definition's
+    constraints), each with a warning; where the const axes alone exceed the bound it is shrunk as far as
+    the constraints allow (the warning says so); a workload with safetensors inputs (fixed shapes) stays.
+    Workload indices are unchanged.
+
+    The shrunk set is written to a workload file of its own (an absolute ``workload_file``), so that a guard
+    worker loading the task by path sees the same workloads.
+    """
+    import tempfile
+
+    changed = False
+    workloads = []
+    warnings = list(task.warnings)
+    for i, wl in enumerate(task.workloads):
+        if task.io_bytes(i) <= max_io_bytes:
+            workloads.append(wl)
+            continue
+        mb = task.io_bytes(i) / 2**20
+        if any(d.type == "safetensors" for d in wl.inputs.values()):
+            axes, size = dict(wl.axes), float(task.io_bytes(i))
+        else:
+            axes, size = _shrunk_axes(task, i, max_io_bytes)
+        if axes == dict(wl.axes):
+            why = "safetensors inputs have fixed shapes" if size == task.io_bytes(i) else "no var axis can shrink"
+            msg = f"{task.name}: workload {i} ({mb:.0f} MB) cannot be shrunk for the CPU: {why}"
+            workloads.append(wl)
+        else:
+            was = {k: v for k, v in wl.axes.items() if axes[k] != v}
+            now = {k: axes[k] for k in was}
+            msg = (
+                f"{task.name}: workload {i} ({mb:.0f} MB) shrunk for the CPU to {size / 2**20:.1f} MB: "
+                f"axes {was} -> {now}"
+            )
+            if size > max_io_bytes:
+                msg += f"; still above {max_io_bytes / 2**20:.0f} MB (const axes or constraints)"
+            workloads.append(wl.model_copy(update={"axes": axes, "uuid": f"{wl.uuid}~cpu"}))
+            changed = True
+        warnings.append(msg)
+        log.warning(msg)
+    if not changed:
+        return Task(task.name, task.path, task.definition, task.workloads, task.metadata, warnings, task.workload_file)
+    text = "".join(wl.model_dump_json(exclude_none=True) + "\n" for wl in workloads)
+    digest = hashlib.sha256(f"{task.path.resolve()}\n{text}".encode()).hexdigest()[:12]
+    tmp = Path(tempfile.gettempdir()) / f"kernelarc-{task.name}-cpu-{digest}.jsonl"
+    if not tmp.is_file() or tmp.read_text() != text:
+        tmp.write_text(text)
+    return Task(task.name, task.path, task.definition, workloads, task.metadata, warnings, str(tmp))
 
 
 def builtin_tasks() -> list[str]:

@@ -1,0 +1,108 @@
+"""The guard's memory plan: bounded seeds, cache, float64 reference and workers; verdicts where nothing fits."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
+from kernelarc.guard.memory import GB, Footprint, dry_run, io_sizes, max_parallel, memory_plan, plan_memory
+from kernelarc.models import Status
+from kernelarc.tasks import load_task
+from kernelarc.tasks.inputs import load_module
+
+REFERENCE = """import torch
+
+def run(x):
+    # a working set four times the output: the dry run must see more than the definition's sizes
+    t = torch.cat([x, x, x, x], dim=1)
+    return (t * 2.0).sum(dim=1).unsqueeze(1).expand_as(x).contiguous()
+"""
+
+
+def _problem(tmp_path: Path, sizes=(16, 4096)) -> Path:
+    d = {
+        "name": "memory_probe",
+        "axes": {"M": {"type": "var"}, "N": {"type": "const", "value": 1024}},
+        "inputs": {"x": {"shape": ["M", "N"], "dtype": "float32"}},
+        "outputs": {"y": {"shape": ["M", "N"], "dtype": "float32"}},
+        "reference": REFERENCE,
+    }
+    (tmp_path / "definition.json").write_text(json.dumps(d))
+    wls = [{"uuid": f"m{m}", "axes": {"M": m}, "inputs": {"x": {"type": "random"}}} for m in sizes]
+    (tmp_path / "workload.jsonl").write_text("\n".join(json.dumps(w) for w in wls))
+    return tmp_path
+
+
+def _fp(i: int, mb_in: float, mb_out: float, mb_peak: float) -> Footprint:
+    mb = 1 << 20
+    return Footprint(i, int(mb_in * mb), int(mb_out * mb), int(mb_out * mb) // 2, int(mb_peak * mb), measured=True)
+
+
+def test_sizes_come_from_the_definition(tmp_path):
+    t = load_task(_problem(tmp_path))
+    assert io_sizes(t, 1) == (4096 * 1024 * 4, 4096 * 1024 * 4, 4096 * 1024)
+    fp = dry_run(t, 0, "cpu", load_module(t.definition.reference, "memory_probe").run)
+    assert fp.error is None and fp.peak_bytes >= fp.output_bytes == 16 * 1024 * 4
+
+
+def test_a_reference_above_the_cap_gets_a_verdict_with_its_cause(tmp_path):
+    t = load_task(_problem(tmp_path))
+    run = load_module(t.definition.reference, "memory_probe").run
+    plan = plan_memory(t, [0, 1], "cpu", memory_gb=0.02, run=run)  # 20 MB: workload 1 moves 32 MB
+    assert plan.runnable == [0]
+    assert "inputs and outputs alone take 0.03 GB, above the cap" in plan.verdicts[1]
+    assert any("workload 1 not run" in w for w in plan.warnings())
+    tiny = plan_memory(t, [0, 1], "cpu", memory_gb=1e-5, run=run)
+    assert tiny.runnable == [] and len(tiny.errors()) == 2
+
+
+def test_the_plan_bounds_workers_seeds_and_float64_before_giving_up():
+    fps = {0: _fp(0, 2000, 2000, 4000), 1: _fp(1, 200, 200, 400)}  # MB; on a GPU (flush buffer, contexts)
+
+    def plan(gb, f=fps):
+        return plan_memory(None, list(f), "cuda:0", memory_gb=gb, seeds=3, parallel=3, footprints=f)
+
+    big = plan(141)
+    assert big.runnable == [0, 1] and big.seeds == 3 and big.max_workers == 3 and big.ref_cache_entries == 16
+    assert big.need_bytes <= 141 * GB * 0.9
+    assert plan(141, {0: _fp(0, 100, 100, 200)}).hp_reference  # float64 where it fits ...
+    assert not big.hp_reference  # ... and not where it would take the room of the workers
+    mid = plan(60)
+    assert mid.seeds == 3 and mid.max_workers == 1 and any("worker(s) in flight" in n for n in mid.notes)
+    small = plan(30)
+    assert small.runnable == [0, 1] and small.seeds == 1 and any("seed(s) per workload" in n for n in small.notes)
+    assert small.need_bytes <= 30 * GB * 0.9
+    # workload 0 fits alone in 20 GB, not beside workload 1's sets: it goes, with the cause
+    both = plan(20)
+    assert both.runnable == [1] and "not beside the other workloads" in both.verdicts[0]
+    # workload 0's reference fits in 16 GB (6 GB), the guard around it (judge + worker) does not
+    tight = plan(16)
+    assert tight.runnable == [1] and "the reference fits (5.86 GB) but the guard needs" in tight.verdicts[0]
+
+
+def test_the_guard_runs_what_fits_and_records_the_rest(tmp_path):
+    task = load_task(_problem(tmp_path))
+    cfg = GuardConfig(timeout_s=60, target_ms=2, min_iters=2, max_iters=4, prestart=1, memory_gb=0.02)
+    with Guard(task, None, "cpu", cfg) as g:
+        ev = g.evaluate(reference_candidate(task), trusted=True)
+        v = ev.verdict
+        assert v.correct, v.errors
+        assert [w.index for w in v.workloads] == [0]
+        assert any("workload 1 not run" in w and "above the cap" in w for w in v.warnings)
+        assert max_parallel(g, 3) >= 1
+    cfg.memory_gb = 1e-5
+    with Guard(task, None, "cpu", cfg) as g:
+        v = g.evaluate(reference_candidate(task), trusted=True).verdict
+        assert v.status is Status.runtime_error and any("above the cap" in e for e in v.errors)
+        assert memory_plan(g) is memory_plan(g)  # made once
+
+
+@pytest.mark.gpu
+def test_dry_run_measures_the_peak_on_a_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    t = load_task(_problem(tmp_path))
+    fp = dry_run(t, 1, "cuda:0", load_module(t.definition.reference, "memory_probe").run)
+    assert fp.measured and fp.peak_bytes >= 4 * fp.input_bytes  # the cat's working set
