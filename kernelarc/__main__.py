@@ -31,11 +31,14 @@ def main(cfg: DictConfig) -> dict:
     except (UsageError, TaskError) as e:
         fail(str(e))
         return {}
+    from kernelarc.ui import next_steps
+
+    session.ui.close()  # the live bar ends before the table
     ui = Progress(True)
     rows = [(k, v) for k, v in summary.items() if not isinstance(v, dict)]
     rows.append(("by_status", json.dumps(summary["by_status"])))
     rows.append(("phase_mean_s", json.dumps(summary["phase_mean_s"])))
-    ui.summary(rows)
+    ui.summary(rows, next_steps(c, summary, getattr(session.tracker, "experiment_id", None)))
     return summary
 
 

@@ -84,6 +84,8 @@ class ExecutorConfig:
     parallel: int = 3  # candidates in flight per GPU (compile overlaps timing; timing is serialised)
     prestart: int = 2  # worker processes kept started per GPU
     gpus: list[int] | None = None  # null: every visible GPU
+    address: str | None = None  # executor=ray: an existing cluster (ray://host:10001 or host:6379); null: local
+    actors: int | None = None  # executor=ray: guard actors (null: one per GPU of the cluster; 1 on the CPU)
 
 
 @dataclass

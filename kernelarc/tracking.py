@@ -46,10 +46,12 @@ CANDIDATE_ARTIFACT_DIR = "kernel"
 # MLflow 3's UI opens an experiment in its GenAI (traces) view unless this tag says otherwise.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
-# A saved runs-table view (the UI's "share view" state) that ui_url() opens: the columns a user compares.
+# Saved runs-table views (the UI's "share view" state) that ui_url() opens, with the columns a user
+# compares: the sessions (candidates nested under each), and every candidate of every session, fastest first.
 VIEW_KEY = "kernelarc"
-VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
-VIEW_EXPANDED_SESSIONS = 20  # newest session runs shown expanded (their candidates nested below)
+CANDIDATES_VIEW_KEY = "kernelarc-candidates"
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+VIEW_TAG = VIEW_TAG_PREFIX + VIEW_KEY
 VIEW_COLUMNS = (
     "attributes.`Duration`",
     "tags.`kernelarc.verdict`",
@@ -323,9 +325,23 @@ def session_run_name(
     return name
 
 
-def ui_url(experiment_id: str, base: str = "http://127.0.0.1:5000") -> str:
-    """The experiment's runs table with KernelArc's saved columns (see ``VIEW_COLUMNS``)."""
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
+def ui_url(experiment_id: str, base: str = "http://127.0.0.1:5000", view: str = VIEW_KEY) -> str:
+    """The experiment's runs table (the UI's model-training mode) with KernelArc's saved columns
+    (``VIEW_COLUMNS``); ``view=CANDIDATES_VIEW_KEY``: the candidates of all sessions, fastest first."""
+    return (
+        f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={view}"
+    )
+
+
+def _view_state(view: str) -> str:
+    state: dict[str, Any] = {"selectedColumns": list(VIEW_COLUMNS)}
+    if view == CANDIDATES_VIEW_KEY:  # parents have no candidate id: the candidates show flat
+        state.update(
+            searchFilter="tags.`kernelarc.candidate_id` LIKE '%'", orderByKey="metrics.`latency_ms`", orderByAsc=True
+        )
+    else:
+        state.update(orderByKey="attributes.start_time", orderByAsc=False)
+    return json.dumps(state)
 
 
 def _chunks(items: list, size: int) -> Iterable[list]:
@@ -369,8 +385,12 @@ class Tracker:
         if exp is not None:
             if exp.lifecycle_stage == "deleted":
                 self.client.restore_experiment(exp.experiment_id)
-            if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # a store from an older KernelArc
+            # a store from an older KernelArc: classic view and saved views added
+            if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
                 self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+            for view in (VIEW_KEY, CANDIDATES_VIEW_KEY):
+                if VIEW_TAG_PREFIX + view not in exp.tags:
+                    self.client.set_experiment_tag(exp.experiment_id, VIEW_TAG_PREFIX + view, _view_state(view))
             return exp.experiment_id
         try:
             return self.client.create_experiment(
@@ -380,7 +400,8 @@ class Tracker:
                     "kernelarc.task": self.task,
                     "kernelarc.gpu": self.gpu,
                     EXPERIMENT_KIND_TAG: EXPERIMENT_KIND,
-                    VIEW_TAG: self._view_state([]),
+                    VIEW_TAG: _view_state(VIEW_KEY),
+                    VIEW_TAG_PREFIX + CANDIDATES_VIEW_KEY: _view_state(CANDIDATES_VIEW_KEY),
                 },
             )
         except MlflowException:  # another process created it first
@@ -388,31 +409,6 @@ class Tracker:
             if exp is None:
                 raise
             return exp.experiment_id
-
-    @staticmethod
-    def _view_state(expanded: list[str]) -> str:
-        """The runs table ``ui_url`` opens: compared columns selected, newest sessions expanded, newest first."""
-        return json.dumps(
-            {
-                "selectedColumns": list(VIEW_COLUMNS),
-                "runsExpanded": {run_id: True for run_id in expanded},
-                "orderByKey": "attributes.start_time",
-                "orderByAsc": False,
-            }
-        )
-
-    def _expand_in_view(self, run_id: str) -> None:
-        """Put a new session first among the expanded ones of the saved view (best effort: a view only)."""
-        try:
-            exp = self.client.get_experiment(self.experiment_id)
-            try:
-                old = list(json.loads(exp.tags.get(VIEW_TAG, "{}")).get("runsExpanded", {}))
-            except ValueError:
-                old = []
-            keep = [run_id, *[r for r in old if r != run_id]][:VIEW_EXPANDED_SESSIONS]
-            self.client.set_experiment_tag(self.experiment_id, VIEW_TAG, self._view_state(keep))
-        except Exception as exc:  # noqa: BLE001
-            log.debug("saved view not updated: %s", exc)
 
     def _require_session(self) -> str:
         if self.parent_run_id is None:
@@ -537,8 +533,7 @@ class Tracker:
             self.parent_run_id = run_id
             self._seq = 0
             self._last_step = 0
-        self._expand_in_view(run_id)
-        return run_id
+            return run_id
 
     def log_candidate(
         self,

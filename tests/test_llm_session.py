@@ -75,4 +75,16 @@ def test_usd_budget_stops_the_session(tmp_path):
         n = len(srv.requests)
     assert r.returncode == 0, r.stderr[-3000:]
     assert n <= 4  # one round of two agents costs ~0.016 USD > 0.005: no second round
-    assert "usd" in r.stdout
+    import re
+
+    from mlflow import MlflowClient
+
+    spent = re.search(r"^usd\s+(\S+)\s*$", r.stdout, re.MULTILINE)
+    assert spent, r.stdout[-2000:]
+    usd = float(spent[1])
+    assert usd >= 0.005  # the budget was reached: that is why the session stopped before 10 candidates
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = c.get_experiment_by_name("kernelarc/rmsnorm/cpu")
+    (parent,) = [x for x in c.search_runs([exp.experiment_id]) if x.data.tags.get("kernelarc.kind") == "session"]
+    assert parent.data.metrics["usd"] == pytest.approx(usd, rel=1e-3)  # the table shows what MLflow recorded
+    assert parent.data.metrics["evaluated"] < 10

@@ -367,13 +367,12 @@ def test_logging_overhead(workdir, capsys):
 
 
 def test_experiment_opens_in_the_classic_runs_view_with_compared_columns(workdir):
-    from kernelarc.tracking import EXPERIMENT_KIND_TAG, VIEW_TAG, ui_url
+    from kernelarc.tracking import CANDIDATES_VIEW_KEY, EXPERIMENT_KIND_TAG, VIEW_TAG, VIEW_TAG_PREFIX, ui_url
 
     tr = Tracker(None, TASK, GPU)
     tags = tr.client.get_experiment(tr.experiment_id).tags
     assert tags[EXPERIMENT_KIND_TAG] == "custom_model_development"  # not MLflow 3's GenAI view
-    pid = tr.start_session({})
-    view = json.loads(tr.client.get_experiment(tr.experiment_id).tags[VIEW_TAG])
+    view = json.loads(tags[VIEW_TAG])
     for col in (
         "metrics.`latency_ms`",
         "metrics.`sol_fraction`",
@@ -381,15 +380,24 @@ def test_experiment_opens_in_the_classic_runs_view_with_compared_columns(workdir
         "tags.`kernelarc.verdict`",
     ):
         assert col in view["selectedColumns"]
-    assert view["runsExpanded"] == {pid: True}
-    tr.end_session()
-    pid2 = Tracker(None, TASK, GPU).start_session({})
-    assert list(json.loads(tr.client.get_experiment(tr.experiment_id).tags[VIEW_TAG])["runsExpanded"]) == [pid2, pid]
-    assert ui_url(tr.experiment_id).endswith(f"/#/experiments/{tr.experiment_id}/runs?viewStateShareKey=kernelarc")
-    # A store made before the tag existed is fixed when a tracker opens it.
+    cands = json.loads(tags[VIEW_TAG_PREFIX + CANDIDATES_VIEW_KEY])
+    assert cands["orderByKey"] == "metrics.`latency_ms`" and "kernelarc.candidate_id" in cands["searchFilter"]
+    # The candidates view's filter is one MLflow's search accepts, and it keeps candidates only.
+    pid = tr.start_session({})
+    cand = make_candidate()
+    child = tr.log_candidate(cand, make_verdict(cand))
+    found = tr.client.search_runs([tr.experiment_id], filter_string=cands["searchFilter"])
+    assert [r.info.run_id for r in found] == [child] and pid != child
+    url = ui_url(tr.experiment_id)
+    assert url.endswith(
+        f"/#/experiments/{tr.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=kernelarc"
+    )
+    # A store made before the tags existed is fixed when a tracker opens it.
     tr.client.set_experiment_tag(tr.experiment_id, EXPERIMENT_KIND_TAG, "genai_development")
+    tr.client.delete_experiment_tag(tr.experiment_id, VIEW_TAG)
     Tracker(None, TASK, GPU)
-    assert tr.client.get_experiment(tr.experiment_id).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    tags = tr.client.get_experiment(tr.experiment_id).tags
+    assert tags[EXPERIMENT_KIND_TAG] == "custom_model_development" and VIEW_TAG in tags
 
 
 def test_session_run_names_say_what_a_sweep_varies():
