@@ -35,15 +35,16 @@ def typed(cfg: DictConfig) -> KernelArcConfig:
         raise UsageError(
             f"unknown task {obj.task.name!r}; built-in tasks: {', '.join(builtin_tasks())} (or sol_execbench)"
         )
-    bad = [s for s in obj.strategies.names if s not in STRATEGIES]
-    if bad:
-        raise UsageError(f"unknown strategies {bad}; known: {', '.join(STRATEGIES)}")
-    from kernelarc.executors import ExecutorError, check_executor
+    from kernelarc.agents.search import OPERATOR_STRATEGIES
 
-    try:
-        check_executor(obj)
-    except ExecutorError as e:
-        raise UsageError(str(e)) from None
+    bad = [s for s in obj.strategies.names if s not in STRATEGIES + OPERATOR_STRATEGIES]
+    if bad:
+        raise UsageError(f"unknown strategies {bad}; known: {', '.join(STRATEGIES + OPERATOR_STRATEGIES)}")
+    if obj.executor.name != "local":
+        raise UsageError(
+            f"executor {obj.executor.name!r} is not available yet: only executor=local (worker processes on this "
+            "machine, one guard per visible GPU) is implemented"
+        )
     if obj.agents.count < 1:
         raise UsageError("agents.count must be at least 1")
     return obj
@@ -94,8 +95,14 @@ def build_agents(cfg: KernelArcConfig, task) -> list[Any]:
         except SweepError as e:
             raise UsageError(str(e)) from None
     strategies = list(cfg.strategies.names)
-    if backend == "search" and cfg.agents.count < len(strategies):
-        strategies = relevant_strategies(strategies, task.name)
+    if backend == "search":
+        from kernelarc.agents.search import offline_team
+
+        # operators first, then the knob classes this task's families have; one agent: the generalist
+        strategies = offline_team(strategies, cfg.agents.count, task.name)
+    else:
+        # exploit / explore / transplant / generalist are offline operators: LLM agents take the briefed strategies
+        strategies = [s for s in strategies if s in STRATEGIES] or list(STRATEGIES)
     agents: list[Any] = []
     for i in range(cfg.agents.count):
         strategy = strategies[i % len(strategies)]

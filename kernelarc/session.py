@@ -17,6 +17,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -26,11 +27,12 @@ import torch
 
 from kernelarc import dispatch
 from kernelarc.agents.base import AgentContext
-from kernelarc.board import Board
+from kernelarc.board import Board, Conditions
 from kernelarc.config import KernelArcConfig
+from kernelarc.families import families_for
 from kernelarc.guard.judge import Evaluation, Guard, GuardConfig, compiled_candidate, reference_candidate
 from kernelarc.models import Candidate, Finding, Status, Verdict
-from kernelarc.plateau import PlateauDetector
+from kernelarc.plateau import PlateauDetector, PlateauEvent
 from kernelarc.tasks.loader import Task, TaskError, fit_workloads, load_builtin, load_task
 from kernelarc.ui import Progress
 
@@ -72,11 +74,6 @@ def guard_config(cfg: KernelArcConfig, task: Task, on_cpu: bool) -> GuardConfig:
 
 
 def devices_for(target: Any, cfg: KernelArcConfig) -> list[str]:
-    from kernelarc import executors
-
-    remote = executors.devices(cfg, target)  # executor=ray: the cluster's GPUs, not this machine's
-    if remote is not None:
-        return remote
     if getattr(target, "is_cpu", False) or not torch.cuda.is_available():
         return ["cpu"]
     ids = cfg.executor.gpus if cfg.executor.gpus is not None else list(range(torch.cuda.device_count()))
@@ -161,26 +158,27 @@ def session_key(cfg: KernelArcConfig, target_name: str) -> str:
 
 
 class SearchSession:
-    def __init__(self, cfg: KernelArcConfig, raw_config: dict, target: Any, agents: list, *, progress: Progress):
+    def __init__(self, cfg: KernelArcConfig, raw_config: dict, target: Any, agents: list, *, progress: Progress,
+                 make_guard: Callable[[Task, str], Any] | None = None):  # fmt: skip
         self.cfg = cfg
         self.raw_config = raw_config
         self.target = target
         self.devices = devices_for(target, cfg)
-        self.on_cpu = all(d == "cpu" for d in self.devices)  # executor=ray may run several CPU guards
+        self.on_cpu = self.devices == ["cpu"]
         self.task = load_task_from_config(cfg, self.on_cpu)
-        gcfg = guard_config(cfg, self.task, self.on_cpu)
-        from kernelarc.executors import make_guards
-
-        self.guards = make_guards(cfg, self.task, target, self.devices, gcfg)  # local Guards or Ray actors
+        if make_guard is not None:
+            # a test double of the guard (kernelarc.simguard): the same loop, another measurement
+            self.guards = [make_guard(self.task, d) for d in self.devices]
+        else:
+            gcfg = guard_config(cfg, self.task, self.on_cpu)
+            self.guards = [Guard(self.task, target, d, gcfg, seed=cfg.seed) for d in self.devices]
         self.agents = agents
         self.ui = progress
         key = session_key(cfg, target.name)
-        state_dir = Path(cfg.search.state_dir) / self.task.name / target.name / key
-        if not cfg.search.resume and state_dir.is_dir():  # start fresh; the old log stays beside it
-            state_dir.rename(state_dir.with_name(f"{key}.{time.strftime('%Y%m%d-%H%M%S')}"))
-        self.state = StateLog(state_dir)
+        self.state = StateLog(Path(cfg.search.state_dir) / self.task.name / target.name / key)
         self.board = Board(self.state.dir / "board.jsonl")
-        self.plateau = PlateauDetector(cfg.search.plateau_patience)
+        self.plateau = PlateauDetector(cfg.search.plateau_patience,
+                                       families={f.name: f.language for f in families_for(self.task.name)})  # fmt: skip
         self.lock = threading.RLock()
         self.records: list[Record] = []
         self.champion: Candidate | None = None
@@ -189,7 +187,7 @@ class SearchSession:
         self.history: dict[str, list[tuple[Candidate, Verdict]]] = {a.name: [] for a in agents}
         self.seen: set[str] = set()
         self.evaluated = 0
-        self.redirect: str | None = None
+        self.redirect: PlateauEvent | None = None  # the last plateau firing, until its agent has proposed
         self.tokens: dict[str, float] = {}
         self.best_history: list[tuple[int, float]] = []
         self.tracker = None
@@ -202,7 +200,6 @@ class SearchSession:
         self.t0 = time.monotonic()
         self.elapsed_before = 0.0
         self.eval_seconds = 0.0
-        self.eval_wall: dict[str, tuple[float, float]] = {}  # candidate -> its last evaluation's wall start, end
         self.timing_seconds = 0.0
         self.dispatch_tried: set[tuple] = set()  # plans already composed (kernelarc.dispatch)
         self._signatures: dict[int, tuple] | None = None
@@ -215,16 +212,13 @@ class SearchSession:
         from kernelarc.tracking import Tracker
 
         self.tracker = Tracker(self.cfg.tracking.uri, self.task.name, self.target.name)
-        from kernelarc.tracking import session_run_name
-
-        name = session_run_name(self.task.name, self.target.name, self.cfg.agents.count, self.cfg.memory.limit,
-                                self.cfg.agents.backend, self.cfg.seed)  # fmt: skip
-        run_id = self.tracker.start_session(self.raw_config, run_name=name, resume_run_id=resume_run)
+        run_id = self.tracker.start_session(self.raw_config, run_name=f"{self.task.name}-{self.target.name}",
+                                            resume_run_id=resume_run)  # fmt: skip
         meta = self.state.meta()
         meta["parent_run_id"] = run_id
         self.state.save_meta(meta)
         if self.cfg.tracking.register:
-            self.registry = Registry(self.tracker, self.task.name, self.target.name, problem=self.task)
+            self.registry = Registry(self.tracker, self.task.name, self.target.name)
 
     # -- state ---------------------------------------------------------------------------
     def _replay(self, rec: Record) -> None:
@@ -264,8 +258,7 @@ class SearchSession:
             return
         try:
             extra = {"index": rec.index, **self.cand_cost.pop(rec.candidate.id, {})}
-            started, ended = self.eval_wall.pop(rec.candidate.id, (None, None))  # the run lasts as its evaluation
-            rec.run_id = self.tracker.log_candidate(rec.candidate, rec.verdict, extra, started, ended)
+            rec.run_id = self.tracker.log_candidate(rec.candidate, rec.verdict, extra)
         except Exception as e:  # noqa: BLE001 - tracking trouble must not kill the search
             log.warning("MLflow logging failed for %s: %s", rec.candidate.id, e)
         if self.registry is not None and rec.verdict.status is Status.champion and rec.run_id:
@@ -292,12 +285,10 @@ class SearchSession:
 
     def _evaluate(self, cand: Candidate, champion: Candidate | None, trusted: bool, timeout: float | None, i: int):
         t = time.monotonic()
-        wall = time.time()
         ev = self._guard_for(i).evaluate(cand, champion, trusted=trusted, timeout_s=timeout,
                                          champion_reference=self._champion_reference(champion))  # fmt: skip
         dt = time.monotonic() - t
         with self.lock:
-            self.eval_wall[cand.id] = (wall, wall + dt)
             self.eval_seconds += dt
             self.timing_seconds += ev.verdict.phases.get("timing", 0.0)
         return ev
@@ -388,6 +379,7 @@ class SearchSession:
 
     def _context(self, agent) -> AgentContext:
         with self.lock:
+            redirect = self.redirect if self.redirect is not None and agent.name in self.redirect.agents else None
             return AgentContext(
                 task=self.task,
                 target=self.target,
@@ -396,7 +388,8 @@ class SearchSession:
                 findings=self.board.view(self.cfg.memory.limit),
                 history=list(self.history.get(agent.name, [])),
                 seen=frozenset(self.seen),
-                redirect=self.redirect,
+                redirect=redirect.instruction if redirect else None,
+                plateau=redirect,
                 backups=sorted(self.backups, key=lambda cv: cv[1].latency_ms or math.inf)[:8],
                 budget_left=self._budget_left(),
             )
@@ -430,7 +423,8 @@ class SearchSession:
                         self.seen.add(c.id)
                         self.busy[c.agent] = self.busy.get(c.agent, 0) + 1
                         out.append(c)
-        self.redirect = None
+        if self.redirect is not None and any(a.name in self.redirect.agents for a in ready):
+            self.redirect = None
         return out
 
     def _post_conclusion(self, agent, cid: str, lesson: str) -> None:
@@ -443,8 +437,17 @@ class SearchSession:
 
     def _post(self, cand: Candidate, v: Verdict, lesson: str) -> None:
         gain = (v.speedup_vs_champion - 1.0) if v.speedup_vs_champion else None
+        rec = next((r for r in reversed(self.records) if r.candidate.id == cand.id), None)
+        shapes = [w.axes for w in v.workloads] or [self.task.axes(i) for i in self.guards[0].workloads]
+        cond = Conditions(workloads=shapes, champion_id=rec.champion_id if rec else None, latency_ms=v.latency_ms)
+        if v.correct:
+            reason = f"{v.speedup_vs_champion:.3f}x the champion" if v.speedup_vs_champion else "first correct kernel"
+        else:
+            first = next((ln.strip() for e in v.errors for ln in e.splitlines() if ln.strip()), "")
+            reason = f"{v.status.value}: {first[:160]}"
         self.board.post(Finding(agent=cand.agent, strategy=cand.strategy, candidate_id=cand.id, family=cand.family,
-                                knobs=cand.knobs, status=v.status, gain=gain, lesson=lesson.splitlines()[0][:200]))  # fmt: skip
+                                knobs=cand.knobs, status=v.status, gain=gain, lesson=lesson.splitlines()[0][:200]),
+                        conditions=cond, reason=reason)  # fmt: skip
 
     def _on_verdict(self, cand: Candidate, ev: Evaluation, champion_id: str | None, pending_rematch: list) -> None:
         v = ev.verdict
@@ -473,7 +476,8 @@ class SearchSession:
             self.busy[cand.agent] = max(0, self.busy.get(cand.agent, 0) - 1)
         self.ui.candidate(idx, self.cfg.budget.candidates, cand, v,
                           self.champion_verdict.latency_ms if self.champion_verdict else None)  # fmt: skip
-        event = self.plateau.update(v.status is Status.champion, idx)
+        event = self.plateau.update(v.status, idx, tried=self._timed_per_family(),
+                                    champion_family=self.champion.family if self.champion else None)  # fmt: skip
         if event is not None:
             self._on_plateau(event)
         if self.tracker is not None and self.champion_verdict is not None and self.champion_verdict.latency_ms:
@@ -484,18 +488,29 @@ class SearchSession:
             except Exception as e:  # noqa: BLE001
                 log.debug("session metric failed: %s", e)
 
-    def _on_plateau(self, event) -> None:
-        self.redirect = event.action
-        self.ui.line(f"  ⟳ plateau after {event.since_gain} candidates without a gain: {event.action}")
-        if event.action.startswith("rotate") and len(self.agents) > 0:
-            strategies = [a.strategy for a in self.agents]
-            for a, s in zip(self.agents, strategies[1:] + strategies[:1], strict=True):
-                a.strategy = s
+    def _timed_per_family(self) -> dict[str, int]:
+        """Benchmarked (correct, timed) candidates per kernel family so far."""
+        out: dict[str, int] = {}
+        with self.lock:
+            for r in self.records:
+                if r.kind == "candidate" and r.verdict.correct and r.candidate.family:
+                    out[r.candidate.family] = out.get(r.candidate.family, 0) + 1
+        return out
+
+    def _on_plateau(self, event: PlateauEvent) -> None:
+        # One agent per firing (round robin), so a team and a single agent pay alike for it.
+        if self.agents:
+            event.agents = [self.agents[(self.plateau.fired - 1) % len(self.agents)].name]
+        self.redirect = event
+        self.ui.line(f"  ⟳ {event.instruction} ({', '.join(event.agents)})")
+        log.info("plateau: %s", json.dumps(event.to_dict()))
+        with (self.state.dir / "plateau.jsonl").open("a") as f:
+            f.write(json.dumps(event.to_dict()) + "\n")
         if self.tracker is not None:
             try:
                 self.tracker.log_session_metrics(event.at_candidate, plateau=1.0)
                 self.tracker.client.set_tag(self.tracker.parent_run_id, f"kernelarc.plateau.{self.plateau.fired}",
-                                            f"at {event.at_candidate}: {event.action}")  # fmt: skip
+                                            json.dumps(event.to_dict()))  # fmt: skip
             except Exception as e:  # noqa: BLE001
                 log.debug("plateau tag failed: %s", e)
 
@@ -506,9 +521,7 @@ class SearchSession:
         resumed = bool(self.records)
         self.elapsed_before = float(meta.get("elapsed_s", 0.0)) if resumed else 0.0
         if resumed:
-            done = " (it had finished)" if meta.get("status") == "finished" else ""
-            self.ui.line(f"resumed session {self.state.dir} with {len(self.records)} measurements{done}; "
-                         "to start fresh: search.resume=false (the old log is kept) or another seed=N")  # fmt: skip
+            self.ui.line(f"resuming session {self.state.dir} with {len(self.records)} measurements")
         self._open_tracking(meta.get("parent_run_id") if resumed else None)
         self.ui.line(f"task {self.task.name} on {self.target.name} ({', '.join(self.devices)}), "
                      f"{len(self.guards[0].workloads)} workloads, {len(self.agents)} agents")  # fmt: skip
@@ -647,9 +660,7 @@ class SearchSession:
                 moved = self.registry.promote(version, beat)
         if self.tracker is not None and self.best_history:
             try:
-                every = [(r.index, r.verdict.latency_ms) for r in self.records if r.kind == "candidate"
-                         and r.verdict.correct and r.verdict.latency_ms]  # fmt: skip
-                self.tracker.log_best_so_far_plot(every, champions=self.best_history)
+                self.tracker.log_best_so_far_plot(self.best_history)
             except Exception as e:  # noqa: BLE001
                 log.warning("best-so-far plot failed: %s", e)
         elapsed = time.monotonic() - self.t0 + self.elapsed_before

@@ -1,20 +1,30 @@
-"""Offline search agents: board-guided, deduplicating, strategy-owned moves."""
+"""Offline search agents: operators that read the board, deduplicate and explain their moves."""
+
+import random
 
 from kernelarc.agents.base import AgentContext
-from kernelarc.agents.search import SearchAgent
+from kernelarc.agents.search import SearchAgent, offline_team
+from kernelarc.board import Conditions, Entry, Kind
 from kernelarc.families import families_for
-from kernelarc.models import Finding, Status
+from kernelarc.models import Candidate, Status, Verdict
+from kernelarc.plateau import Action, PlateauEvent
 from kernelarc.tasks import load_builtin
 
 
-def _ctx(task, findings, seen=frozenset()):
+def _ctx(task, findings, seen=frozenset(), **kw):
     return AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=findings, history=[],
-                        seen=seen)  # fmt: skip
+                        seen=seen, **kw)  # fmt: skip
+
+
+def _entry(fam, knobs, status, latency, gain, cid="x", agent="other"):
+    kind = Kind.win if status is Status.champion else Kind.trap
+    return Entry(agent=agent, strategy="exploit", candidate_id=cid, family=fam.name, knobs=knobs, status=status,
+                 gain=gain, lesson="measured", kind=kind, conditions=Conditions(latency_ms=latency))  # fmt: skip
 
 
 def test_proposals_are_new_valid_and_explained():
     task = load_builtin("rmsnorm", cpu=True)
-    agent = SearchAgent("a0-tiling", "tiling", task, seed=0)
+    agent = SearchAgent("a0-generalist", "generalist", task, seed=0)
     prop = agent.propose(_ctx(task, []), 4)
     assert len(prop.candidates) == 4
     assert len({c.id for c in prop.candidates}) == 4
@@ -25,49 +35,67 @@ def test_proposals_are_new_valid_and_explained():
 
 
 def test_board_findings_change_what_an_agent_builds_on():
-    """memory.limit bounds the findings; with them, agents build on the board's best point."""
+    """With the board, agents build on its best point; without it, on their own starts."""
     task = load_builtin("rmsnorm", cpu=True)
     fam = families_for("rmsnorm")[0]
     good = dict(fam.start)
     k = next(kn for kn in fam.knobs if kn.strategy == "scheduling")
     good[k.name] = k.values[-1]
-    finding = Finding(agent="other", strategy="scheduling", candidate_id="x", family=fam.name, knobs=good,
-                      status=Status.correct_slower, gain=0.5, lesson="faster")  # fmt: skip
-    with_board = SearchAgent("a", "tiling", task, seed=1).propose(_ctx(task, [finding] * 1), 6)
-    without = SearchAgent("a", "tiling", task, seed=1).propose(_ctx(task, []), 6)
+    finding = _entry(fam, good, Status.champion, 0.5, 0.5)
+    with_board = SearchAgent("a", "exploit", task, seed=1).propose(_ctx(task, [finding]), 6)
+    without = SearchAgent("a", "exploit", task, seed=1).propose(_ctx(task, []), 6)
     assert any("board" in c.rationale for c in with_board.candidates)
     assert not any("board" in c.rationale for c in without.candidates)
 
 
-def test_strategy_owns_its_knobs():
+def test_trap_values_are_avoided():
+    """A knob value that failed on the board is drawn far less often than without the trap."""
     task = load_builtin("matmul", cpu=True)
     fam = next(f for f in families_for("matmul") if f.name == "matmul.tiled")
-    agent = SearchAgent("a", "scheduling", task, seed=2, families=[fam])
+    base = dict(fam.start)
+
+    def draws(fails):
+        agent = SearchAgent("a", "generalist", task, seed=5, families=[fam])
+        return sum(agent._mutate(fam, base, {}, fails, lead="scheduling")[0]["num_stages"] == 3 for _ in range(300))
+
+    trap = {(fam.name, "num_stages", repr(3)): 3.0}
+    assert draws(trap) < draws({}) / 2
+
+
+def test_focus_leads_with_its_class_and_the_generalist_moves_every_knob():
+    task = load_builtin("matmul", cpu=True)
+    fam = next(f for f in families_for("matmul") if f.name == "matmul.tiled")
     base = dict(fam.start)
     owned = {k.name for k in fam.knobs if k.strategy == "scheduling"}
-    for _ in range(20):
-        new, _note = agent._mutate(fam, base, {}, {})
+    focus = SearchAgent("a", "scheduling", task, seed=2, families=[fam])
+    moved_other = False
+    for _ in range(60):
+        new, _note = focus._mutate(fam, base, {}, {}, lead="scheduling")
         changed = {k for k in new if new[k] != base.get(k)}
-        assert changed <= owned
+        assert changed & owned or not changed  # the lead move is a scheduling knob
+        moved_other |= bool(changed - owned)
+    assert moved_other  # ... and a coupled move may take any other knob
+    gen = SearchAgent("g", "generalist", task, seed=2, families=[fam])
+    moved = set()
+    for _ in range(300):
+        new, _ = gen._mutate(fam, base, {}, {})
+        moved |= {k for k in new if new[k] != base.get(k)}
+    assert moved == {k.name for k in fam.knobs}
 
 
 def test_a_step_that_gained_is_continued():
-    from kernelarc.models import Verdict
-
     task = load_builtin("matmul", cpu=True)
     fam = next(f for f in families_for("matmul") if f.name == "matmul.tiled")
-    agent = SearchAgent("a", "scheduling", task, seed=4, families=[fam])
-    knob = next(k for k in fam.knobs if k.name == "num_stages")
+    agent = SearchAgent("a", "exploit", task, seed=4, families=[fam])
+    knob = fam.knob("num_stages")
     parent_pt = dict(fam.start, num_stages=knob.values[0])
     child_pt = dict(fam.start, num_stages=knob.values[1])
-    from kernelarc.models import Candidate
-
     parent = Candidate(source=fam.render(parent_pt), language="triton", family=fam.name, knobs=parent_pt)
     child = Candidate(source=fam.render(child_pt), language="triton", family=fam.name, knobs=child_pt,
                       parent=parent.id)  # fmt: skip
-    agent._score[parent.id] = 0.5
+    agent._lat[parent.id] = 2.0
     agent._parents[child.id] = (parent.id, parent_pt)
-    agent.observe(child, Verdict(candidate_id=child.id, status=Status.correct_slower, speedup_vs_champion=0.7))
+    agent.observe(child, Verdict(candidate_id=child.id, status=Status.correct_slower, latency_ms=1.4))
     cont = agent._continue(set())
     assert cont is not None
     assert cont.knobs["num_stages"] == knob.values[2] and "continuing" in cont.rationale
@@ -76,8 +104,6 @@ def test_a_step_that_gained_is_continued():
 def test_an_infeasible_move_is_repaired_by_moving_the_coupled_knobs():
     """A 128x256 tile on 4 warps spills its accumulator (infeasible): the move is kept and the
     nearest feasible point moves the other knobs (more warps / fewer stages) instead."""
-    import random
-
     from kernelarc.agents.surrogate import repair
 
     fam = next(f for f in families_for("matmul") if f.name == "matmul.persistent_tma")
@@ -100,56 +126,51 @@ def test_surrogate_ranks_by_what_was_measured():
     assert not Surrogate(fam, obs[:2]).ready  # too little data: the agent falls back to its first draw
 
 
-def test_exploring_agents_port_the_best_point_to_another_family():
-    from kernelarc.models import Finding
-
+def test_transplant_ports_a_win_to_another_family():
     task = load_builtin("matmul", cpu=True)
     tiled = next(f for f in families_for("matmul") if f.name == "matmul.tiled")
     best = tiled.check_point(dict(tiled.start, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3))
-    finding = Finding(agent="a0", strategy="tiling", candidate_id="x", family=tiled.name, knobs=best,
-                      status=Status.correct_slower, gain=-0.05, lesson="close to the library")  # fmt: skip
-    agent = SearchAgent("a3", "algorithmic", task, seed=0)
-    cands = [c for _ in range(12) for c in agent.propose(_ctx(task, [finding]), 1).candidates]
-    ported = [c for c in cands if "port" in c.rationale or "at the best" in c.rationale]
+    win = _entry(tiled, best, Status.champion, 1.5, 0.2)
+    agent = SearchAgent("a3", "transplant", task, seed=0)
+    cands = [c for _ in range(8) for c in agent.propose(_ctx(task, [win]), 1).candidates]
+    ported = [c for c in cands if "transplanting" in c.rationale]
     assert ported, [c.rationale for c in cands]
     for c in ported:
         assert c.family != tiled.name and c.knobs["BLOCK_M"] == 128 and c.knobs["BLOCK_N"] == 128
 
 
-def test_offline_agents_are_spent_on_strategies_that_can_move_something():
+def test_offline_team_puts_operators_first_and_one_agent_is_the_generalist():
     from kernelarc.app import relevant_strategies
 
-    names = ["tiling", "memory", "precision", "fusion", "scheduling", "algorithmic"]
-    # GEMM families have no precision or fusion knob: four agents get tiling, memory, scheduling, algorithmic
-    assert relevant_strategies(names, "matmul")[:4] == ["tiling", "memory", "scheduling", "algorithmic"]
-    # fused_add_rmsnorm has a fusion knob (where the residual is stored)
-    assert "fusion" in relevant_strategies(names, "fused_add_rmsnorm")[:4]
-    # every strategy is kept (in the user's order after the relevant ones)
-    assert sorted(relevant_strategies(names, "matmul")) == sorted(names)
-    assert relevant_strategies(["fusion"], "matmul") == ["fusion"]
+    names = ["exploit", "explore", "transplant", "tiling", "memory", "precision", "fusion", "scheduling",
+             "algorithmic"]  # fmt: skip
+    assert offline_team(names, 1, "matmul") == ["generalist"]
+    assert offline_team(names, 4, "matmul") == ["exploit", "explore", "transplant", "tiling"]
+    # GEMM families have no precision or fusion knob: no agent is spent on them while others can move something
+    assert "precision" not in offline_team(names, 7, "matmul")
+    assert "fusion" in offline_team(names[3:], 4, "fused_add_rmsnorm")
+    assert offline_team(["fusion"], 1, "matmul") == ["fusion"]
+    knob_classes = names[3:]
+    assert relevant_strategies(knob_classes, "matmul")[:4] == ["tiling", "memory", "scheduling", "algorithmic"]
+    assert sorted(relevant_strategies(knob_classes, "matmul")) == sorted(knob_classes)
 
 
-def test_exploring_agents_climb_a_tried_family_from_its_best_point():
-    """A family that is not the champion's, with a measured point, is stepped from that point (one local
-    move), not only restarted at its start or ported onto."""
-    from kernelarc.models import Candidate, Verdict
-
+def test_a_plateau_redirect_takes_the_first_candidate_to_its_target_family():
     task = load_builtin("matmul", cpu=True)
     fams = {f.name: f for f in families_for("matmul")}
     tiled = fams["matmul.tiled"]
     other = next(f for n, f in fams.items() if n != tiled.name and f.language == "triton")
     champ = Candidate(source=tiled.render(tiled.start), language="triton", family=tiled.name, knobs=dict(tiled.start))
+    verdict = Verdict(candidate_id=champ.id, status=Status.champion, latency_ms=1.0)
+    ev = PlateauEvent(10, 10, Action.climb_family, other.name, other.language, tiled.name, ["a1"])
     best = dict(other.start)
-    finding = Finding(agent="a0", strategy="tiling", candidate_id="y", family=other.name, knobs=best,
-                      status=Status.correct_slower, gain=-0.3, lesson="slower start")  # fmt: skip
-    verdict = Verdict(candidate_id=champ.id, status=Status.champion)
-    ctx = AgentContext(task=task, target=None, champion=champ, champion_verdict=verdict, findings=[finding],
-                       history=[], seen=frozenset(), redirect="explore: plateau")  # fmt: skip
-    agent = SearchAgent("a1", "scheduling", task, seed=3, families=[tiled, other])
-    cands = [c for _ in range(16) for c in agent.propose(ctx, 1).candidates]
-    climbed = [c for c in cands if "climbing" in c.rationale]
-    assert climbed, [c.rationale for c in cands]
-    for c in climbed:
-        assert c.family == other.name and c.parent == "y" and c.knobs != best
-        changed = {k for k in c.knobs if c.knobs[k] != best.get(k)}
-        assert changed and len(changed) <= 4, changed  # a local step (plus any feasibility repair)
+    found = _entry(other, best, Status.correct_slower, 1.3, -0.3, cid="y")
+    ctx = AgentContext(task=task, target=None, champion=champ, champion_verdict=verdict, findings=[found],
+                       history=[], seen=frozenset(), redirect=ev.instruction, plateau=ev)  # fmt: skip
+    agent = SearchAgent("a1", "exploit", task, seed=3, families=[tiled, other])
+    cands = agent.propose(ctx, 2).candidates
+    first = cands[0]
+    assert first.family == other.name and first.parent == "y" and "plateau" in first.rationale
+    changed = {k for k in first.knobs if first.knobs[k] != best.get(k)}
+    assert changed and len(changed) <= 4, changed  # a local step (plus any feasibility repair)
+    assert cands[1].family == tiled.name  # the redirect is spent: back to exploiting the champion

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kernelarc.models import Candidate, Finding, Verdict
+from kernelarc.plateau import PlateauEvent
 from kernelarc.tasks.loader import Task
 
 
@@ -18,10 +19,13 @@ class AgentContext:
     target: Any  # kernelarc.hardware.GpuTarget
     champion: Candidate | None  # current champion (None before the first correct candidate)
     champion_verdict: Verdict | None
-    findings: list[Finding]  # the board, already bounded by memory.limit (0: empty, k: k most useful, None: all)
+    # the board (kernelarc.board.Entry findings): the best wins, then the newest traps, each bounded by
+    # memory.limit (0: empty, k: k of each, None: all)
+    findings: list[Finding]
     history: list[tuple[Candidate, Verdict]]  # this agent's own attempts with their verdicts, oldest first
     seen: frozenset[str]  # ids of every candidate already proposed in this session (dedupe)
-    redirect: str | None = None  # plateau detector's instruction, e.g. "explore a different family"
+    redirect: str | None = None  # plateau breaker's instruction (text, for LLM agents); only to redirected agents
+    plateau: PlateauEvent | None = None  # the same firing, typed (its action and target family)
     backups: list[tuple[Candidate, Verdict]] = field(default_factory=list)  # correct but slower candidates
     budget_left: int | None = None  # candidates left in the session budget
 

@@ -1,10 +1,20 @@
-"""Offline strategy agents: local search over parameterized kernel families, guided by the board.
+"""Offline strategy agents: operators over parameterized kernel families, guided by the board.
 
-Each agent owns a strategy; the strategy decides which knobs it moves (each Knob names
-its owning strategy) and, for ``algorithmic``, which family it switches to. Agents start
-from the champion when it comes from a family (so they build on what worked), read the
-board to prefer knob values that gained and avoid ones that failed, never repeat a
-candidate the session has seen, and explain each proposal in one line.
+Each agent's strategy is an *operator* (``Operator``), free to move any knob its move needs:
+
+* ``exploit``: surrogate-ranked local moves (one or two knobs, repaired through the coupled ones)
+  around the best known point, plus line search along a step that gained;
+* ``explore``: a family nobody has measured, or another family climbed from its own best point
+  for as long as it keeps improving (an island);
+* ``transplant``: a win's knob values ported to another family by knob name;
+* ``focus`` (the knob-class strategies: tiling, memory, precision, fusion, scheduling,
+  algorithmic): local moves led by a knob of that class, plus any other knob a coupled move needs.
+
+A single agent is the ``generalist``: each proposal draws its operator from ``GENERALIST_MIX`` (the
+shares a default team spends on each). Agents read the board: they build on the wins' points,
+transplant them, avoid the trap knob values (and, more weakly, the same value of a knob of the same
+name in other families), never repeat a candidate the session has seen, and explain each proposal
+in one line. A plateau redirect (``AgentContext.plateau``) takes the agent's first candidate.
 """
 
 from __future__ import annotations
@@ -13,11 +23,13 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from kernelarc.agents.base import AgentContext, Proposal
 from kernelarc.agents.surrogate import Surrogate, repair
-from kernelarc.families import Family, Knob, families_for
+from kernelarc.families import STRATEGIES, Family, Knob, families_for
 from kernelarc.models import Candidate, Finding, Status, Verdict
 from kernelarc.tasks.loader import Task
 
@@ -67,10 +79,113 @@ def _knob_diff(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> str:
     return ", ".join(parts) or "same knobs"
 
 
-class SearchAgent:
-    """One offline agent with one strategy."""
+class Operator(StrEnum):
+    """What an offline agent does with a proposal. Every operator may move any knob its move needs."""
 
-    def __init__(self, name: str, strategy: str, task: Task, seed: int = 0, families: list[Family] | None = None):
+    exploit = "exploit"  # surrogate-ranked local moves (any knob, coupled pairs) around the best point
+    explore = "explore"  # untried families, or another family climbed from its own best point
+    transplant = "transplant"  # a win's knob values ported to another family
+    focus = "focus"  # local moves led by one knob class (tiling, memory, precision, fusion, ...)
+
+
+# Strategy names only the offline agents know (LLM agents take the knob-class strategies, which have briefs).
+OPERATOR_STRATEGIES = ("exploit", "explore", "transplant", "generalist")
+# The generalist's mix: the shares a default four-agent team spends on each operator, so a single agent
+# differs from the team only in being one agent (one history, one line of search), not in what it can do.
+GENERALIST_MIX = (
+    (Operator.exploit, 0.25),
+    (Operator.explore, 0.25),
+    (Operator.transplant, 0.25),
+    (Operator.focus, 0.25),
+)
+
+
+def knob_classes(task_name: str) -> list[str]:
+    """The knob classes (STRATEGIES) that own a knob of the task's families, in STRATEGIES order."""
+    owned = {k.strategy for f in families_for(task_name) for k in f.knobs}
+    return [s for s in STRATEGIES if s in owned]
+
+
+def offline_team(names: list[str], count: int, task_name: str) -> list[str]:
+    """The strategies of ``count`` offline agents: the operators named first (exploit, explore,
+    transplant), then the knob classes that own a knob of the task's families, then the rest, in the
+    user's order, round robin. One agent given several strategies is the generalist (it mixes them)."""
+    if count < 1:
+        raise ValueError("agents.count must be at least 1")
+    if count == 1 and len(names) > 1:
+        return ["generalist"]
+    owned = set(knob_classes(task_name))
+    if len(families_for(task_name)) > 1:
+        owned.add("algorithmic")
+    ops = [n for n in names if n in OPERATOR_STRATEGIES and n != "generalist"]
+    rel = [n for n in names if n not in OPERATOR_STRATEGIES and n in owned]
+    rest = [n for n in names if n not in ops and n not in rel]
+    order = ops + rel + rest or ["generalist"]
+    return [order[i % len(order)] for i in range(count)]
+
+
+@dataclass
+class _Info:
+    """What one proposal round knows: board statistics and the known correct points."""
+
+    gains: dict[tuple[str, str, str], list[float]]
+    fails: dict[tuple[str, str, str], float]
+    known: list[tuple[float, Family, dict[str, Any], str, str]]  # (latency, family, knobs, id, why), fastest first
+    wins: list[tuple[Family, dict[str, Any], str]]  # (family, knobs, id) of the wins, best first
+    tried: dict[str, int]  # family -> candidates seen (own history and board)
+    sens: dict[str, dict[str, float]] = field(default_factory=dict)  # family -> knob -> how much it mattered
+
+    def value_effects(self) -> None:
+        """``gains[(family, knob, value)]``: log-speed of the measured points with that value over their
+        family's mean (positive: the value went with faster kernels). Measured against the family, not
+        the champion, so while the library leads every value is not simply "slower"."""
+        by_fam: dict[str, dict[str, tuple[dict[str, Any], float]]] = defaultdict(dict)
+        for lat, fam, knobs, cid, _ in self.known:
+            if lat and lat > 0:
+                by_fam[fam.name][cid] = (knobs, -math.log(lat))
+        for fam_name, pts in by_fam.items():
+            if len(pts) < 3:
+                continue
+            mean = sum(y for _, y in pts.values()) / len(pts)
+            for knobs, y in pts.values():
+                for k, v in knobs.items():
+                    self.gains[(fam_name, k, repr(v))].append(y - mean)
+
+    def sensitivity(self) -> None:
+        """Per family and knob: the spread of mean log-speed across the knob's measured values (0.5 for a
+        knob measured at one value only: worth trying). Moves pick knobs in proportion, so knobs that
+        never changed anything stop eating the budget."""
+        by_fam: dict[str, dict[str, tuple[dict[str, Any], float]]] = defaultdict(dict)
+        for lat, fam, knobs, cid, _ in self.known:
+            if lat and lat > 0:
+                by_fam[fam.name][cid] = (knobs, -math.log(lat))
+        for fam_name, pts in by_fam.items():
+            if len(pts) < 4:
+                continue
+            out: dict[str, float] = {}
+            for name in {n for knobs, _ in pts.values() for n in knobs}:
+                groups: dict[str, list[float]] = defaultdict(list)
+                for knobs, y in pts.values():
+                    groups[repr(knobs.get(name))].append(y)
+                means = [sum(v) / len(v) for v in groups.values()]
+                out[name] = min(max(means) - min(means), 2.0) if len(means) > 1 else 0.5
+            self.sens[fam_name] = out
+
+
+def _latency_of(f: Finding) -> float | None:
+    cond = getattr(f, "conditions", None)
+    lat = getattr(cond, "latency_ms", None) if cond is not None else None
+    if lat:
+        return lat
+    speed = getattr(f, "speed", None)
+    return 1.0 / speed if speed else None
+
+
+class SearchAgent:
+    """One offline agent: a specialist operator, or the generalist that mixes them all."""
+
+    def __init__(self, name: str, strategy: str, task: Task, seed: int = 0, families: list[Family] | None = None,
+                 mix: tuple[tuple[Operator, float], ...] = GENERALIST_MIX):  # fmt: skip
         self.name = name
         self.strategy = strategy
         self.task = task
@@ -79,96 +194,148 @@ class SearchAgent:
         self.families = {f.name: f for f in fams}
         for f in generic_families(task):
             self.families.setdefault(f.name, f)
+        self.mix = mix
+        self.classes = sorted({k.strategy for f in fams for k in f.knobs}) or list(STRATEGIES)
         self._parents: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
-        self._score: dict[str, float] = {}  # candidate id -> speed relative to the champion it was timed with
         self._momentum: list[tuple[str, dict[str, Any], list[tuple[str, Any, Any]], float]] = []
+        self._lat: dict[str, float] = {}  # candidate id -> latency (own verdicts and the board)
+        self._island: str | None = None  # the family the explore operator is climbing
+        self._island_best = math.inf
+        self._island_stale = 0
         self.extra_families: dict[str, Family] = {}
 
+    # -- operators ---------------------------------------------------------------------
+    def _operator(self) -> tuple[Operator, str | None]:
+        """This proposal's operator and, for ``focus``, its knob class."""
+        s = self.strategy
+        if s == "generalist":
+            ops, weights = zip(*self.mix, strict=True)
+            op = self.rng.choices(ops, weights=weights)[0]
+            return op, (self.rng.choice(self.classes) if op is Operator.focus else None)
+        if s in ("exploit", "explore", "transplant"):
+            return Operator(s), None
+        return Operator.focus, s
+
     # -- board statistics -------------------------------------------------------------
-    @staticmethod
-    def _stats(findings: list[Finding]) -> tuple[dict, dict]:
-        gains: dict[tuple[str, str, Any], list[float]] = defaultdict(list)
-        fails: dict[tuple[str, str, Any], int] = defaultdict(int)
-        for f in findings:
+    def _info(self, ctx: AgentContext) -> _Info:
+        gains: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+        fails: dict[tuple[str, str, str], float] = defaultdict(float)
+        known: list[tuple[float, Family, dict[str, Any], str, str]] = []
+        wins: list[tuple[Family, dict[str, Any], str]] = []
+        tried: dict[str, int] = defaultdict(int)
+        for f in ctx.findings:
             if not f.family:
                 continue
+            tried[f.family] += 1
             for k, v in f.knobs.items():
                 key = (f.family, k, repr(v))
                 if f.status in FAILED:
-                    fails[key] += 1
-                elif f.gain is not None:
-                    gains[key].append(f.gain)
-        return gains, fails
-
-    # -- proposing ---------------------------------------------------------------------
-    def _owned(self, fam: Family) -> list[Knob]:
-        return [k for k in fam.knobs if k.strategy == self.strategy]
-
-    def _base(self, ctx: AgentContext) -> tuple[Family, dict[str, Any], str | None, str]:
-        fams = list(self.families.values())
-        redirect = ctx.redirect or ""
+                    fails[key] += 1.0  # a trap: its values are avoided in this family...
+                    for other in self.families:
+                        if other != f.family:
+                            fails[(other, k, repr(v))] += 0.25  # ...and, more weakly, wherever the knob exists
+            fam = self.families.get(f.family)
+            lat = _latency_of(f)
+            if fam is not None and f.knobs and f.status.correct:
+                if lat:
+                    self._lat.setdefault(f.candidate_id, lat)
+                    known.append((lat, fam, dict(f.knobs), f.candidate_id, f"from the board's point ({f.agent})"))
+                if f.status is Status.champion:
+                    wins.append((fam, dict(f.knobs), f.candidate_id))
+        posted = {f.candidate_id for f in ctx.findings}
+        for c, v in ctx.history:
+            if c.id in posted:
+                continue  # already counted from the board (an agent's own findings are on it too)
+            if c.family:
+                tried[c.family] += 1
+            if v.correct and c.family in self.families and c.knobs and v.latency_ms:
+                known.append((v.latency_ms, self.families[c.family], dict(c.knobs), c.id, "from my best point"))
+                if v.status is Status.champion and all(w[2] != c.id for w in wins):
+                    wins.append((self.families[c.family], dict(c.knobs), c.id))
+            elif not v.correct and c.family:
+                for k, val in c.knobs.items():
+                    fails[(c.family, k, repr(val))] += 1.0
+        known.sort(key=lambda k: k[0])
         champ = ctx.champion
-        if redirect.startswith("branch") and ctx.backups:
-            pool = [(c, v) for c, v in ctx.backups if c.family in self.families]
-            if pool:
-                c, _ = min(pool, key=lambda cv: cv[1].latency_ms or math.inf)
-                return self.families[c.family], dict(c.knobs), c.id, "branching from backup"
-        if redirect.startswith("explore") or (self.strategy == "algorithmic" and self.rng.random() < 0.5):
-            others = [f for f in fams if not champ or f.name != champ.family]
-            if others:
-                fam = self.rng.choice(others)
-                # a family already tried but not the champion: half the time, step from its own best point,
-                # so a design whose start point is slow still gets climbed (not only restarted or ported onto)
-                known = self._known(ctx)
-                own = [k for k in known if k[1].name == fam.name]
-                if own and self.rng.random() < 0.5:
-                    _, _, point, cid, _ = own[0]
-                    return fam, point, cid, f"climbing {fam.name} from its best point"
-                # the best family point so far (the champion when it is one) carried over to this family
-                src = [(champ.family, champ.knobs)] if champ is not None and champ.family in self.families else []
-                src += [(k[1].name, k[2]) for k in known]
-                src = [(f, kn) for f, kn in src if self.families[f].language != "pytorch"][:1]
-                ported = self._port(fam, *src[0]) if src else None
-                if ported is not None and self.rng.random() < 0.75:
-                    return fam, ported, None, f"porting the best {src[0][0]} point to {fam.name}"
-                point = dict(fam.start) if self.rng.random() < 0.5 else self._random_point(fam)
-                return fam, point, None, f"exploring family {fam.name}"
         if champ is not None and champ.family in self.families and champ.knobs:
-            return self.families[champ.family], dict(champ.knobs), champ.id, "from the champion"
-        # Champion is not a family kernel: build on the best family point known, from this agent's own
-        # attempts and from the board (bounded by memory.limit), or start a family nobody has tried.
-        tried = {c.family for c, _ in ctx.history} | {f.family for f in ctx.findings if f.family}
-        untried = [f for f in fams if f.name not in tried and f.language != "pytorch"]
-        known = self._known(ctx)
-        if untried and (not known or self.rng.random() < 0.3):
-            fam = untried[self.rng.randrange(len(untried))]
-            src = [k for k in known if k[1].language != "pytorch"][:1]
-            ported = self._port(fam, src[0][1].name, src[0][2]) if src else None
-            if ported is not None and self.rng.random() < 0.5:
-                return fam, ported, None, f"starting family {fam.name} at the best {src[0][1].name} point"
-            return fam, dict(fam.start), None, f"starting family {fam.name}"
-        if known:
-            pick = known[0] if self.rng.random() < 0.75 else self.rng.choice(known[:4])
-            _, fam, point, cid, why = pick
+            # the champion is a win whatever the board shows (memory.limit=0 included)
+            lat = ctx.champion_verdict.latency_ms if ctx.champion_verdict else None
+            known.insert(0, (lat or 0.0, self.families[champ.family], dict(champ.knobs), champ.id, "from the champion"))
+            if all(w[2] != champ.id for w in wins):
+                wins.insert(0, (self.families[champ.family], dict(champ.knobs), champ.id))
+        info = _Info(gains, fails, known, wins, dict(tried))
+        info.sensitivity()
+        info.value_effects()
+        return info
+
+    def _kernel_families(self) -> list[Family]:
+        fams = [f for f in self.families.values() if f.language != "pytorch"]
+        return fams or list(self.families.values())
+
+    def _best_point(self, info: _Info) -> tuple[Family, dict[str, Any], str | None, str]:
+        if info.known:
+            _, fam, point, cid, why = info.known[0]
             return fam, point, cid, why
-        fam = self.rng.choice(fams)
+        fams = self._kernel_families()
+        fam = fams[self.rng.randrange(len(fams))]
         return fam, dict(fam.start), None, f"starting family {fam.name}"
 
-    def _known(self, ctx: AgentContext) -> list[tuple[float, Family, dict[str, Any], str, str]]:
-        """Correct family points from this agent's attempts and the board, fastest first."""
-        known: list[tuple[float, Family, dict[str, Any], str, str]] = []
-        for c, v in ctx.history:
-            if v.correct and c.family in self.families and c.knobs:
-                known.append(
-                    (v.speedup_vs_champion or 0.0, self.families[c.family], dict(c.knobs), c.id, "from my best point")
-                )
-        for f in ctx.findings:
-            if f.status in (Status.champion, Status.correct_slower) and f.family in self.families and f.knobs:
-                known.append((1.0 + (f.gain or -1.0), self.families[f.family], dict(f.knobs), f.candidate_id,
-                              f"from the board's best point ({f.agent})"))  # fmt: skip
-        known.sort(key=lambda k: k[0], reverse=True)
-        return known
+    def _explore_base(self, ctx: AgentContext, info: _Info) -> tuple[Family, dict[str, Any], str | None, str]:
+        champ_fam = ctx.champion.family if ctx.champion else None
+        fams = [f for f in self._kernel_families() if f.name != champ_fam] or self._kernel_families()
+        # keep climbing the island while it improves; leave it after three proposals without a gain
+        island = self.families.get(self._island or "")
+        if island is not None and island.name != champ_fam and self._island_stale < 3:
+            own = [k for k in info.known if k[1].name == island.name]
+            if own:
+                _, fam, point, cid, _ = own[0]
+                return fam, point, cid, f"climbing {fam.name} from its best point"
+        untried = [f for f in fams if info.tried.get(f.name, 0) == 0]
+        pool = untried or sorted(fams, key=lambda f: info.tried.get(f.name, 0))[:2]
+        fam = pool[self.rng.randrange(len(pool))]
+        self._island, self._island_best, self._island_stale = fam.name, math.inf, 0
+        own = [k for k in info.known if k[1].name == fam.name]
+        if own and self.rng.random() < 0.5:
+            _, _, point, cid, _ = own[0]
+            return fam, point, cid, f"climbing {fam.name} from its best point"
+        src = [(w[0].name, w[1]) for w in info.wins if w[0].language != "pytorch"][:1]
+        src = src or [(k[1].name, k[2]) for k in info.known if k[1].language != "pytorch"][:1]
+        ported = self._port(fam, *src[0]) if src else None
+        if ported is not None and self.rng.random() < 0.5:
+            return fam, ported, None, f"porting the best {src[0][0]} point to {fam.name}"
+        point = dict(fam.start) if self.rng.random() < 0.5 else self._random_point(fam)
+        return fam, point, None, f"exploring family {fam.name}"
 
+    def _transplant_base(self, info: _Info) -> tuple[Family, dict[str, Any], str | None, str] | None:
+        sources = [w for w in info.wins if w[0].language != "pytorch"][:3]
+        sources += [(k[1], k[2], k[3]) for k in info.known[:3] if k[1].language != "pytorch"]
+        if not sources:
+            return None
+        src_fam, src_knobs, _ = sources[0] if self.rng.random() < 0.6 else self.rng.choice(sources)
+        targets = [f for f in self._kernel_families() if f.name != src_fam.name]
+        if not targets:
+            return None
+        fam = self.rng.choice(targets)
+        ported = self._port(fam, src_fam.name, src_knobs)
+        if ported is None:
+            return None
+        return fam, ported, None, f"transplanting a {src_fam.name} win to {fam.name}"
+
+    def _redirected(self, ctx: AgentContext, info: _Info) -> tuple[Family, dict[str, Any], str | None, str] | None:
+        ev = ctx.plateau
+        fam = self.families.get(ev.target_family or "") if ev is not None else None
+        if fam is None:
+            return None
+        self._island, self._island_best, self._island_stale = fam.name, math.inf, 0
+        own = [k for k in info.known if k[1].name == fam.name]
+        if own:
+            _, _, point, cid, _ = own[0]
+            return fam, point, cid, f"plateau ({ev.action.value}): climbing {fam.name} from its best point"
+        src = [(w[0].name, w[1]) for w in info.wins if w[0].language != "pytorch"][:1]
+        ported = self._port(fam, *src[0]) if src else None
+        return fam, ported or dict(fam.start), None, f"plateau ({ev.action.value}): starting {fam.name}"
+
+    # -- moves ---------------------------------------------------------------------------
     def _port(self, fam: Family, src_family: str | None, src_knobs: Mapping[str, Any]) -> dict[str, Any] | None:
         """A point's values for the knobs this family shares with it (tile sizes, warps, stages), the
         family's own start for the rest, made feasible; None when nothing carries over."""
@@ -187,12 +354,33 @@ class SearchAgent:
                 return p
         return dict(fam.start)
 
-    def _mutate(self, fam: Family, point: dict[str, Any], gains: dict, fails: dict) -> tuple[dict[str, Any], str]:
-        owned = self._owned(fam) or list(fam.knobs)
-        steps = 1 if self.rng.random() < 0.7 else 2
+    def _mutate(
+        self,
+        fam: Family,
+        point: dict[str, Any],
+        gains: dict,
+        fails: dict,
+        lead: str | None = None,
+        sens: Mapping[str, float] | None = None,
+    ) -> tuple[dict[str, Any], str]:
+        """One or two knob moves (any knob; with ``lead``, the first move is a knob of that class),
+        knobs drawn by how much they mattered so far (``sens``), values weighted by the board, then
+        repaired through the other knobs if infeasible."""
+        knobs = list(fam.knobs)
+        led = [k for k in knobs if k.strategy == lead] if lead else []
+        steps = 1 if self.rng.random() < 0.6 else 2
+
+        def draw(pool: list[Knob]) -> Knob:
+            w = [0.15 + (sens.get(k.name, 0.5) if sens else 0.5) for k in pool]
+            return self.rng.choices(pool, weights=w)[0]
+
+        picks = [draw(led)] if led else []
+        while len(picks) < min(steps, len(knobs)):
+            k = draw([k for k in knobs if k not in picks])
+            picks.append(k)
         new = dict(point)
         notes = []
-        for knob in self.rng.sample(owned, k=min(steps, len(owned))):
+        for knob in picks:
             cur = new.get(knob.name, fam.start.get(knob.name))
             idx = knob.values.index(cur) if cur in knob.values else 0
             if self.rng.random() < 0.25:
@@ -209,12 +397,10 @@ class SearchAgent:
                 weights.append(w)
             v = self.rng.choices(options, weights=weights)[0]
             new[knob.name] = v
-            hint = ""
             key = (fam.name, knob.name, repr(v))
-            if key in gains:
-                hint = f" (board: {sum(gains[key]) / len(gains[key]):+.0%} with it)"
+            hint = f" (measured: {sum(gains[key]) / len(gains[key]):+.2f} log-speed with it)" if key in gains else ""
             notes.append(f"{knob.name} {cur}→{v}{hint}")
-        moved = [k.name for k in owned if new.get(k.name) != point.get(k.name)]
+        moved = [k.name for k in picks if new.get(k.name) != point.get(k.name)]
         if not fam.valid(new):
             fixed = repair(fam, new, moved, self.rng)
             if fixed is not None:
@@ -224,27 +410,28 @@ class SearchAgent:
         return new, "; ".join(notes)
 
     def _surrogate(self, fam: Family, ctx: AgentContext, cache: dict[str, Surrogate]) -> Surrogate:
-        """Model of this family's speed from the board and this agent's own verdicts (see surrogate.py)."""
+        """Model of this family's speed (1 / latency) from the board and this agent's own verdicts."""
         if fam.name not in cache:
             obs: list[tuple[dict[str, Any], float]] = []
             for f in ctx.findings:
-                if f.family == fam.name and f.gain is not None and f.knobs:
-                    obs.append((f.knobs, 1.0 + f.gain))
+                lat = _latency_of(f)
+                if f.family == fam.name and f.knobs and f.status.correct and lat:
+                    obs.append((f.knobs, 1.0 / lat))
+            posted = {f.candidate_id for f in ctx.findings}
             for c, v in ctx.history:
-                if c.family == fam.name and v.correct and v.speedup_vs_champion:
-                    obs.append((c.knobs, v.speedup_vs_champion))
+                if c.family == fam.name and v.correct and v.latency_ms and c.id not in posted:
+                    obs.append((c.knobs, 1.0 / v.latency_ms))
             cache[fam.name] = Surrogate(fam, obs)
         return cache[fam.name]
 
-    def _best_move(
-        self, fam: Family, base: dict[str, Any], gains: dict, fails: dict, model: Surrogate, seen: set[str], k: int = 6
-    ) -> tuple[dict[str, Any], str]:
+    def _best_move(self, fam: Family, base: dict[str, Any], info: _Info, model: Surrogate, seen: set[str],
+                   lead: str | None = None, k: int = 6) -> tuple[dict[str, Any], str]:  # fmt: skip
         """Draw ``k`` local moves and keep the one the surrogate ranks highest (the first when it has too
         little data)."""
         moves: list[tuple[dict[str, Any], str]] = []
         keys = set()
         for _ in range(3 * k):
-            point, note = self._mutate(fam, base, gains, fails)
+            point, note = self._mutate(fam, base, info.gains, info.fails, lead, info.sens.get(fam.name))
             key = tuple(sorted((n, repr(v)) for n, v in point.items()))
             if key in keys or not fam.valid(point) or self._render_id(fam, point) in seen:
                 continue
@@ -253,7 +440,7 @@ class SearchAgent:
             if len(moves) >= k:
                 break
         if not moves:
-            return self._mutate(fam, base, gains, fails)
+            return self._mutate(fam, base, info.gains, info.fails, lead, info.sens.get(fam.name))
         if not model.ready or len(moves) == 1:
             return moves[0]
         scored = [(model.score(p), i) for i, (p, _) in enumerate(moves)]
@@ -291,30 +478,42 @@ class SearchAgent:
                 return cand
         return None
 
+    def _base(self, ctx: AgentContext, info: _Info, op: Operator) -> tuple[Family, dict[str, Any], str | None, str]:
+        if op is Operator.explore:
+            return self._explore_base(ctx, info)
+        if op is Operator.transplant:
+            got = self._transplant_base(info)
+            if got is not None:
+                return got
+            return self._explore_base(ctx, info)  # nothing to port yet: find something first
+        return self._best_point(info)
+
     def propose(self, ctx: AgentContext, n: int) -> Proposal:
-        gains, fails = self._stats(ctx.findings)
-        for f in ctx.findings:
-            if f.gain is not None:
-                self._score.setdefault(f.candidate_id, 1.0 + f.gain)
+        info = self._info(ctx)
         out: list[Candidate] = []
         seen = set(ctx.seen)
         models: dict[str, Surrogate] = {}
+        redirect = ctx.plateau
         for _ in range(n):
-            cand = self._continue(seen) if self.rng.random() < 0.7 else None
-            if cand is not None:
-                seen.add(cand.id)
-                self._parents[cand.id] = (None, None)
-                out.append(cand)
-                continue
+            op, lead = self._operator()
+            if redirect is None and op in (Operator.exploit, Operator.focus) and self.rng.random() < 0.7:
+                cand = self._continue(seen)
+                if cand is not None:
+                    seen.add(cand.id)
+                    self._parents[cand.id] = (None, None)
+                    out.append(cand)
+                    continue
             for _attempt in range(60):
-                fam, base, parent, why = self._base(ctx)
-                if parent is None and fam.name != (ctx.champion.family if ctx.champion else None):
+                got = self._redirected(ctx, info) if redirect is not None else None
+                fam, base, parent, why = got if got is not None else self._base(ctx, info, op)
+                if parent is None:
                     point, note = base, why
-                    if self._render_id(fam, point) in seen:
-                        point, note = self._mutate(fam, base, gains, fails)
+                    if self._render_id(fam, point) in seen:  # the start or port is measured: step from it
+                        point, note = self._mutate(fam, base, info.gains, info.fails, lead)
                         note = f"{why}; {note}"
                 else:
-                    point, note = self._best_move(fam, base, gains, fails, self._surrogate(fam, ctx, models), seen)
+                    model = self._surrogate(fam, ctx, models)
+                    point, note = self._best_move(fam, base, info, model, seen, lead)
                     note = f"{why}: {note}"
                 try:
                     point = fam.check_point(point)
@@ -322,23 +521,17 @@ class SearchAgent:
                     continue
                 if not fam.valid(point):
                     continue
-                src = fam.render(point)
-                cand = Candidate(
-                    source=src,
-                    language=fam.language,
-                    agent=self.name,
-                    strategy=self.strategy,
-                    family=fam.name,
-                    knobs=point,
-                    parent=parent,
-                    rationale=f"{self.strategy}: {fam.name} {note}"[:300],
-                )
+                label = f"{self.strategy}/{op.value}" if self.strategy == "generalist" else self.strategy
+                cand = Candidate(source=fam.render(point), language=fam.language, agent=self.name,
+                                 strategy=self.strategy, family=fam.name, knobs=point, parent=parent,
+                                 rationale=f"{label}: {fam.name} {note}"[:300])  # fmt: skip
                 if cand.id in seen:
                     continue
                 seen.add(cand.id)
                 self._parents[cand.id] = (parent, base if parent else None)
                 out.append(cand)
                 break
+            redirect = None  # the plateau's redirect is spent on the first candidate
         return Proposal(out)
 
     @staticmethod
@@ -349,15 +542,20 @@ class SearchAgent:
             return ""
 
     def observe(self, candidate: Candidate, verdict: Verdict) -> str | None:
-        _parent, base = self._parents.pop(candidate.id, (None, None))
-        score = verdict.speedup_vs_champion if verdict.correct else None
-        if score is not None and math.isfinite(score):
-            self._score[candidate.id] = score
-            parent_score = self._score.get(_parent) if _parent else None
-            if base and parent_score and score > parent_score * 1.02 and candidate.family:
+        parent, base = self._parents.pop(candidate.id, (None, None))
+        lat = verdict.latency_ms if verdict.correct else None
+        if lat is not None and math.isfinite(lat):
+            self._lat[candidate.id] = lat
+            parent_lat = self._lat.get(parent) if parent else None
+            if base and parent_lat and lat * 1.02 < parent_lat and candidate.family:
                 moves = [(k, base.get(k), v) for k, v in candidate.knobs.items() if base.get(k) != v]
-                self._momentum.append((candidate.family, dict(candidate.knobs), moves, score / parent_score - 1))
+                self._momentum.append((candidate.family, dict(candidate.knobs), moves, parent_lat / lat - 1))
                 self._momentum = self._momentum[-4:]
+        if candidate.family is not None and candidate.family == self._island:
+            if lat is not None and lat < self._island_best * 0.995:
+                self._island_best, self._island_stale = lat, 0
+            else:
+                self._island_stale += 1
         what = f"{candidate.family or 'kernel'} {_knob_diff(base, candidate.knobs)}"
         if verdict.status is Status.champion:
             s = verdict.speedup_vs_champion

@@ -1,0 +1,372 @@
+"""``python -m kernelarc.ablate``: does the team beat one agent, and what does memory buy?
+
+Every run is a real :class:`kernelarc.session.SearchSession` (Hydra config, agents, board, plateau
+breaker, dedupe, rematches, champion rule) built from the same config as the product; arms differ
+only in config: ``agents.count`` x ``memory.limit`` x plateau on/off, over seeds. The guard is the
+simulated one (:mod:`kernelarc.simguard`, a deterministic cost model) by default, or the real one
+(``ablate.guard=real``, on a GPU).
+
+Budgets: ``ablate.mode=candidates`` gives every arm the same number of candidates;
+``ablate.mode=wallclock`` the same minutes (the simulated guard then takes ``ablate.eval_s`` seconds
+per evaluation, so a team that keeps more evaluations in flight gets more of them done).
+
+Per arm: mean, median and spread (standard deviation, min, max) of the final champion's latency
+over the best known (the model's optimum on the simulated guard, the best latency any run reached
+on the real one), runs within 1% and 5% of it, and a one-sided permutation test of the arm's mean
+against the single generalist's (agents.count=1, same memory and plateau setting). Plots: the
+best-so-far curve per arm and the memory curve (0/4/16/unlimited), written as PNG next to
+``results.json`` and ``table.md`` and logged to MLflow when ``ablate.mlflow=true``.
+
+Arguments are ``ablate.KEY=VALUE`` (see :class:`AblateConfig`) and any session override, e.g.
+``python -m kernelarc.ablate +task=matmul ablate.seeds=16 ablate.budget=96 agents.per_round=2``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import multiprocessing
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+@dataclass
+class AblateConfig:
+    counts: list[int] = field(default_factory=lambda: [1, 4])
+    memory: list[Any] = field(default_factory=lambda: [0, 4, 16, None])  # None: unlimited
+    plateau: list[bool] = field(default_factory=lambda: [True, False])
+    seeds: int = 16
+    seed0: int = 0
+    budget: int = 96  # candidates per run (mode=candidates)
+    mode: str = "candidates"  # candidates | wallclock
+    minutes: float = 0.5  # per run (mode=wallclock)
+    eval_s: float = 0.05  # simulated seconds per evaluation (mode=wallclock)
+    guard: str = "sim"  # sim | real
+    model_seed: int = 0  # the simulated cost model's seed
+    library_gap: float = 1.30  # the simulated library's latency over the families' optimum
+    patience: int = 10  # plateau patience when the plateau is on
+    jobs: int = 2  # runs in parallel (processes); with guard=real each takes one GPU
+    out: str = "ablation"
+    mlflow: bool = False
+    tracking_uri: str | None = None
+
+
+@dataclass
+class RunResult:
+    count: int
+    memory: int | None
+    plateau: bool
+    seed: int
+    ratio: float  # final champion latency / best known (the model's optimum on the simulated guard)
+    latency_ms: float
+    curve: list[float]  # champion latency after each evaluated candidate (true latency on the sim)
+    evaluated: int
+    plateau_events: int
+    seconds: float
+    best_ms: float  # the best known latency the ratio is over (the model's optimum; on a GPU, set afterwards)
+    found: float  # the fastest correct family candidate evaluated, over best_ms (the champion may be slower)
+
+
+def arm_key(count: int, memory: int | None, plateau: bool) -> str:
+    return f"agents={count} memory={'all' if memory is None else memory} plateau={'on' if plateau else 'off'}"
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    from kernelarc.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose("config", overrides=overrides)
+
+
+def run_one(ab: AblateConfig, session_overrides: list[str], count: int, memory: int | None, plateau: bool,
+            seed: int, gpu: int | None = None) -> RunResult:  # fmt: skip
+    """One search session of one arm and seed (in its own fresh state folder)."""
+    from kernelarc.app import build_agents, resolve_gpu, typed
+    from kernelarc.config import plain
+    from kernelarc.session import SearchSession, load_task_from_config
+    from kernelarc.simguard import simulated_guard_factory
+    from kernelarc.ui import Progress
+
+    state = tempfile.mkdtemp(prefix="kernelarc-ablate-")
+    sim = ab.guard == "sim"
+    over = [
+        "agents.backend=search", f"agents.count={count}", f"memory.limit={'null' if memory is None else memory}",
+        f"search.plateau_patience={ab.patience if plateau else 10**9}", f"seed={seed}", f"search.state_dir={state}",
+        "tracking.enabled=false", "search.progress=false",
+    ]  # fmt: skip
+    if ab.mode == "wallclock":
+        over += [f"budget.candidates={10**6}", f"budget.minutes={ab.minutes}"]
+    else:
+        over += [f"budget.candidates={ab.budget}", "budget.minutes=1000000"]
+    if sim:
+        over += ["gpu=cpu", "search.calibrate=false"]
+    else:
+        # both arms alike: no calibration, no torch.compile baseline (minutes of compile on some tasks)
+        over += ["search.calibrate=false", "guard.compile_baseline=false"]
+        over += [f"executor.gpus=[{gpu}]"] if gpu is not None else []
+    cfg = _compose(session_overrides + over)
+    c = typed(cfg)
+    target = resolve_gpu(c)
+    task = load_task_from_config(c, getattr(target, "is_cpu", True))
+    agents = build_agents(c, task)
+    delay = ab.eval_s if ab.mode == "wallclock" else 0.0
+    make = simulated_guard_factory(ab.model_seed, ab.library_gap, delay_s=delay) if sim else None
+    session = SearchSession(c, plain(cfg), target, agents, progress=Progress(False), make_guard=make)
+    t = time.monotonic()
+    summary = session.run()
+    dt = time.monotonic() - t
+    model = session.guards[0].model if sim else None
+
+    def true_ms(cand) -> float:
+        if model is None:
+            return math.nan
+        lat = model.point_latency(cand.family, cand.knobs) if cand.family in model.families else model.library_ms()
+        return lat if isinstance(lat, float) else math.nan
+
+    curve: list[float] = []
+    champ_ms = math.nan
+    found = math.inf
+    for r in session.records:
+        if r.kind == "candidate" and r.verdict.correct and r.candidate.family:
+            found = min(found, true_ms(r.candidate) if sim else (r.verdict.latency_ms or math.inf))
+        if r.verdict.status.value == "champion" and r.kind in ("baseline", "candidate"):
+            champ_ms = true_ms(r.candidate) if sim else (r.verdict.latency_ms or math.nan)
+        if r.kind == "candidate":
+            curve.append(champ_ms)
+    final = curve[-1] if curve else champ_ms
+    best = model.optimum() if model is not None else math.nan
+    return RunResult(count, memory, plateau, seed, final / best if sim else math.nan, final, curve,
+                     summary["evaluated"], summary["plateau_events"], dt, best,
+                     found / best if sim else found)  # fmt: skip
+
+
+def permutation_p(a: Sequence[float], b: Sequence[float], rounds: int = 10000, seed: int = 0) -> float:
+    """One-sided p-value that ``a``'s mean is lower (better) than ``b``'s by chance alone."""
+    a, b = [x for x in a if math.isfinite(x)], [x for x in b if math.isfinite(x)]
+    if not a or not b:
+        return math.nan
+    obs = statistics.fmean(b) - statistics.fmean(a)
+    pooled = a + b
+    rng = random.Random(seed)
+    hits = 0
+    for _ in range(rounds):
+        rng.shuffle(pooled)
+        if statistics.fmean(pooled[len(a) :]) - statistics.fmean(pooled[: len(a)]) >= obs - 1e-12:
+            hits += 1
+    return (hits + 1) / (rounds + 1)
+
+
+def summarize(results: list[RunResult]) -> list[dict[str, Any]]:
+    """One row per arm (ratios: final champion latency over the best known)."""
+    arms: dict[tuple, list[RunResult]] = {}
+    for r in results:
+        arms.setdefault((r.count, r.memory, r.plateau), []).append(r)
+
+    def ratios(rs: list[RunResult]) -> list[float]:
+        return [r.ratio for r in rs]
+
+    rows = []
+    for (count, memory, plateau), rs in sorted(
+        arms.items(), key=lambda kv: (kv[0][0], _mem_order(kv[0][1]), not kv[0][2])
+    ):
+        xs = ratios(rs)
+        ref = arms.get((1, memory, plateau))
+        p = permutation_p(xs, ratios(ref)) if ref is not None and count != 1 else math.nan
+        fin = [x for x in xs if math.isfinite(x)]
+        rows.append({
+            "arm": arm_key(count, memory, plateau), "agents": count, "memory": memory, "plateau": plateau,
+            "runs": len(rs), "mean": statistics.fmean(fin) if fin else math.nan,
+            "median": statistics.median(fin) if fin else math.nan,
+            "std": statistics.pstdev(fin) if len(fin) > 1 else 0.0, "min": min(fin, default=math.nan),
+            "max": max(fin, default=math.nan), "within_1pct": sum(x <= 1.01 for x in fin),
+            "within_5pct": sum(x <= 1.05 for x in fin), "p_vs_generalist": p,
+            "found_mean": statistics.fmean(f) if (f := [r.found for r in rs if math.isfinite(r.found)]) else math.nan,
+            "evaluated": statistics.fmean(r.evaluated for r in rs),
+            "plateau_events": statistics.fmean(r.plateau_events for r in rs),
+        })  # fmt: skip
+    return rows
+
+
+def _mem_order(m: int | None) -> float:
+    return math.inf if m is None else float(m)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| arm | runs | mean | median | std | min | max | <=1% | <=5% | p vs 1 agent | best found | cands | plateaus |"
+    )
+    lines = [head, "|" + "---|" * 13]
+    for r in rows:
+        p = "-" if math.isnan(r["p_vs_generalist"]) else f"{r['p_vs_generalist']:.3f}"
+        lines.append(
+            f"| {r['arm']} | {r['runs']} | {r['mean']:.4f} | {r['median']:.4f} | {r['std']:.4f} | {r['min']:.4f} | "
+            f"{r['max']:.4f} | {r['within_1pct']} | {r['within_5pct']} | {p} | {r['found_mean']:.4f} | "
+            f"{r['evaluated']:.0f} | "
+            f"{r['plateau_events']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def plots(results: list[RunResult], rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """best_so_far.png (mean champion latency / best known per arm) and memory_curve.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    arms: dict[str, list[RunResult]] = {}
+    for r in results:
+        arms.setdefault(arm_key(r.count, r.memory, r.plateau), []).append(r)
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for key, rs in sorted(arms.items()):
+        n = max(len(r.curve) for r in rs)
+        mean = []
+        for i in range(n):
+            vals = [r.curve[min(i, len(r.curve) - 1)] / r.best_ms for r in rs if r.curve]
+            vals = [v for v in vals if math.isfinite(v)]
+            mean.append(statistics.fmean(vals) if vals else math.nan)
+        ax.plot(range(1, n + 1), mean, label=key, lw=1.4)
+    ax.set_xlabel("candidates evaluated")
+    ax.set_ylabel("champion latency / best known (mean over seeds)")
+    ax.set_title("best so far per arm")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    p = out / "best_so_far.png"
+    fig.savefig(p, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    paths.append(p)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for count in sorted({r["agents"] for r in rows}):
+        for plateau in (True, False):
+            pts = [r for r in rows if r["agents"] == count and r["plateau"] is plateau]
+            if not pts:
+                continue
+            pts.sort(key=lambda r: _mem_order(r["memory"]))
+            xs = list(range(len(pts)))
+            ax.errorbar(xs, [r["mean"] for r in pts], yerr=[r["std"] / math.sqrt(r["runs"]) for r in pts],
+                        marker="o", capsize=3,
+                        label=f"agents={count} plateau={'on' if plateau else 'off'}")  # fmt: skip
+            ax.set_xticks(xs, ["all" if r["memory"] is None else str(r["memory"]) for r in pts])
+    ax.set_xlabel("memory.limit (wins and traps shown to each agent)")
+    ax.set_ylabel("final champion latency / best known (mean ± s.e.)")
+    ax.set_title("memory curve")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    p = out / "memory_curve.png"
+    fig.savefig(p, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    paths.append(p)
+    return paths
+
+
+def _job(args: tuple) -> RunResult:
+    ab, over, count, memory, plateau, seed, gpu = args
+    return run_one(ab, over, count, memory, plateau, seed, gpu)
+
+
+def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResult], list[dict[str, Any]], Path]:
+    if ab.mode not in ("candidates", "wallclock"):
+        raise ValueError(f"ablate.mode must be candidates or wallclock, not {ab.mode!r}")
+    if ab.guard not in ("sim", "real"):
+        raise ValueError(f"ablate.guard must be sim or real, not {ab.guard!r}")
+    if not any(o.lstrip("+").startswith("task=") for o in session_overrides):
+        session_overrides = ["+task=matmul", *session_overrides]
+    gpus = None
+    if ab.guard == "real":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("ablate.guard=real needs a CUDA GPU; use the simulated guard (ablate.guard=sim) here")
+        gpus = torch.cuda.device_count()
+    jobs = []
+    for seed in range(ab.seed0, ab.seed0 + ab.seeds):
+        for count in ab.counts:
+            for memory in ab.memory:
+                for plateau in ab.plateau:
+                    gpu = len(jobs) % max(1, min(ab.jobs, gpus)) if gpus else None
+                    jobs.append((ab, session_overrides, count, memory, plateau, seed, gpu))
+    if ab.jobs > 1:
+        # spawned, not forked: a parent that has touched CUDA cannot hand it to forked children
+        with ProcessPoolExecutor(max_workers=ab.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(_job, jobs))
+    else:
+        results = [_job(j) for j in jobs]
+    out = Path(ab.out)
+    out.mkdir(parents=True, exist_ok=True)
+    best_known = None if ab.guard == "sim" else min(r.latency_ms for r in results if math.isfinite(r.latency_ms))
+    if best_known is not None:
+        for r in results:
+            # against the best any run reached
+            r.best_ms, r.ratio, r.found = best_known, r.latency_ms / best_known, r.found / best_known
+    rows = summarize(results)
+    doc = {"config": asdict(ab), "overrides": session_overrides, "rows": rows, "runs": [asdict(r) for r in results]}
+    (out / "results.json").write_text(json.dumps(doc, indent=1))
+    (out / "table.md").write_text(table(rows) + "\n")
+    pngs = plots(results, rows, out)
+    if ab.mlflow:
+        _log_mlflow(ab, session_overrides, rows, [out / "results.json", out / "table.md", *pngs])
+    return results, rows, out
+
+
+def _log_mlflow(ab: AblateConfig, overrides: list[str], rows: list[dict[str, Any]], files: list[Path]) -> None:
+    import mlflow
+
+    if ab.tracking_uri:
+        mlflow.set_tracking_uri(ab.tracking_uri)
+    mlflow.set_experiment("kernelarc-ablation")
+    with mlflow.start_run(run_name=f"ablation-{ab.guard}-{ab.mode}"):
+        mlflow.log_params({f"ablate.{k}": str(v) for k, v in asdict(ab).items() if k != "tracking_uri"})
+        mlflow.log_param("overrides", " ".join(overrides)[:500])
+        for r in rows:
+            tag = r["arm"].replace(" ", "_").replace("=", "")
+            for k in ("mean", "median", "std", "within_1pct", "within_5pct", "p_vs_generalist"):
+                v = r[k]
+                if v is not None and math.isfinite(v):
+                    mlflow.log_metric(f"{tag}.{k}", float(v))
+        for f in files:
+            mlflow.log_artifact(str(f))
+
+
+def parse(argv: list[str]) -> tuple[AblateConfig, list[str]]:
+    """``ablate.KEY=VALUE`` into :class:`AblateConfig` (typed, validated); everything else is passed
+    to every session's config."""
+    mine = [a[len("ablate.") :] for a in argv if a.startswith("ablate.")]
+    rest = [a for a in argv if not a.startswith("ablate.")]
+    base = OmegaConf.structured(AblateConfig)
+    try:
+        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(mine))
+    except Exception as e:  # noqa: BLE001 - unknown keys and values of the wrong type
+        raise SystemExit(f"kernelarc.ablate: invalid argument: {e}") from None
+    return OmegaConf.to_object(merged), rest  # type: ignore[return-value]
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    ab, rest = parse(sys.argv[1:] if argv is None else argv)
+    t = time.monotonic()
+    results, rows, out = ablate(ab, rest)
+    print(table(rows))
+    print(f"\n{len(results)} runs in {time.monotonic() - t:.0f} s; results, table and plots in {out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

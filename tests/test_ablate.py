@@ -1,0 +1,63 @@
+"""A small version of ``python -m kernelarc.ablate`` on the simulated guard (the real SearchSession loop)."""
+
+import json
+import math
+
+from kernelarc.ablate import main, parse, permutation_p, summarize
+
+
+def test_permutation_test_separates_clear_differences_only():
+    better = [1.00, 1.01, 1.00, 1.02, 1.01, 1.00, 1.01, 1.00]
+    worse = [1.10, 1.12, 1.09, 1.11, 1.13, 1.10, 1.12, 1.11]
+    assert permutation_p(better, worse, rounds=2000) < 0.01
+    assert permutation_p(worse, better, rounds=2000) > 0.99
+    assert permutation_p(better, list(better), rounds=2000) > 0.3
+
+
+def test_arguments_are_typed_and_checked():
+    ab, rest = parse(["ablate.seeds=3", "ablate.memory=[0,null]", "+task=rmsnorm", "agents.per_round=1"])
+    assert ab.seeds == 3 and ab.memory == [0, None] and rest == ["+task=rmsnorm", "agents.per_round=1"]
+    try:
+        parse(["ablate.sedes=3"])
+    except SystemExit as e:
+        assert "sedes" in str(e)
+    else:
+        raise AssertionError("a misspelt key must be refused")
+
+
+def test_small_ablation_writes_table_plots_and_mlflow(tmp_path):
+    out = tmp_path / "abl"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    argv = ["ablate.seeds=2", "ablate.budget=16", "ablate.memory=[0,null]", "ablate.plateau=[true]", "ablate.jobs=1",
+            f"ablate.out={out}", "ablate.mlflow=true", f"ablate.tracking_uri={uri}"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads((out / "results.json").read_text())
+    runs, rows = doc["runs"], doc["rows"]
+    assert len(runs) == 2 * 2 * 2 and all(r["evaluated"] == 16 for r in runs)
+    assert {r["arm"] for r in rows} == {f"agents={a} memory={m} plateau=on" for a in (1, 4) for m in ("0", "all")}
+    for r in runs:
+        # the champion is the library (1.30x the optimum) or a family kernel at least as fast as the best found
+        assert 1.0 <= r["ratio"] <= 1.3 + 1e-9 and len(r["curve"]) == 16
+        assert r["ratio"] <= max(r["found"], 1.0) * 1.02 or r["ratio"] == 1.3
+        assert all(b <= a + 1e-12 for a, b in zip(r["curve"], r["curve"][1:], strict=False))  # best so far
+    for row in rows:
+        p = row["p_vs_generalist"]
+        assert (row["agents"] == 1 and math.isnan(p)) or 0 < p <= 1
+    assert "| agents=4 memory=all plateau=on |" in (out / "table.md").read_text()
+    for png in ("best_so_far.png", "memory_curve.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    run = mlflow.search_runs(experiment_names=["kernelarc-ablation"], output_format="list")[0]
+    names = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+    assert {"best_so_far.png", "memory_curve.png", "table.md"} <= names
+    assert any(k.startswith("agents4_memoryall") for k in run.data.metrics)
+
+
+def test_summary_counts_runs_near_the_best():
+    from kernelarc.ablate import RunResult
+
+    rs = [RunResult(1, 0, True, s, x, x, [x], 8, 0, 0.1, 1.0, x) for s, x in enumerate([1.0, 1.004, 1.03, 1.2])]
+    (row,) = summarize(rs)
+    assert row["within_1pct"] == 2 and row["within_5pct"] == 3 and abs(row["median"] - 1.017) < 1e-9
