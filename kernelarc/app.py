@@ -40,11 +40,12 @@ def typed(cfg: DictConfig) -> KernelArcConfig:
     bad = [s for s in obj.strategies.names if s not in STRATEGIES + OPERATOR_STRATEGIES]
     if bad:
         raise UsageError(f"unknown strategies {bad}; known: {', '.join(STRATEGIES + OPERATOR_STRATEGIES)}")
-    if obj.executor.name != "local":
-        raise UsageError(
-            f"executor {obj.executor.name!r} is not available yet: only executor=local (worker processes on this "
-            "machine, one guard per visible GPU) is implemented"
-        )
+    from kernelarc.executors import ExecutorError, check_executor
+
+    try:
+        check_executor(obj)
+    except ExecutorError as e:
+        raise UsageError(str(e)) from None
     if obj.agents.count < 1:
         raise UsageError("agents.count must be at least 1")
     return obj

@@ -74,6 +74,11 @@ def guard_config(cfg: KernelArcConfig, task: Task, on_cpu: bool) -> GuardConfig:
 
 
 def devices_for(target: Any, cfg: KernelArcConfig) -> list[str]:
+    from kernelarc import executors
+
+    remote = executors.devices(cfg, target)  # executor=ray: the cluster's GPUs, not this machine's
+    if remote is not None:
+        return remote
     if getattr(target, "is_cpu", False) or not torch.cuda.is_available():
         return ["cpu"]
     ids = cfg.executor.gpus if cfg.executor.gpus is not None else list(range(torch.cuda.device_count()))
@@ -164,18 +169,23 @@ class SearchSession:
         self.raw_config = raw_config
         self.target = target
         self.devices = devices_for(target, cfg)
-        self.on_cpu = self.devices == ["cpu"]
+        self.on_cpu = all(d == "cpu" for d in self.devices)  # executor=ray may run several CPU guards
         self.task = load_task_from_config(cfg, self.on_cpu)
         if make_guard is not None:
             # a test double of the guard (kernelarc.simguard): the same loop, another measurement
             self.guards = [make_guard(self.task, d) for d in self.devices]
         else:
             gcfg = guard_config(cfg, self.task, self.on_cpu)
-            self.guards = [Guard(self.task, target, d, gcfg, seed=cfg.seed) for d in self.devices]
+            from kernelarc.executors import make_guards
+
+            self.guards = make_guards(cfg, self.task, target, self.devices, gcfg)  # local Guards or Ray actors
         self.agents = agents
         self.ui = progress
         key = session_key(cfg, target.name)
-        self.state = StateLog(Path(cfg.search.state_dir) / self.task.name / target.name / key)
+        state_dir = Path(cfg.search.state_dir) / self.task.name / target.name / key
+        if not cfg.search.resume and state_dir.is_dir():  # start fresh; the old log stays beside it
+            state_dir.rename(state_dir.with_name(f"{key}.{time.strftime('%Y%m%d-%H%M%S')}"))
+        self.state = StateLog(state_dir)
         self.board = Board(self.state.dir / "board.jsonl")
         self.plateau = PlateauDetector(cfg.search.plateau_patience,
                                        families={f.name: f.language for f in families_for(self.task.name)})  # fmt: skip
@@ -200,6 +210,7 @@ class SearchSession:
         self.t0 = time.monotonic()
         self.elapsed_before = 0.0
         self.eval_seconds = 0.0
+        self.eval_wall: dict[str, tuple[float, float]] = {}  # candidate -> its last evaluation's wall start, end
         self.timing_seconds = 0.0
         self.dispatch_tried: set[tuple] = set()  # plans already composed (kernelarc.dispatch)
         self._signatures: dict[int, tuple] | None = None
@@ -212,13 +223,16 @@ class SearchSession:
         from kernelarc.tracking import Tracker
 
         self.tracker = Tracker(self.cfg.tracking.uri, self.task.name, self.target.name)
-        run_id = self.tracker.start_session(self.raw_config, run_name=f"{self.task.name}-{self.target.name}",
-                                            resume_run_id=resume_run)  # fmt: skip
+        from kernelarc.tracking import session_run_name
+
+        name = session_run_name(self.task.name, self.target.name, self.cfg.agents.count, self.cfg.memory.limit,
+                                self.cfg.agents.backend, self.cfg.seed)  # fmt: skip
+        run_id = self.tracker.start_session(self.raw_config, run_name=name, resume_run_id=resume_run)
         meta = self.state.meta()
         meta["parent_run_id"] = run_id
         self.state.save_meta(meta)
         if self.cfg.tracking.register:
-            self.registry = Registry(self.tracker, self.task.name, self.target.name)
+            self.registry = Registry(self.tracker, self.task.name, self.target.name, problem=self.task)
 
     # -- state ---------------------------------------------------------------------------
     def _replay(self, rec: Record) -> None:
@@ -258,7 +272,8 @@ class SearchSession:
             return
         try:
             extra = {"index": rec.index, **self.cand_cost.pop(rec.candidate.id, {})}
-            rec.run_id = self.tracker.log_candidate(rec.candidate, rec.verdict, extra)
+            started, ended = self.eval_wall.pop(rec.candidate.id, (None, None))  # the run lasts as its evaluation
+            rec.run_id = self.tracker.log_candidate(rec.candidate, rec.verdict, extra, started, ended)
         except Exception as e:  # noqa: BLE001 - tracking trouble must not kill the search
             log.warning("MLflow logging failed for %s: %s", rec.candidate.id, e)
         if self.registry is not None and rec.verdict.status is Status.champion and rec.run_id:
@@ -285,10 +300,12 @@ class SearchSession:
 
     def _evaluate(self, cand: Candidate, champion: Candidate | None, trusted: bool, timeout: float | None, i: int):
         t = time.monotonic()
+        wall = time.time()
         ev = self._guard_for(i).evaluate(cand, champion, trusted=trusted, timeout_s=timeout,
                                          champion_reference=self._champion_reference(champion))  # fmt: skip
         dt = time.monotonic() - t
         with self.lock:
+            self.eval_wall[cand.id] = (wall, wall + dt)
             self.eval_seconds += dt
             self.timing_seconds += ev.verdict.phases.get("timing", 0.0)
         return ev
@@ -521,7 +538,9 @@ class SearchSession:
         resumed = bool(self.records)
         self.elapsed_before = float(meta.get("elapsed_s", 0.0)) if resumed else 0.0
         if resumed:
-            self.ui.line(f"resuming session {self.state.dir} with {len(self.records)} measurements")
+            done = " (it had finished)" if meta.get("status") == "finished" else ""
+            self.ui.line(f"resumed session {self.state.dir} with {len(self.records)} measurements{done}; "
+                         "to start fresh: search.resume=false (the old log is kept) or another seed=N")  # fmt: skip
         self._open_tracking(meta.get("parent_run_id") if resumed else None)
         self.ui.line(f"task {self.task.name} on {self.target.name} ({', '.join(self.devices)}), "
                      f"{len(self.guards[0].workloads)} workloads, {len(self.agents)} agents")  # fmt: skip
@@ -660,7 +679,9 @@ class SearchSession:
                 moved = self.registry.promote(version, beat)
         if self.tracker is not None and self.best_history:
             try:
-                self.tracker.log_best_so_far_plot(self.best_history)
+                every = [(r.index, r.verdict.latency_ms) for r in self.records if r.kind == "candidate"
+                         and r.verdict.correct and r.verdict.latency_ms]  # fmt: skip
+                self.tracker.log_best_so_far_plot(every, champions=self.best_history)
             except Exception as e:  # noqa: BLE001
                 log.warning("best-so-far plot failed: %s", e)
         elapsed = time.monotonic() - self.t0 + self.elapsed_before
