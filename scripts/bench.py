@@ -112,6 +112,14 @@ def library_compare(task_name: str, champion_src: str, wl_axes: dict) -> dict:
             "scaled_mm_blockwise_sbc": lambda: torch._scaled_mm(a, b.t(), scale_a=sa_mmajor,
                                                                 scale_b=sb.t().contiguous(), out_dtype=torch.bfloat16),
         }  # fmt: skip
+        if hasattr(F, "scaled_mm"):  # the v2 API: B's scales [round_up(K/128, 4), N/128], stride (1, that)
+            kb4 = -(-sb.shape[1] // 4) * 4
+            sb4 = torch.zeros(sb.shape[0], kb4, device=sb.device, dtype=torch.float32)
+            sb4[:, : sb.shape[1]] = sb
+            st = F.ScalingType
+            variants["F.scaled_mm_blockwise"] = lambda: F.scaled_mm(
+                a, b.t(), sa_mmajor, st.BlockWise1x128, sb4.t(), st.BlockWise128x128, output_dtype=torch.bfloat16
+            )
         fns = {"champion": lambda: mod.run(a, b, sa, sb)}
         for name, f in variants.items():
             try:
