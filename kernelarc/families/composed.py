@@ -1,0 +1,256 @@
+"""Families for problems without a hand-written family: the reference graph with recognised
+sites served by KernelArc's kernels and libraries (``kernelarc.graph``).
+
+For a problem (any SOL-ExecBench folder) ``composed_families(task)`` captures the reference,
+recognises its sites (RMSNorm, fused add + RMSNorm, GEMM with epilogues, attention, softmax,
+SwiGLU, LayerNorm, ...) and offers:
+
+* ``composed.<task>.library``: every site as the graph wrote it or as one fused library call
+  (``F.rms_norm``, ``addmm`` / ``_addmm_activation`` cuBLASLt epilogues, SDPA under a chosen
+  backend incl. cuDNN, ``F.layer_norm``, ``softmax``), with graph-level knobs: the rest eager or
+  under Inductor (max-autotune, coordinate-descent tuning, epilogue fusion), CUDA-graph replay,
+  TF32 for fp32 matmuls, low-precision attention inputs (the guard's tolerance decides);
+* ``composed.<task>.<family>`` for every built-in kernel family that can serve a site kind
+  present (``rmsnorm.rowblock`` for an RMSNorm, ``matmul.tiled`` for a GEMM, ...): that
+  family's knobs, under the same names (so the search ports points between it and the built-in
+  task's family), plus the graph-level knobs; every site of that kind runs the family kernel.
+
+No family here is static (``FAMILIES`` is empty): they depend on the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelarc.families.base import Family, Knob
+from kernelarc.graph.adapters import FAMILY_TASK, LIBRARY_KINDS, SDPA_BACKENDS, AdapterError, Impl, family_ok, patch_eps
+from kernelarc.graph.capture import Capture, CaptureError, capture_task
+from kernelarc.graph.compose import CasePlan, CompositionError, GraphKnobs, SitePlan, check_case, emit_module
+from kernelarc.graph.patterns import Kind, Site, recognize
+
+log = logging.getLogger(__name__)
+
+FAMILIES: list[Family] = []
+
+SUBSTITUTABLE = set(FAMILY_TASK) | LIBRARY_KINDS
+
+
+@dataclass
+class Recognition:
+    """What was recognised in one problem: per graph case, its sites and which implementations fit."""
+
+    task: str
+    capture: Capture | None
+    error: str | None = None
+    sites: list[list[Site]] = field(default_factory=list)  # per case
+    impls: dict[int, set[Impl]] = field(default_factory=dict)  # id(site) -> implementations that emit
+
+    def kinds(self) -> list[Kind]:
+        seen: list[Kind] = []
+        for case in self.sites:
+            for s in case:
+                if s.kind not in seen:
+                    seen.append(s.kind)
+        return seen
+
+    def substitutable(self, kind: Kind, impl: Impl) -> list[Site]:
+        return [s for case in self.sites for s in case if s.kind is kind and impl in self.impls.get(id(s), ())]
+
+
+_CACHE: dict[tuple, Recognition] = {}
+
+
+def _key(task) -> tuple:
+    ref = hashlib.sha256(task.definition.reference.encode()).hexdigest()
+    return (task.name, ref, len(task.workloads), getattr(task, "workload_file", ""))
+
+
+def recognise(task) -> Recognition:
+    """Capture and recognise ``task`` (cached per task and reference)."""
+    key = _key(task)
+    if key in _CACHE:
+        return _CACHE[key]
+    try:
+        cap = capture_task(task)
+    except CaptureError as e:
+        rec = Recognition(task.name, None, error=str(e))
+        _CACHE[key] = rec
+        return rec
+    rec = Recognition(task.name, cap)
+    probe = {"sdpa_backend": "auto", "attn_precision": "reference"}
+    for case in cap.cases:
+        sites = recognize(case.gm)
+        rec.sites.append(sites)
+        for s in sites:
+            if s.kind not in SUBSTITUTABLE:
+                continue
+            ok: set[Impl] = set()
+            for impl in (Impl.library, Impl.family):
+                if impl is Impl.family and family_ok(s) is not None:
+                    continue
+                try:
+                    check_case(CasePlan(case, [SitePlan(s, impl, "_kx_" if impl is Impl.family else None)]), probe)
+                except (CompositionError, AdapterError) as e:
+                    log.debug("%s: %s site not emitted as %s: %s", task.name, s.kind.value, impl.value, e)
+                    continue
+                ok.add(impl)
+            if ok:
+                rec.impls[id(s)] = ok
+    _CACHE[key] = rec
+    return rec
+
+
+# ------------------------------------------------------------------------------------------
+# knobs
+
+
+def _graph_knobs(rec: Recognition) -> list[Knob]:
+    kinds = set(rec.kinds())
+    rest_doc = "the graph outside the substituted sites: eager aten ops or torch.compile"
+    cg_doc = "replay the call as a CUDA graph (static input buffers, fresh inputs copied in): launch-bound workloads"
+    knobs = [
+        Knob("rest", ("eager", "inductor"), "fusion", rest_doc),
+        Knob("max_autotune", (False, True), "tiling", "Inductor max_autotune (GEMM templates, tile search)"),
+        Knob("coordinate_descent", (False, True), "tiling", "Inductor coordinate-descent tuning of its Triton configs"),
+        Knob("epilogue_fusion", (True, False), "fusion", "Inductor fuses pointwise epilogues into its GEMM templates"),
+        Knob("cuda_graph", (False, True), "scheduling", cg_doc),
+    ]
+    mm_sites = [s for case in rec.sites for s in case if s.kind in (Kind.gemm, Kind.attention)]
+    fp32_mm = any((s.params.get("dtype") or s.params.get("in_dtype")) == "float32" for s in mm_sites)
+    if fp32_mm:
+        knobs.append(Knob("matmul_precision", ("highest", "high"), "precision", "fp32 matmuls on TF32 tensor cores"))
+    if Kind.attention in kinds:
+        knobs.append(Knob("sdpa_backend", SDPA_BACKENDS, "algorithmic", "SDPA backend for library attention sites"))
+        if any(s.params.get("in_dtype") == "float32" and s.params.get("q_src_dtype") in ("bfloat16", "float16")
+               for s in rec.substitutable(Kind.attention, Impl.library)):  # fmt: skip
+            knobs.append(Knob("attn_precision", ("reference", "low"), "precision",
+                              "attention on the bf16/fp16 inputs the reference upcast to fp32"))  # fmt: skip
+    return knobs
+
+
+def _impl_knobs(rec: Recognition, family_kind: Kind | None) -> list[Knob]:
+    knobs = []
+    for kind in rec.kinds():
+        if kind is family_kind or not rec.substitutable(kind, Impl.library):
+            continue
+        knobs.append(Knob(f"{kind.value}_impl", ("library", "graph"), "algorithmic",
+                          f"{kind.value} sites: one fused library call or the reference's own ops"))  # fmt: skip
+    return knobs
+
+
+def _start(knobs: list[Knob]) -> dict[str, Any]:
+    return {k.name: k.values[0] for k in knobs}
+
+
+# ------------------------------------------------------------------------------------------
+# rendering
+
+
+def _graph_cfg(k: Mapping[str, Any]) -> GraphKnobs:
+    return GraphKnobs(
+        rest=k.get("rest", "eager"),
+        max_autotune=bool(k.get("max_autotune", False)),
+        coordinate_descent=bool(k.get("coordinate_descent", False)),
+        epilogue_fusion=bool(k.get("epilogue_fusion", True)),
+        cuda_graph=bool(k.get("cuda_graph", False)),
+        matmul_precision=k.get("matmul_precision", "highest"),
+        sdpa_backend=k.get("sdpa_backend", "auto"),
+        attn_precision=k.get("attn_precision", "reference"),
+    )
+
+
+def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Family | None = None,
+                    kernel_kind: Kind | None = None) -> str:  # fmt: skip
+    """The candidate for ``knobs``: sites of ``kernel_kind`` on ``kernel`` (rendered with its knobs), the
+    other sites as their ``<kind>_impl`` knob says."""
+    assert rec.capture is not None
+    parts: dict[str, str] = {}
+    part_of: dict[tuple, str] = {}
+    kernel_src = None
+    if kernel is not None:
+        kernel_src = kernel.render({n.name: knobs[n.name] for n in kernel.knobs})
+    plans: list[CasePlan] = []
+    for case, sites in zip(rec.capture.cases, rec.sites, strict=True):
+        plan = CasePlan(case)
+        for s in sites:
+            impls = rec.impls.get(id(s), set())
+            if not impls:
+                continue
+            if s.kind is kernel_kind and Impl.family in impls and kernel_src is not None:
+                src = kernel_src
+                pkey: tuple = (kernel.name,)
+                if s.kind in (Kind.rmsnorm, Kind.add_rmsnorm):
+                    src = patch_eps(kernel_src, float(s.params["eps"]))
+                    pkey = (kernel.name, float(s.params["eps"]))
+                if pkey not in part_of:
+                    part_of[pkey] = f"_k{len(part_of)}_"
+                    parts[part_of[pkey]] = src
+                plan.sites.append(SitePlan(s, Impl.family, part_of[pkey]))
+            elif knobs.get(f"{s.kind.value}_impl", "library") == "library" and Impl.library in impls:
+                plan.sites.append(SitePlan(s, Impl.library))
+        plans.append(plan)
+    title = f"{task.name}" + (f" with {kernel.name} kernels" if kernel else "")
+    return emit_module(title, dict(knobs), rec.capture, plans, parts, task.definition.reference, _graph_cfg(knobs))
+
+
+def composed_families(task) -> list[Family]:
+    """The composed families of a problem; empty when its reference cannot be captured or has no
+    site that a library call or a KernelArc family can serve."""
+    from kernelarc.families import all_families
+
+    rec = recognise(task)
+    if rec.capture is None:
+        log.info("%s: reference not captured (%s)", task.name, rec.error)
+        return []
+    subst = [k for k in rec.kinds() if rec.substitutable(k, Impl.library) or rec.substitutable(k, Impl.family)]
+    if not subst:
+        return []
+    gknobs = _graph_knobs(rec)
+    out: list[Family] = []
+    lib_knobs = gknobs + _impl_knobs(rec, None)
+    if any(rec.substitutable(k, Impl.library) for k in subst):
+        out.append(
+            Family(
+                name=f"composed.{task.name}.library",
+                task=task.name,
+                description="reference graph with recognised sites as fused library calls, graph-level knobs",
+                knobs=tuple(lib_knobs),
+                start=_start(lib_knobs),
+                render=lambda k: render_composed(task, rec, k),
+                language="pytorch",
+            )
+        )
+    for kind in subst:
+        if not rec.substitutable(kind, Impl.family):
+            continue
+        builtin_task = FAMILY_TASK[kind]
+        for fam in all_families().values():
+            if fam.task != builtin_task:
+                continue
+            other = gknobs + _impl_knobs(rec, kind)
+            names = {k.name for k in fam.knobs}
+            other = [k for k in other if k.name not in names]
+            out.append(_kernel_family(task, rec, fam, kind, other))
+    return out
+
+
+def _kernel_family(task, rec: Recognition, fam: Family, kind: Kind, other: list[Knob]) -> Family:
+    kernel_names = [k.name for k in fam.knobs]
+
+    def valid(k: Mapping[str, Any]) -> bool:
+        return fam.valid({n: k[n] for n in kernel_names if n in k})
+
+    return Family(
+        name=f"composed.{task.name}.{fam.name}",
+        task=task.name,
+        description=f"reference graph with its {kind.value} sites on {fam.name}: {fam.description}",
+        knobs=tuple(fam.knobs) + tuple(other),
+        start={**dict(fam.start), **_start(other)},
+        render=lambda k: render_composed(task, rec, k, kernel=fam, kernel_kind=kind),
+        valid=valid,
+        language=fam.language,
+    )

@@ -1,0 +1,19 @@
+"""Problem recognition and composition over the reference's captured graph.
+
+``capture`` traces a problem's reference ``run`` into an aten-level FX graph (pre-dispatch, so
+composite ops such as ``linear``, ``matmul``, ``softmax``, ``rms_norm`` and
+``scaled_dot_product_attention`` stay whole) on meta tensors built from the definition.
+``patterns`` recognises, by structure rather than by names, the sub-graphs KernelArc's kernel
+families and libraries solve (GEMM with epilogues, attention, RMSNorm / LayerNorm, softmax,
+gated activations, RoPE, elementwise chains, reductions). ``compose`` emits a candidate source
+for the whole problem: the graph as plain ``torch.ops.aten`` calls with recognised sites replaced
+by family kernels or library calls, under graph-level knobs (library backends, Inductor options,
+CUDA graphs, precision).
+
+This package imports nothing from ``kernelarc.families``: the family glue lives in
+``kernelarc.families.composed``, which hands rendered kernel sources in.
+"""
+
+from kernelarc.graph.capture import Capture, CaptureError, capture_task
+
+__all__ = ["Capture", "CaptureError", "Kind", "Site", "capture_task", "recognize"]

@@ -1,0 +1,314 @@
+"""Adapters: how a recognised site's graph values map onto a kernel family's or library's interface.
+
+An adapter turns a ``Site`` into the lines of Python that compute the site's outputs inside a
+composed candidate: which graph value is the family's ``x`` / ``weight`` / ``A`` / ``B``, how the
+problem's axes are flattened onto the family's 2-D (or 4-D) layout, the eps / scale / activation
+the site carries, and the casts back to the dtypes the rest of the graph reads. Every family path
+is guarded at run time by the family's preconditions (dtype, contiguity, scale, shapes) with the
+library path as the fallback, so a composed candidate is correct for inputs the family does not
+cover.
+
+``Impl`` names the implementation chosen for a site kind (a knob of the composed family):
+``graph`` (the reference's own ops), ``library`` (a fused PyTorch / cuBLASLt / cuDNN call) or
+``family`` (a KernelArc kernel, whose rendered module is a part of the candidate).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from kernelarc.graph.patterns import Kind, Site
+
+
+class Impl(StrEnum):
+    graph = "graph"
+    library = "library"
+    family = "family"
+
+
+class AdapterError(ValueError):
+    """The site cannot take this implementation (the message says which precondition fails)."""
+
+
+# Built-in task whose kernel families can serve a site of this kind, with the precondition the
+# site must meet (checked at composition time; run-time checks are emitted with the call).
+FAMILY_TASK: dict[Kind, str] = {
+    Kind.rmsnorm: "rmsnorm",
+    Kind.add_rmsnorm: "fused_add_rmsnorm",
+    Kind.gemm: "matmul",
+    Kind.softmax: "softmax",
+    Kind.glu: "swiglu",
+    Kind.attention: "attention",
+}
+LIBRARY_KINDS = {Kind.rmsnorm, Kind.add_rmsnorm, Kind.layernorm, Kind.gemm, Kind.attention, Kind.softmax}
+
+SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
+_BACKEND_ENUM = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                 "math": "MATH"}  # fmt: skip
+LOW_DTYPES = ("bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What an adapter needs besides the site: names of graph values, the family part's prefix, knobs."""
+
+    name: Callable[[Any], str]  # graph value -> expression
+    part: str | None  # prefix of the family part's module names ("_k0_"), None without a family
+    knobs: dict[str, Any]
+
+
+def family_ok(site: Site) -> str | None:
+    """Why a family kernel cannot serve ``site`` (None when it can)."""
+    p = site.params
+    if site.kind not in FAMILY_TASK:
+        return f"no KernelArc family for {site.kind.value}"
+    if site.kind is Kind.gemm:
+        if p["layout"] != "nk" or p["batched"]:
+            return "GEMM family needs A [.., K] @ B[N, K]^T (not batched, B in weight layout)"
+        if p["dtype"] not in LOW_DTYPES:
+            return f"GEMM family computes in bf16/fp16, the site is {p['dtype']}"
+    if site.kind is Kind.glu and not (p.get("packed") and p["act"] == "silu"):
+        return "SwiGLU family needs silu(x[..., :n]) * x[..., n:] of one tensor"
+    if site.kind is Kind.attention and (p["mask"] != "none" or p.get("dropout") not in (0.0, None)):
+        return "attention family takes no explicit mask and no dropout"
+    return None
+
+
+def _dt(name: str) -> str:
+    return f"torch.{name}"
+
+
+def _out(site: Site, expr: str, dtype_key: str = "out_dtype") -> str:
+    dt = site.params.get(dtype_key)
+    return f"{expr}.to({_dt(dt)})" if dt and dt != "None" else expr
+
+
+# ------------------------------------------------------------------------------------------
+# per kind: lines computing the site's outputs into ``out`` (and ``extra`` names)
+
+
+def rmsnorm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    x, w = c.name(site.inputs["x"]), c.name(site.inputs["weight"])
+    eps = float(site.params["eps"])
+    fused = site.kind is Kind.add_rmsnorm
+    lines: list[str] = []
+    if fused:
+        r = c.name(site.inputs["residual"])
+        lines.append(f"_s = {x}.to(torch.float32) + {r}.to(torch.float32)")
+        if site.params.get("sum_dtype") not in (None, "float32"):
+            lines[-1] = f"_s = ({x} + {r}).to(torch.float32)"
+        src = "_s"
+    else:
+        src = x
+    if impl is Impl.library:
+        call = f"F.rms_norm({src}.to(torch.float32), ({src}.shape[-1],), {w}.to(torch.float32), {eps!r})"
+        lines.append(f"{out} = {_out(site, call)}")
+        if "residual_out" in extra:
+            lines.append(f"{extra['residual_out']} = _s.to({_dt(site.params['sum_dtype'])})")
+        return lines
+    if impl is not Impl.family or c.part is None:
+        raise AdapterError("rmsnorm: no implementation")
+    p = c.part
+    if fused:
+        r = c.name(site.inputs["residual"])
+        lines = [
+            f"if {x}.shape == {r}.shape and {x}.dtype == {r}.dtype and {w}.dim() == 1:",
+            f"    _y, _ro = {p}run({x}.reshape(-1, {x}.shape[-1]), {r}.reshape(-1, {r}.shape[-1]), {w})",
+            f"    {out} = {_out(site, f'_y.view({x}.shape)')}",
+        ]
+        if "residual_out" in extra:
+            lines.append(f"    {extra['residual_out']} = _ro.view({x}.shape).to({_dt(site.params['sum_dtype'])})")
+        lines.append("else:")
+        lines += ["    " + ln for ln in rmsnorm_lines(site, Impl.library, c, out, extra)]
+        return lines
+    return [
+        f"if {w}.dim() == 1 and {x}.shape[-1] == {w}.shape[0]:",
+        f"    {out} = {_out(site, f'{p}run({x}.reshape(-1, {x}.shape[-1]), {w}).view({x}.shape)')}",
+        "else:",
+        *["    " + ln for ln in rmsnorm_lines(site, Impl.library, c, out, extra)],
+    ]
+
+
+def layernorm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    if impl is not Impl.library:
+        raise AdapterError("layernorm: only the library implementation")
+    x = c.name(site.inputs["x"])
+    w = c.name(site.inputs["weight"]) if site.inputs.get("weight") is not None else "None"
+    b = c.name(site.inputs["bias"]) if site.inputs.get("bias") is not None else "None"
+    dims = site.params.get("dims") or 1
+    shape = f"tuple({x}.shape[-{dims}:])"
+    return [f"{out} = F.layer_norm({x}, {shape}, {w}, {b}, {float(site.params['eps'])!r})"]
+
+
+def softmax_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    x = c.name(site.inputs["x"])
+    lib = f"{out} = {_out(site, f'torch.softmax({x}, -1, dtype=torch.float32)')}"
+    if impl is Impl.library:
+        return [lib]
+    if impl is not Impl.family or c.part is None:
+        raise AdapterError("softmax: no implementation")
+    return [
+        f"if {x}.dim() >= 1 and {x}.numel() > 0:",
+        f"    {out} = {_out(site, f'{c.part}run({x}.reshape(-1, {x}.shape[-1])).view({x}.shape)')}",
+        "else:",
+        f"    {lib}",
+    ]
+
+
+def glu_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    if impl is not Impl.family or c.part is None:
+        raise AdapterError("glu: only the family implementation (the graph form is the library one)")
+    x = c.name(site.inputs["x"])
+    h = f"{x}.shape[-1] // 2"
+    lib = f"{out} = {_out(site, f'(F.silu({x}[..., :{h}].to(torch.float32)) * {x}[..., {h}:].to(torch.float32))')}"
+    fam = f"{c.part}run({x}.reshape(-1, {x}.shape[-1])).view(*{x}.shape[:-1], {h})"
+    return [
+        f"if {x}.shape[-1] % 2 == 0 and {x}.numel() > 0:",
+        f"    {out} = {_out(site, fam)}",
+        "else:",
+        f"    {lib}",
+    ]
+
+
+def _epilogue(site: Site, c: Ctx, acc: str) -> list[str]:
+    """The GEMM epilogue (bias, activation, scale, residual) applied to ``acc`` in the graph's order."""
+    lines: list[str] = []
+    p = site.params
+    if p["bias"]:
+        lines.append(f"{acc} = {acc} + {c.name(site.inputs['bias'])}")
+    for e in p["epilogue"].split("+") if p["epilogue"] != "none" else []:
+        if e == "scale":
+            lines.append(f"{acc} = {acc} * {p['scale']!r}")
+        elif e == "residual":
+            lines.append(f"{acc} = {acc} + {c.name(site.inputs['residual'])}")
+        elif e.startswith("gelu_"):
+            lines.append(f"{acc} = F.gelu({acc}, approximate={e[5:]!r})")
+        else:
+            lines.append(f"{acc} = torch.{e}({acc})" if e in ("relu", "sigmoid", "tanh") else f"{acc} = F.{e}({acc})")
+    return lines
+
+
+def gemm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    p = site.params
+    a, b = c.name(site.inputs["a"]), c.name(site.inputs["b"])
+    if impl is Impl.library:
+        # fused cuBLASLt epilogues: bias (+ relu / tanh-gelu) through addmm / _addmm_activation,
+        # residual (+ scale) through addmm's beta*C + alpha*A@B
+        if p["layout"] != "nk" or p["batched"]:
+            raise AdapterError("gemm library path needs B in weight layout, not batched")
+        epi = p["epilogue"]
+        a2 = f"{a}.reshape(-1, {a}.shape[-1])"
+        shape = f"(*{a}.shape[:-1], {b}.shape[0])"
+        if p["bias"] and epi in ("none", "relu", "gelu_tanh"):
+            bias = c.name(site.inputs["bias"])
+            if epi == "none":
+                call = f"torch.addmm({bias}, {a2}, {b}.t())"
+            else:
+                call = f"torch._addmm_activation({bias}, {a2}, {b}.t(), use_gelu={epi == 'gelu_tanh'})"
+            return [f"{out} = {call}.view({shape})"]
+        if not p["bias"] and epi in ("residual", "scale+residual"):
+            res = c.name(site.inputs["residual"])
+            alpha = p["scale"] if epi == "scale+residual" else 1.0
+            return [
+                f"{out} = torch.addmm({res}.reshape(-1, {res}.shape[-1]), {a2}, {b}.t(), alpha={alpha!r}).view({shape})"
+            ]
+        raise AdapterError(f"gemm library path: no fused form for bias={p['bias']} epilogue={epi}")
+    if impl is not Impl.family or c.part is None:
+        raise AdapterError("gemm: no implementation")
+    lines = [
+        f"if {a}.dtype == {b}.dtype and {a}.dtype in (torch.bfloat16, torch.float16) and {b}.dim() == 2:",
+        f"    _c = {c.part}run({a}.reshape(-1, {a}.shape[-1]), {b}).view(*{a}.shape[:-1], {b}.shape[0])",
+        "else:",
+        f"    _c = torch.matmul({a}, {b}.transpose(-1, -2))",
+    ]
+    lines += _epilogue(site, c, "_c")
+    lines.append(f"{out} = _c")
+    return lines
+
+
+def _sdpa_call(site: Site, c: Ctx, q: str, k: str, v: str, cast: str | None) -> str:
+    p = site.params
+    mask = site.inputs.get("mask")
+    m = "None"
+    if mask is not None:
+        m = c.name(mask)
+        if p["mask"] == "drop":
+            m = f"torch.logical_not({m})"
+        elif p["mask"] == "add" and cast:
+            m = f"{m}.to({cast})"
+    scale = p.get("scale")
+    args = f"{q}, {k}, {v}, attn_mask={m}, is_causal={bool(p['causal'])}"
+    if scale is not None:
+        args += f", scale={float(scale)!r}"
+    return f"F.scaled_dot_product_attention({args})"
+
+
+def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    p = site.params
+    q, k, v = (c.name(site.inputs[r]) for r in ("q", "k", "v"))
+    low = (
+        c.knobs.get("attn_precision") == "low" and p.get("q_src_dtype") in LOW_DTYPES and p.get("in_dtype") == "float32"
+    )
+    cast = _dt(p["q_src_dtype"]) if low else None
+    qq, kk, vv = (f"{t}.to({cast})" for t in (q, k, v)) if cast else (q, k, v)
+    call = _sdpa_call(site, c, qq, kk, vv, cast)
+    if cast:
+        call = f"{call}.to(torch.float32)"
+    backend = c.knobs.get("sdpa_backend", "auto")
+    if backend == "auto":
+        lib = [f"{out} = {call}"]
+    else:
+        enum = _BACKEND_ENUM[backend]
+        lib = [
+            f"with sdpa_kernel([SDPBackend.{enum}, SDPBackend.MATH]):",
+            f"    {out} = {call}",
+        ]
+    if impl is Impl.library:
+        return lib
+    if impl is not Impl.family or c.part is None:
+        raise AdapterError("attention: no implementation")
+    scale = p.get("scale")
+    scale_ok = "True" if scale is None else f"abs({float(scale)!r} * math.sqrt({q}.shape[-1]) - 1.0) < 1e-6"
+    dt = f"{qq}.dtype == torch.bfloat16" if cast else f"{q}.dtype == torch.bfloat16"
+    cond = (f"{q}.dim() == 4 and {dt} and {q}.shape[2] == {k}.shape[2] and {q}.shape[1] % {k}.shape[1] == 0 "
+            f"and {q}.shape[-1] in (16, 32, 64, 128) and {scale_ok}")  # fmt: skip
+    fam = f"{c.part}run({qq}, {kk}, {vv}, {int(bool(p['causal']))})"
+    if cast:
+        fam = f"{fam}.to(torch.float32)"
+    return [f"if {cond}:", f"    {out} = {fam}", "else:", *["    " + ln for ln in lib]]
+
+
+LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] = {
+    Kind.rmsnorm: rmsnorm_lines,
+    Kind.add_rmsnorm: rmsnorm_lines,
+    Kind.layernorm: layernorm_lines,
+    Kind.softmax: softmax_lines,
+    Kind.glu: glu_lines,
+    Kind.gemm: gemm_lines,
+    Kind.attention: attention_lines,
+}
+
+
+def site_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    fn = LINES.get(site.kind)
+    if fn is None:
+        raise AdapterError(f"no adapter for {site.kind.value}")
+    return fn(site, impl, c, out, extra)
+
+
+def patch_eps(source: str, eps: float, builtin_eps: str = "1e-06") -> str:
+    """A rendered RMSNorm family module with its eps literal set to ``eps``.
+
+    The norms families bake eps = 1e-6 (the built-in tasks' value) into the kernel text as
+    ``+ 1e-06``; a problem with another eps gets the same kernel with its own constant.
+    """
+    if math.isclose(eps, float(builtin_eps), rel_tol=1e-9):
+        return source
+    needle = f"+ {builtin_eps}"
+    if needle not in source:
+        raise AdapterError(f"rendered RMSNorm kernel has no eps literal {needle!r} to replace")
+    return source.replace(needle, f"+ {eps!r}")

@@ -1,0 +1,253 @@
+"""Capture a problem's reference ``run`` as an aten-level FX graph.
+
+The reference is traced with ``make_fx(pre_dispatch=True)``: composite ops (``linear``,
+``matmul``, ``softmax``, ``rms_norm``, ``layer_norm``, ``scaled_dot_product_attention``,
+``chunk``) stay as single nodes, so the recognisers see the maths the author wrote in any
+style (method calls, functional calls, ``@`` operators all land on the same aten ops).
+
+Inputs are meta tensors built from the definition (shapes and dtypes of one workload), so
+capture costs no memory even for 1.7 GB weights. Tracing is symbolic (sizes as SymInts) where
+it succeeds; then the graph serves every workload whose scalar inputs have the same values
+(Python scalars are baked in by tracing). Where symbolic tracing fails (shape arithmetic it
+cannot follow) or the symbolic graph does not replay on some workload's shapes, each workload
+is traced with concrete shapes and the composed candidate dispatches on the input signature.
+A reference that cannot be traced at all (data-dependent control flow, ``.item()``, custom
+input generators that need real data) yields a ``CaptureError``: the problem is then
+unrecognised and only the generic families apply.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from kernelarc.tasks.loader import Task
+
+log = logging.getLogger(__name__)
+
+MAX_CONCRETE_CASES = 16  # concrete graphs emitted per problem (the rest of the shapes run the reference)
+MAX_CUSTOM_CPU_BYTES = 256 * 2**20  # custom input generators run on the CPU only for workloads this small
+
+
+class CaptureError(RuntimeError):
+    """The reference could not be traced into a graph (the message says why)."""
+
+
+@dataclass
+class GraphCase:
+    """One traced graph and the workloads it serves.
+
+    ``key`` is what the composed candidate compares at run time: the scalar inputs' values for a
+    symbolic graph, the full input signature (shapes, dtypes, scalar values) for a concrete one.
+    """
+
+    key: tuple
+    gm: torch.fx.GraphModule
+    workloads: list[int]
+    example: int  # the workload whose shapes were traced
+    symbolic: bool  # sizes as symbols (key: scalar values) or concrete (key: full signature)
+
+
+@dataclass
+class Capture:
+    input_names: list[str]
+    scalar_positions: list[int]  # positions of Python-scalar inputs in run's signature
+    cases: list[GraphCase] = field(default_factory=list)
+    uncovered: list[int] = field(default_factory=list)  # workloads no graph serves (run as the reference)
+
+    @property
+    def gm(self) -> torch.fx.GraphModule:
+        return self.cases[0].gm
+
+
+def _meta_like(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return x
+
+
+def example_inputs(task: Task, index: int) -> list[Any]:
+    """Meta tensors (and Python scalars) for workload ``index``, in definition order."""
+    from kernelarc.tasks.inputs import make_inputs, torch_dtype
+
+    wl = task.workloads[index]
+    if {d.type for d in wl.inputs.values()} == {"custom"}:
+        try:
+            return [_meta_like(x) for x in make_inputs(task, index, 0, "meta")]
+        except Exception as e:  # noqa: BLE001 - generators that need real data; try small CPU data
+            if task.io_bytes(index) > MAX_CUSTOM_CPU_BYTES:
+                raise CaptureError(f"custom inputs cannot be built on meta tensors ({type(e).__name__}: {e})") from e
+            return [_meta_like(x) for x in make_inputs(task, index, 0, "cpu")]
+    out: list[Any] = []
+    for name, spec in task.definition.inputs.items():
+        desc = wl.inputs[name]
+        if spec.shape is None:
+            out.append(desc.value if desc.type == "scalar" else 0)
+        else:
+            out.append(torch.empty(task.shape(name, index) or (), dtype=torch_dtype(spec.dtype), device="meta"))
+    return out
+
+
+def signature(args: Sequence[Any]) -> tuple:
+    """The run-time key of a concrete graph (the composed candidate computes the same expression)."""
+    return tuple((tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else repr(a) for a in args)
+
+
+def scalar_key(args: Sequence[Any], positions: Sequence[int]) -> tuple:
+    return tuple(repr(args[i]) for i in positions)
+
+
+def _strip(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Drop grad-mode toggles (``@torch.no_grad`` recorded by pre-dispatch tracing): the composed
+    candidate runs its graph under ``torch.no_grad()`` as a whole."""
+    for node in list(gm.graph.nodes):
+        toggle = node.op == "call_function" and getattr(node.target, "__name__", "") == "_set_grad_enabled"
+        if toggle and not node.users:
+            gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def trace(fn, args: Sequence[Any], symbolic: bool) -> torch.fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    mode = "symbolic" if symbolic else "real"
+    try:
+        gm = make_fx(fn, tracing_mode=mode, pre_dispatch=True)(*args)
+    except Exception as e:  # noqa: BLE001 - tracing fails in many ways; the caller falls back
+        raise CaptureError(f"{mode} tracing failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+    return _strip(gm)
+
+
+def _generic_score(task: Task, index: int) -> tuple:
+    """Prefer example shapes that keep symbolic tracing general: every var axis >= 2 (0 and 1 are
+    specialised) and var axes of distinct sizes (equal sizes are unified into one symbol)."""
+    from kernelarc.tasks.schema import AxisVar
+
+    var = [n for n, a in task.definition.axes.items() if isinstance(a, AxisVar)]
+    vals = [task.workloads[index].axes[n] for n in var]
+    return (all(v >= 2 for v in vals), len(set(vals)), -index)
+
+
+def _replays(gm: torch.fx.GraphModule, task: Task, index: int) -> bool:
+    """The symbolic graph runs on workload ``index``'s meta inputs and gives the definition's output shapes."""
+    try:
+        args = example_inputs(task, index)
+        out = gm(*args)
+    except Exception:  # noqa: BLE001 - a baked size that does not fit this workload
+        return False
+    outs = out if isinstance(out, list | tuple) else [out]
+    names = task.output_names
+    if len(outs) != len(names):
+        return len(names) == 1 and not isinstance(out, list | tuple)
+    for o, name in zip(outs, names, strict=True):
+        want = task.shape(name, index)
+        if isinstance(o, torch.Tensor) and want is not None and tuple(o.shape) != tuple(want):
+            return False
+    return True
+
+
+def capture_task(task: Task) -> Capture:
+    """Trace ``task``'s reference; raise CaptureError when no workload can be traced."""
+    from kernelarc.tasks.inputs import load_module
+
+    defn = task.definition
+    try:
+        mod = load_module(defn.reference, f"reference_capture_{task.name}")
+    except Exception as e:  # noqa: BLE001
+        raise CaptureError(f"reference does not import: {type(e).__name__}: {e}") from e
+    fn = getattr(mod, "run", None)
+    if fn is None:
+        raise CaptureError("reference defines no run()")
+    names = list(defn.inputs)
+    scalars = [i for i, n in enumerate(names) if defn.inputs[n].shape is None]
+    groups: dict[tuple, list[int]] = {}
+    errors: list[str] = []
+    examples: dict[int, list[Any]] = {}
+    for i in range(len(task.workloads)):
+        try:
+            examples[i] = example_inputs(task, i)
+        except CaptureError as e:
+            errors.append(str(e))
+            continue
+        groups.setdefault(scalar_key(examples[i], scalars), []).append(i)
+    if not groups:
+        raise CaptureError(errors[0] if errors else "no workloads")
+    cap = Capture(input_names=names, scalar_positions=scalars)
+    concrete: list[int] = []
+    for key, members in groups.items():
+        ex = max(members, key=lambda i: _generic_score(task, i))
+        try:
+            gm = trace(fn, examples[ex], symbolic=True)
+        except CaptureError as e:
+            errors.append(str(e))
+            concrete += members
+            continue
+        if all(_replays(gm, task, i) for i in members if i != ex):
+            cap.cases.append(GraphCase(key=key, gm=gm, workloads=members, example=ex, symbolic=True))
+        else:
+            log.info("symbolic graph of %s does not replay on every workload; tracing shapes one by one", task.name)
+            concrete += members
+    if concrete:
+        by_sig: dict[tuple, list[int]] = {}
+        for i in sorted(concrete):
+            by_sig.setdefault(signature(examples[i]), []).append(i)
+        for n, (sig, members) in enumerate(by_sig.items()):
+            if n >= MAX_CONCRETE_CASES:
+                cap.uncovered += members
+                continue
+            try:
+                gm = trace(fn, examples[members[0]], symbolic=False)
+            except CaptureError as e:
+                errors.append(str(e))
+                cap.uncovered += members
+                continue
+            cap.cases.append(GraphCase(key=sig, gm=gm, workloads=members, example=members[0], symbolic=False))
+    if not cap.cases:
+        raise CaptureError(errors[0] if errors else "no graph")
+    cap.uncovered = sorted(set(cap.uncovered) | (set(range(len(task.workloads))) - set(examples)))
+    return cap
+
+
+def node_meta_val(node: torch.fx.Node) -> Any:
+    return node.meta.get("val")
+
+
+def node_dtype(node: Any) -> torch.dtype | None:
+    v = node_meta_val(node) if isinstance(node, torch.fx.Node) else None
+    return v.dtype if isinstance(v, torch.Tensor) else None
+
+
+def node_rank(node: Any) -> int | None:
+    v = node_meta_val(node) if isinstance(node, torch.fx.Node) else None
+    return v.dim() if isinstance(v, torch.Tensor) else None
+
+
+def node_shape(node: Any) -> tuple | None:
+    v = node_meta_val(node) if isinstance(node, torch.fx.Node) else None
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else None
+
+
+def static_int(x: Any) -> int | None:
+    """An int, or a SymInt whose value tracing fixed; None for a free symbol."""
+    if isinstance(x, int):
+        return x
+    if isinstance(x, torch.SymInt):
+        try:
+            if x.node.is_constant():
+                return int(x)
+            return None
+        except Exception:  # noqa: BLE001
+            return None
+    return None
+
+
+def is_float(x: Any) -> bool:
+    return isinstance(x, float) and math.isfinite(x)
