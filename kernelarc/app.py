@@ -100,7 +100,7 @@ def build_agents(cfg: KernelArcConfig, task) -> list[Any]:
         from kernelarc.agents.search import offline_team
 
         # operators first, then the knob classes this task's families have; one agent: the generalist
-        strategies = offline_team(strategies, cfg.agents.count, task.name)
+        strategies = offline_team(strategies, cfg.agents.count, task)
     else:
         # exploit / explore / transplant / generalist are offline operators: LLM agents take the briefed strategies
         strategies = [s for s in strategies if s in STRATEGIES] or list(STRATEGIES)

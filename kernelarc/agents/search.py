@@ -190,7 +190,7 @@ class SearchAgent:
         self.strategy = strategy
         self.task = task
         self.rng = random.Random(f"{seed}:{name}")
-        fams = families if families is not None else families_for(task.name)
+        fams = families if families is not None else families_for(task)
         self.families = {f.name: f for f in fams}
         for f in generic_families(task):
             self.families.setdefault(f.name, f)
