@@ -21,6 +21,11 @@ def main(cfg: DictConfig) -> dict:
     from kernelarc.ui import Progress
 
     logging.getLogger("kernelarc").setLevel(logging.INFO)
+    import multiprocessing
+
+    if multiprocessing.get_start_method(allow_none=True) == "loky":
+        # a hydra/launcher=kernelarc_joblib job: processes the guard starts must not inherit loky's method
+        multiprocessing.set_start_method("spawn", force=True)
     try:
         c = typed(cfg)
         target = resolve_gpu(c)

@@ -38,6 +38,7 @@ from kernelarc.tracking import (
     default_tracking_uri,
     prepare_sqlite,
     scrub_text,
+    store_init_lock,
     tune_store,
 )
 
@@ -113,7 +114,8 @@ class Registry:
         elif tracker_or_client is None or isinstance(tracker_or_client, str):
             uri = tracker_or_client or default_tracking_uri()
             prepare_sqlite(uri)
-            self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+            with store_init_lock(uri):
+                self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         elif isinstance(tracker_or_client, MlflowClient):
             self.client = tracker_or_client
         else:
@@ -123,7 +125,8 @@ class Registry:
         self.problem = problem
         self.name = model_name(task, gpu)
         self._lock = threading.Lock()
-        with contextlib.suppress(Exception):  # private API moved: logging is only slower
+        uri = self.client._tracking_client.tracking_uri
+        with store_init_lock(uri), contextlib.suppress(Exception):  # private API moved: logging is only slower
             tune_store(self.client._get_registry_client().store)
 
     # -- writing -------------------------------------------------------------

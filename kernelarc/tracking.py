@@ -20,6 +20,7 @@ set_terminated.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -266,6 +267,26 @@ def prepare_sqlite(uri: str) -> None:
         log.warning("could not switch %s to WAL mode: %s", path, exc)
 
 
+@contextlib.contextmanager
+def store_init_lock(uri: str):
+    """Serialise MLflow's first open of a SQLite store across processes: two sessions of a parallel sweep
+    starting on a new file would otherwise both run its schema migrations and one fails ("table
+    _alembic_tmp_metrics already exists"). A BSD lock on the file itself, which SQLite's POSIX locks ignore."""
+    path = sqlite_path(uri)
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _sqlite_connect_pragmas(dbapi_conn, _record) -> None:
     # NORMAL in WAL mode: no fsync per commit; a power loss may drop the last commits,
     # an application crash loses nothing.
@@ -366,8 +387,9 @@ class Tracker:
         self.gpu = gpu
         self.uri = uri or default_tracking_uri()
         prepare_sqlite(self.uri)
-        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
-        tune_store(self.client._tracking_client.store)
+        with store_init_lock(self.uri):  # the client's first open of a new file creates the schema
+            self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+            tune_store(self.client._tracking_client.store)
         self.experiment_name = experiment_name(task, gpu)
         self.artifact_location = local_artifact_location(self.uri)
         self.experiment_id = self._ensure_experiment()
