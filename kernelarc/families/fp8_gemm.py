@@ -28,6 +28,12 @@ Every rendered module also runs under ``TRITON_INTERPRET=1`` on CPU tensors: the
 decodes e4m3 exactly (finite values; checked against torch's decoding of all 256 codes) and
 multiplies in fp32, so the kernels need no upcast there.
 
+Blockwise cost (AOT TTGIR for sm_90a): Triton waits for each K block's wgmma before its promotion
+(``warp_group_dot_wait`` with 0 pending), so the promotion FMAs do not overlap the next block's MMAs
+within a CTA; two CTAs per SM (64x128 tiles, 4 warps, 4 stages: 98 KB, 152 registers) overlap them
+across CTAs. Deferring each promotion by one K block in the source did not help: Triton then stopped
+pipelining the TMA loads (one buffer) and still waited with 0 pending.
+
 A CUTLASS sibling, ``fp8_matmul.cutlass_sm90`` (``cutlass_fp8_gemm.py``), runs CUTLASS's own blockwise
 mainloop for the same task.
 
