@@ -8,9 +8,10 @@ stop the next candidate from running.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import logging
 import math
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -20,10 +21,14 @@ from typing import Any
 
 import torch
 
+from kernelarc.guard.buffers import JudgeBuffer, buffer_bytes, layout
 from kernelarc.guard.compare import compare_output
-from kernelarc.guard.memory import memory_plan
 from kernelarc.guard.decision import Decision, decide, geomean, median, rel_noise
-from kernelarc.guard.pool import Worker, WorkerPool
+from kernelarc.guard.drive import Clock, Driver, Side, Stop
+from kernelarc.guard.memory import memory_plan
+from kernelarc.guard.pool import WorkerPool
+from kernelarc.guard.protocol import Outputs
+from kernelarc.guard.sandbox import Role
 from kernelarc.guard.static import check_source
 from kernelarc.models import LANGUAGES, Candidate, Status, Verdict, WorkloadResult
 from kernelarc.tasks.inputs import load_module, make_inputs
@@ -52,6 +57,11 @@ class GuardConfig:
     hp_reference: bool = True  # also run the reference in float64 (the rel_err metric), where memory allows
     memory_gb: float | None = None  # memory cap per device for the guard's memory plan (None: the device's)
     workloads: list[int] | None = None  # subset of workload indices (None: all)
+    rounds: int = 4  # timing rounds per workload: one burst per side each, alternating order
+    timed_checks: int = 2  # rounds whose challenger burst ends in a checked call on fresh inputs
+    clock_factor: float = 3.0  # unexplained judge wall time per call may be this many times the champion's ...
+    clock_slack_ms: float = 0.2  # ... plus half its median plus this (x25 on the CPU, where clocks are coarse)
+    cupti: bool = True  # CUPTI activity records where cupti-python is importable (else CUDA events)
 
 
 @dataclass
@@ -60,6 +70,23 @@ class Evaluation:
     samples: dict[int, list[float]] = field(default_factory=dict)
     champion_samples: dict[int, list[float]] = field(default_factory=dict)
     decision: Decision | None = None
+
+
+def layout_mismatch(strides: list[int] | None, ref: Any, shape: tuple[int, ...]) -> str | None:
+    """The output contract on layout: an output has the reference output's strides (dimensions of size
+    one ignored), which for almost every reference means contiguous row-major. Right values in another
+    layout (column-major, a transposed view) are a different tensor to a caller that reads its memory."""
+    if strides is None or len(strides) != len(shape):
+        return f"reports strides {strides} for shape {list(shape)}"
+    if isinstance(ref, torch.Tensor) and tuple(ref.shape) == tuple(shape):
+        want = list(ref.stride())
+    else:
+        want, acc = [0] * len(shape), 1
+        for d in range(len(shape) - 1, -1, -1):
+            want[d], acc = acc, acc * max(shape[d], 1)
+    if any(n > 1 and a != b for a, b, n in zip(strides, want, shape, strict=True)):
+        return f"has strides {strides}, the reference's are {want} (outputs must be laid out as the reference's)"
+    return None
 
 
 def detect_language(source: str) -> str:
@@ -129,15 +156,6 @@ class Guard:
         self.close()
 
     # -- references ------------------------------------------------------------------
-    def _seeds_for(self, n: int) -> list[int]:
-        with self._counter_lock:
-            c = self._counter
-            self._counter += 1
-        pool = self.cfg.seed_pool
-        start = (c * n) % pool
-        base = int.from_bytes(hashlib.sha256(f"{self.seed}".encode()).digest()[:4], "little")
-        return [base + (start + j) % pool for j in range(n)]
-
     def reference(self, wl: int, seed: int) -> tuple[list, list | None]:
         key = (wl, seed)
         with self._refs_lock:
@@ -201,150 +219,116 @@ class Guard:
                 return self._verdict(cand, Status.rejected_hack, list(rep.violations), t_start)
             if not rep.has_run:
                 return self._verdict(cand, Status.compile_error, ["source defines no top-level run()"], t_start)
+        # Seeds from the OS, never from the config: consecutive (so that one candidate's inputs cycle
+        # through the input distributions), unknown to the worker until each is sent, one at a time.
+        base = secrets.randbits(62)
         with self._gpu:
             plan = memory_plan(self)  # once per guard: dry runs of the reference, on the device
         if not plan.runnable:
             return self._verdict(cand, Status.runtime_error, plan.errors(), t_start)
         self.workloads = plan.runnable
         warnings += plan.warnings()
-        seeds = self._seeds_for(plan.seeds)
-        with self._gpu:
-            for wl in self.workloads:
-                for s in seeds:
-                    try:
-                        self.reference(wl, s)
-                    except Exception as e:  # noqa: BLE001
-                        msg = f"reference failed on workload {wl}: {type(e).__name__}: {e}"
-                        return self._verdict(cand, Status.runtime_error, [msg], t_start)
+        seeds = [base + j for j in range(plan.seeds)]
+        try:
+            with self._gpu:
+                self.reference(self.workloads[0], seeds[0])
+        except Exception as e:  # noqa: BLE001
+            msg = f"reference failed on workload {self.workloads[0]}: {type(e).__name__}: {e}"
+            return self._verdict(cand, Status.runtime_error, [msg], t_start)
         job = {
             "source": cand.source,
             "language": cand.language,
             "task_path": str(self.task.path),
             "workload_file": self.task.workload_file,
-            "workloads": self.workloads,
-            "seeds": seeds,
             "device": self.device,
-            "rng_seed": seeds[0] ^ 0x5EED,
-            "champion_source": champion.source if champion is not None else None,
             "timing": {
-                "enabled": self.cfg.timing,
                 "warmup_ms": self.cfg.warmup_ms,
-                "target_ms": self.cfg.target_ms,
-                "min_iters": self.cfg.min_iters,
-                "max_iters": self.cfg.max_iters,
                 "flush_bytes": self.cfg.flush_bytes,
+                "cupti": self.cfg.cupti,
             },
         }
-        try:
-            worker = self.pool.acquire()
-        except RuntimeError as e:
-            return self._verdict(cand, Status.runtime_error, [str(e)], t_start)
+        timed_champion = champion is not None and self.cfg.timing
+        role = Role.trusted if trusted else Role.candidate
         limit = run_limit = timeout_s or self.cfg.timeout_s
         if cand.language == "cutlass":
             # nvcc builds the library while the candidate is imported; once it is imported, the plain
             # limit applies again, so a kernel that hangs on the GPU is killed as soon as any other.
             limit += self.cfg.build_timeout_s
-        status, res = self._drive(worker, job, seeds, limit, run_limit)
+        status, res = self._drive(job, champion if timed_champion else None, role, seeds, limit, run_limit)
         errors += res["errors"]
         warnings += res["warnings"]
         ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference)
         return ev
 
     def _drive(
-        self, w: Worker, job: dict, seeds: list[int], limit: float, run_limit: float
+        self, job: dict, champion: Candidate | None, role: Role, seeds: list[int], limit: float, run_limit: float
     ) -> tuple[Status | None, dict]:
         res: dict[str, Any] = {"errors": [], "warnings": [], "samples": {}, "champion_samples": {}, "phases": {},
                                "checks": {}}  # fmt: skip
         status: Status | None = None
-        holding_gpu = False
-        budget = limit
-        after = ""
-        t_last = time.monotonic()
-        conn = w.conn
+        sides: list[Side] = []
+        clock = Clock(limit)
+        drv = Driver(self, clock, res)
+        nbytes = buffer_bytes(self.task, self.workloads)
         try:
-            conn.send(("job", job))
-            while True:
-                now = time.monotonic()
-                budget -= now - t_last  # time spent queueing for the GPU is excluded below
-                t_last = now
-                if budget <= 0:
-                    status = Status.timeout
-                    res["errors"].append(f"no result within {limit:.0f} s{after} (hang or too slow); worker killed")
-                    break
-                if not conn.poll(min(budget, 1.0)):
-                    if not w.process.is_alive():
-                        raise EOFError
-                    continue
-                kind, payload = conn.recv()
-                if kind == "imported":
-                    if run_limit < budget:
-                        budget, limit = run_limit, run_limit  # built: the rest gets the plain limit
-                        after = " after its build"
-                elif kind == "outputs":
-                    ok = self._check(payload, seeds, res)
-                    if not ok:
-                        status = Status.rejected_hack if payload["tag"] in ("reuse", "timed") else Status.incorrect
-                        if payload["tag"] == "reuse":
-                            res["errors"].append(
-                                "stale result after the inputs changed in place: outputs cached across calls"
-                            )
-                    del payload
-                    conn.send(("ack", {"ok": ok}))
-                elif kind == "want_gpu":
-                    t_wait = time.monotonic()
-                    self._gpu.acquire()
-                    holding_gpu = True
-                    t_last = time.monotonic()
-                    res["phases"]["gpu_wait"] = t_last - t_wait
-                    conn.send(("go", None))
-                elif kind == "timing":
-                    res["samples"][payload["wl"]] = payload["samples_ms"]
-                    if payload.get("champion_samples_ms"):
-                        res["champion_samples"][payload["wl"]] = payload["champion_samples_ms"]
-                elif kind == "fail":
-                    if status is None:
-                        status = Status(payload["status"])
-                        res["errors"].append(payload["error"])
-                    res["phases"].update(payload.get("phases") or {})
-                    res["warnings"] += [w for w in payload.get("warnings") or [] if w not in res["warnings"]]
-                elif kind == "done":
-                    res["warnings"] += payload["warnings"]
-                    res["phases"].update(payload["phases"])
-                elif kind == "stdout":
-                    self._scan_stdout(payload["log"], res)
-                    if res.pop("forged", False):
-                        status = Status.rejected_hack
-                    break
-        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
-            w.process.join(timeout=2)
-            code = w.process.exitcode
-            if status is None:
-                status = Status.runtime_error
-                res["errors"].append(
-                    f"worker died (exit code {code}): the kernel crashed the process "
-                    "(illegal memory access, abort or segfault)"
-                )
+            for label in ("candidate", "champion") if champion is not None else ("candidate",):
+                w = self.pool.acquire()
+                sides.append(Side(label, w, JudgeBuffer(self.device, nbytes)))
+                w.keep.append(sides[-1].buffer)
+            clock = drv.clock = Clock(limit)  # worker start-up is not the candidate's time
+            drv.start(sides[0], job, role)
+            if champion is not None:
+                cjob = dict(job, source=champion.source, language=champion.language)
+                drv.start(sides[1], cjob, Role.trusted)
+            cand, champ = sides[0], sides[1] if len(sides) > 1 else None
+            drv.run(cand, champ, seeds, job["language"], run_limit)
+            drv.finish(sides)
+            for s in sides:
+                res["phases"].update({k: v for k, v in s.done.phases.items()} if s is cand else {})
+                res["warnings"] += [x for x in s.done.warnings if x not in res["warnings"]] if s is cand else []
+            res["samples"] = cand.samples
+            if champ is not None:
+                res["champion_samples"] = champ.samples
+        except RuntimeError as e:  # a worker that could not start
+            status = Status.runtime_error
+            res["errors"].append(str(e))
+        except Stop as e:
+            if e.side == "champion":
+                # Not the challenger's doing (the champion runs in its own process): no comparison.
+                res["warnings"].append(f"champion worker failed ({e.status.value}: {e.message}); not compared")
+                res["samples"] = sides[0].samples
+                res["champion_samples"] = {}
+            else:
+                status = e.status
+                if e.message:
+                    res["errors"].append(e.message)
         finally:
-            if holding_gpu:
-                self._gpu.release()
-            try:
-                conn.send(("bye", None))
-            except Exception:  # noqa: BLE001
-                pass
-            w.kill()
+            drv.unlock()
+            if sides:
+                self._scan_stdout(sides[0].worker.log_path, res)
+                if res.pop("forged", False) and (status is None or status.correct):
+                    status = Status.rejected_hack
+            for s in sides:
+                s.worker.kill(wait=False)  # all killed now; reaping and the uid slot's release follow
+                s.buffer.close()
         return status, res
 
     def _scan_stdout(self, path: str, res: dict) -> None:
+        # The worker's log is its own file (nothing it prints reaches the judge's streams); read at most
+        # its first and last 64 KB, however much it wrote.
         p = Path(path)
         try:
-            text = p.read_text(errors="replace")
+            with p.open("rb") as f:
+                head = f.read(1 << 16)
+                f.seek(0, 2)
+                size = f.tell()
+                f.seek(max(size - (1 << 16), len(head)))
+                text = (head + f.read(1 << 16)).decode(errors="replace")
         except OSError:
             return
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 p.unlink()
-            except OSError:
-                pass
         cand_text = "\n".join(line for line in text.splitlines() if "Warning" not in line)
         if '"status"' in cand_text or "'status'" in cand_text or "latency_ms" in cand_text:
             res["errors"].append("candidate wrote verdict-like text to stdout (forging results)")
@@ -352,10 +336,39 @@ class Guard:
         elif text.strip():
             res["warnings"].append(f"worker output ({len(text)} bytes): {text.strip()[-300:]}")
 
-    def _check(self, payload: dict, seeds: list[int], res: dict) -> bool:
-        wl, j = payload["wl"], payload["seed_idx"]
-        outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in payload["outputs"]]
-        refs, hps = self.reference(wl, seeds[j])
+    def _check_outputs(self, buf: JudgeBuffer, msg: Outputs, wl: int, seed: int, j: int, res: dict) -> bool:
+        """Read the outputs from the judge's buffer, as the dtype and shape the task declares, and
+        compare them with the reference of this seed. The worker's message only says what its tensors
+        looked like; shape, dtype and layout are checked against the reference's here."""
+        refs, hps = self.reference(wl, seed)
+        where = f"workload {wl} ({msg.tag.value}, seed {j})" if j >= 0 else f"workload {wl} (a checked timed call)"
+        slots = layout(self.task, wl)
+        if [m.name for m in msg.outputs] != [sl.name for sl in slots]:
+            names = [m.name for m in msg.outputs]
+            res["errors"].append(f"{where}: outputs {names}, expected {[sl.name for sl in slots]}")
+            return False
+        outs: list[Any] = []
+        for sl, meta, ref in zip(slots, msg.outputs, refs, strict=False):
+            if sl.shape is None:
+                if meta.scalar is None:
+                    res["errors"].append(f"{where}: output {sl.name} is not a scalar")
+                    return False
+                outs.append(meta.scalar)
+                continue
+            want = str(sl.dtype).removeprefix("torch.")
+            if meta.shape != list(sl.shape) or meta.dtype != want:
+                res["errors"].append(
+                    f"{where}: output {sl.name} is {meta.dtype}{meta.shape}, expected {want}{list(sl.shape)}"
+                )
+                return False
+            bad = layout_mismatch(meta.strides, ref, sl.shape)
+            if bad:
+                res["errors"].append(f"{where}: output {sl.name} {bad}")
+                return False
+            outs.append(buf.read(sl))
+        if len(refs) != len(outs):
+            res["errors"].append(f"{where}: the reference has {len(refs)} outputs, the task {len(outs)}")
+            return False
         entry = res["checks"].setdefault(wl, {"max_abs_err": 0.0, "matched": 1.0, "rel_err": 0.0})
         for k, (name, _spec) in enumerate(self.task.definition.outputs.items()):
             tol = self.task.tolerance_rule(wl, name)
@@ -369,7 +382,7 @@ class Guard:
             if c.rel_err is not None:
                 entry["rel_err"] = max(entry["rel_err"], c.rel_err)
             if not c.ok:
-                res["errors"].append(f"workload {wl} ({payload['tag']}, seed {j}): {c.message}")
+                res["errors"].append(f"{where}: {c.message}")
                 return False
         return True
 

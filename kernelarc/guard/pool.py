@@ -2,7 +2,12 @@
 
 Starting a process that imports torch and initialises CUDA costs seconds; the pool keeps
 a few such processes ready so that isolation does not slow the search. Each process
-takes exactly one candidate and then exits; the pool starts its replacement at once.
+takes exactly one job and then exits; the pool starts its replacement at once.
+
+A worker is a plain ``python`` subprocess (no multiprocessing: nothing is unpickled on the
+judge's side) in its own session, stdin closed, stdout and stderr on a log file the judge
+created, talking to the judge over one socket (``protocol.Channel``). Its identity (uid,
+private directories) comes from ``sandbox``; killing a worker kills every process it left.
 """
 
 from __future__ import annotations
@@ -11,39 +16,108 @@ import contextlib
 import logging
 import os
 import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-import torch.multiprocessing as tmp
-
-from kernelarc.guard.worker import worker_main
+from kernelarc.guard.protocol import Channel, ProtocolError, Ready
+from kernelarc.guard.sandbox import Identity, sandbox
 
 log = logging.getLogger(__name__)
-_ctx = tmp.get_context("spawn")
+
+_BOOT = "from kernelarc.guard.worker import main; main()"
 
 
 @dataclass
 class Worker:
-    process: object
-    conn: object
+    process: subprocess.Popen
+    chan: Channel
     started: float
+    ident: Identity
+    log_path: str
     ready: bool = False
     info: dict | None = None
+    keep: list[Any] = field(default_factory=list)  # judge-side resources the worker maps (output buffer)
+    since: int = 0  # the worker's start time in clock ticks after boot: its processes started later
 
-    def kill(self) -> None:
-        # The worker leads its own process group (worker_main): take its children (nvcc, ptxas) with it.
-        pid = getattr(self.process, "pid", None)
-        if pid:
-            with contextlib.suppress(OSError):
-                if os.getpgid(pid) == pid:
-                    os.killpg(pid, signal.SIGKILL)
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self, wait: bool = True) -> None:
+        """SIGKILL the worker, its session and group and every process of its identity, at once; with
+        ``wait=False`` the reaping, the repeated sweeps and the release of its uid slot finish in a
+        background thread (``WorkerPool.close`` joins them)."""
+        pid = self.process.pid
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
             self.process.kill()
+        since = self.since
         with contextlib.suppress(Exception):
-            self.process.join(timeout=5)
+            sandbox().kill_all(self.ident, pid, since, rounds=1)
+        self.chan.close()
+        if wait:
+            self._cleanup()
+        else:
+            t = threading.Thread(target=self._cleanup, name="kernelarc-worker-cleanup", daemon=True)
+            t.start()
+            _CLEANUPS.append(t)
+
+    def _cleanup(self) -> None:
         with contextlib.suppress(Exception):
-            self.conn.close()
+            self.process.wait(timeout=10)
+        with contextlib.suppress(Exception):
+            sandbox().release(self.ident, self.process.pid, self.since)
+        self.keep.clear()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log_path)
+
+
+_CLEANUPS: list[threading.Thread] = []
+
+
+def join_cleanups(timeout: float = 30.0) -> None:
+    """Wait for the background cleanups of killed workers."""
+    deadline = time.monotonic() + timeout
+    while _CLEANUPS:
+        t = _CLEANUPS.pop()
+        t.join(max(deadline - time.monotonic(), 0.0))
+
+
+def _spawn(device: str) -> Worker:
+    sb = sandbox()
+    ident = sb.allocate()
+    judge_end, worker_end = socket.socketpair()
+    fd, log_path = tempfile.mkstemp(prefix="kernelarc-worker-", suffix=".log")
+    env = dict(os.environ)
+    env.update(sb.env(ident))
+    # The worker imports kernelarc the way this process does.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    # torch.compile compiles in the worker itself instead of a subprocess pool (no stray children).
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    try:
+        p = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, str(worker_end.fileno()), device],
+            pass_fds=(worker_end.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,
+            env=env,
+            cwd=ident.tmp,
+        )
+    finally:
+        worker_end.close()
+        os.close(fd)
+    return Worker(p, Channel(judge_end), time.monotonic(), ident, log_path, since=sb.start_ticks(p.pid))
 
 
 class WorkerPool:
@@ -57,32 +131,31 @@ class WorkerPool:
         self._idle: list[Worker] = []
         self._closed = False
         for _ in range(self.size):
-            self._idle.append(self._spawn())
-
-    def _spawn(self) -> Worker:
-        parent, child = _ctx.Pipe(duplex=True)
-        p = _ctx.Process(target=worker_main, args=(child, self.device), daemon=True)
-        p.start()
-        child.close()
-        return Worker(p, parent, time.monotonic())
+            self._idle.append(_spawn(self.device))
 
     def acquire(self) -> Worker:
         """A ready worker (waits for its start-up); a replacement starts immediately."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("worker pool is closed")
-            w = self._idle.pop(0) if self._idle else self._spawn()
-            self._idle.append(self._spawn())
+            w = self._idle.pop(0) if self._idle else _spawn(self.device)
+            self._idle.append(_spawn(self.device))
         deadline = w.started + self.start_timeout
-        while not w.ready:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not w.process.is_alive():
-                w.kill()
-                raise RuntimeError(f"guard worker for {self.device} failed to start (exit code {w.process.exitcode})")
-            if w.conn.poll(min(remaining, 1.0)):
-                kind, info = w.conn.recv()
-                if kind == "ready":
-                    w.ready, w.info = True, info
+        try:
+            while not w.ready:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not w.alive():
+                    raise RuntimeError(f"guard worker for {self.device} failed to start (exit code {w.process.poll()})")
+                if w.chan.readable(min(remaining, 1.0)):
+                    msg = w.chan.recv_message(remaining)
+                    if isinstance(msg, Ready):
+                        w.ready, w.info = True, {"pid": msg.pid}
+        except (EOFError, TimeoutError, OSError, ProtocolError) as e:
+            w.kill()
+            raise RuntimeError(f"guard worker for {self.device} failed to start: {e}") from None
+        except RuntimeError:
+            w.kill()
+            raise
         return w
 
     def close(self) -> None:
@@ -91,3 +164,4 @@ class WorkerPool:
             idle, self._idle = self._idle, []
         for w in idle:
             w.kill()
+        join_cleanups()

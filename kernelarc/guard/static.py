@@ -1,7 +1,24 @@
 """Static checks on candidate source, before anything runs.
 
-The guard's runtime checks catch what slips through; these reject the obvious attempts
-to tamper with the harness early and cheaply, with a message saying what was found.
+Structural rules rather than a list of spellings: a kernel computes with torch / triton /
+CUTLASS and has no business reaching the interpreter's internals, so the checks reject
+
+* imports of modules that reach the harness or the OS (``sys``, ``gc``, ``inspect``, ``ctypes``,
+  ``importlib``, ``subprocess``, ``threading``, payload decoders such as ``base64`` / ``zlib`` /
+  ``codecs``, ...), however spelt: ``import sys``, ``from os import sys``, ``os.sys``,
+  ``torch.multiprocessing`` as an attribute;
+* any dunder attribute outside a short list of ordinary ones (``__self__``, ``__globals__``,
+  ``__code__``, ``__builtins__``, ``__subclasses__``, ``__class__``, ``__dict__``, ...), and frame /
+  traceback / generator internals (``f_back``, ``tb_frame``, ``gi_frame``, ``_getframe``);
+* dynamic code and dynamic names: ``exec`` / ``eval`` / ``compile`` / ``__import__`` /
+  ``globals`` / ``vars`` / ``locals``, ``getattr`` / ``hasattr`` / ``operator.attrgetter`` /
+  ``methodcaller`` with a computed name or a forbidden one, and string literals that spell a
+  forbidden attribute (how a name is smuggled past the other rules);
+* assignments to attributes of imported modules (monkey-patching), however the module was bound.
+
+Module-level state through ``global`` is allowed (class 9 of issue 15): whether a kernel caches
+results is decided by behaviour (fresh and rewritten inputs must give fresh answers), not by
+syntax. The guard's runtime checks catch what slips through.
 """
 
 from __future__ import annotations
@@ -29,6 +46,23 @@ BANNED_MODULES = {
     "pickle": "arbitrary deserialization",
     "marshal": "arbitrary code",
     "time": "can patch or read timers",
+    "base64": "decodes hidden payloads",
+    "binascii": "decodes hidden payloads",
+    "codecs": "decodes hidden payloads",
+    "zlib": "decodes hidden payloads",
+    "lzma": "decodes hidden payloads",
+    "bz2": "decodes hidden payloads",
+    "operator": "attrgetter/methodcaller reach attributes by computed names",
+    "traceback": "reads frames",
+    "weakref": "reaches objects the kernel was not given",
+    "resource": "changes process limits",
+    "pty": "starts processes",
+    "shutil": "file system access",
+    "pathlib": "file system access",
+    "io": "file I/O",
+    "runpy": "executes code",
+    "code": "executes code",
+    "types": "builds code and frames",
     "timeit": "timing",
     "sys": "can reach the harness through sys.modules/frames",
     "torch.multiprocessing": "starts processes",
@@ -44,6 +78,8 @@ BANNED_CALLS = {
     "delattr": "patches objects",
     "globals": "reads module state",
     "vars": "reads module state",
+    "locals": "reads frame state",
+    "memoryview": "raw memory access",
     "breakpoint": "debugger",
     "open": "file I/O",
     "input": "reads stdin",
@@ -65,6 +101,16 @@ BANNED_ATTRS = {
     "f_back": "reads the judge's frames",
     "f_globals": "reads the judge's frames",
     "f_locals": "reads the judge's frames",
+    "f_code": "reads the judge's frames",
+    "f_builtins": "reads the judge's frames",
+    "tb_frame": "reads the judge's frames",
+    "tb_next": "reads the judge's frames",
+    "gi_frame": "reads frames",
+    "cr_frame": "reads frames",
+    "ag_frame": "reads frames",
+    "settrace": "installs a trace hook",
+    "setprofile": "installs a profile hook",
+    "addaudithook": "installs an audit hook",
     "__subclasses__": "reaches arbitrary objects",
     "__globals__": "reaches other modules' state",
     "__builtins__": "patches builtins",
@@ -76,8 +122,17 @@ BANNED_ATTRS = {
     "__dict__": "reaches module or object state",
     "putenv": "changes the environment",
 }
-# Module roots whose attributes a candidate may not assign to (monkey-patching).
+# Module roots whose attributes a candidate may not assign to (monkey-patching); names bound by the
+# candidate's own import statements are added per source.
 PROTECTED_ROOTS = {"torch", "triton", "tl", "os", "sys", "time", "math", "numpy", "np", "builtins", "F"}
+# The dunder attributes ordinary code uses; every other one reaches interpreter internals.
+ALLOWED_DUNDERS = {
+    "__init__", "__name__", "__qualname__", "__doc__", "__len__", "__getitem__", "__setitem__", "__call__",
+    "__enter__", "__exit__", "__iter__", "__next__", "__repr__", "__str__", "__eq__", "__hash__", "__contains__",
+    "__version__", "__post_init__", "__annotations__",
+}  # fmt: skip
+# Modules reachable as attributes of other modules (os.sys, torch.multiprocessing, ...).
+_MODULE_ATTRS = {m.split(".")[-1] for m in BANNED_MODULES} - {"time", "code", "io", "types", "operator", "signal"}
 
 
 @dataclass(frozen=True)
@@ -97,6 +152,14 @@ def _root_name(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _forbidden_attr(name: str) -> str | None:
+    if name in BANNED_ATTRS:
+        return BANNED_ATTRS[name]
+    if name.startswith("__") and name.endswith("__") and name not in ALLOWED_DUNDERS:
+        return "dunder attributes reach interpreter internals"
+    return None
+
+
 def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) -> StaticReport:
     try:
         tree = ast.parse(source)
@@ -107,6 +170,18 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
     def flag(node: ast.AST, msg: str) -> None:
         found.append(f"line {getattr(node, 'lineno', '?')}: {msg}")
 
+    def banned_module(name: str) -> str | None:
+        for banned, why in BANNED_MODULES.items():
+            if (name == banned or name.startswith(banned + ".")) and banned not in allow_modules:
+                return why
+        return None
+
+    # Every name an import statement binds is a module (or a module's member): never assigned into.
+    protected = set(PROTECTED_ROOTS)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            protected |= {(a.asname or a.name).split(".")[0] for a in node.names}
+
     has_run = False
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "run" and node in tree.body:
@@ -116,11 +191,12 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
         if isinstance(node, ast.Import | ast.ImportFrom):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             if isinstance(node, ast.ImportFrom):
-                names += [f"{node.module}.{a.name}" for a in node.names]
+                # `from os import sys`: the member may itself be a module that is not allowed.
+                names += [f"{node.module}.{a.name}" for a in node.names] + [a.name for a in node.names]
             for name in names:
-                for banned, why in BANNED_MODULES.items():
-                    if (name == banned or name.startswith(banned + ".")) and banned not in allow_modules:
-                        flag(node, f"imports {name} ({why})")
+                why = banned_module(name)
+                if why:
+                    flag(node, f"imports {name} ({why})")
             # KernelArc's own modules are the harness; candidates may use only the CUTLASS build helper.
             own = [n for n in names if n == "kernelarc" or n.startswith("kernelarc.")]
             if isinstance(node, ast.ImportFrom) and node.module == "kernelarc":
@@ -131,20 +207,32 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                     flag(node, f"imports {name} (reaches into the harness; only kernelarc.cutlass is allowed)")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
             flag(node, f"calls {node.func.id}() ({BANNED_CALLS[node.func.id]})")
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in ("getattr", "hasattr")
-            and len(node.args) >= 2
-        ):
-            name = node.args[1]
-            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
-                flag(node, f"{node.func.id}() with a computed name (hides attribute access from these checks)")
-            elif name.value in BANNED_ATTRS:
-                flag(node, f"{node.func.id}(..., {name.value!r}) ({BANNED_ATTRS[name.value]})")
-        elif isinstance(node, ast.Attribute) and node.attr in BANNED_ATTRS:
-            flag(node, f"uses .{node.attr} ({BANNED_ATTRS[node.attr]})")
-        elif (
+        elif isinstance(node, ast.Call) and _callee(node) in ("getattr", "hasattr", "attrgetter", "methodcaller"):
+            fname = _callee(node)
+            args = node.args[1:2] if fname in ("getattr", "hasattr") else node.args[:1]
+            if fname in ("attrgetter", "methodcaller"):
+                args = node.args
+            for name in args:
+                if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                    flag(node, f"{fname}() with a computed name (hides attribute access from these checks)")
+                    continue
+                for part in name.value.split("."):
+                    why = _forbidden_attr(part)
+                    if why:
+                        flag(node, f"{fname}(..., {name.value!r}) ({why})")
+        elif isinstance(node, ast.Attribute):
+            why = _forbidden_attr(node.attr)
+            if why:
+                flag(node, f"uses .{node.attr} ({why})")
+            elif node.attr in _MODULE_ATTRS and node.attr not in allow_modules:
+                flag(node, f"uses .{node.attr} (reaches a module that is not allowed through another module)")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            # A forbidden attribute spelt as data is one about to be reached by a computed name.
+            if _forbidden_attr(node.value) and (node.value.startswith("__") or node.value in _FRAME_ATTRS):
+                flag(node, f"string {node.value!r} names a forbidden attribute")
+        elif isinstance(node, ast.Name) and node.id in ("__builtins__", "__loader__", "__spec__", "__import__"):
+            flag(node, f"uses {node.id}")
+        if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and isinstance(node.func.value, ast.Attribute)
@@ -152,14 +240,23 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
             and node.func.attr != "get"
         ):
             flag(node, f"calls environ.{node.func.attr}() (changes the environment)")
-        elif isinstance(node, ast.Name) and node.id in ("__builtins__", "__loader__", "__spec__"):
-            flag(node, f"uses {node.id}")
         if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
             targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
             for t in targets:
-                if isinstance(t, ast.Attribute | ast.Subscript) and _root_name(t) in PROTECTED_ROOTS:
-                    flag(node, f"assigns to {ast.unparse(t)} (monkey-patching a library)")
-        if isinstance(node, ast.Global):
-            # A global statement inside run() is how outputs get cached across calls.
-            flag(node, f"global statement ({', '.join(node.names)}): state kept across calls")
+                for el in t.elts if isinstance(t, ast.Tuple | ast.List) else [t]:
+                    if isinstance(el, ast.Attribute | ast.Subscript) and _root_name(el) in protected:
+                        flag(node, f"assigns to {ast.unparse(el)} (monkey-patching a library)")
     return StaticReport(None, tuple(found), has_run)
+
+
+_FRAME_ATTRS = {"_getframe", "f_back", "f_globals", "f_locals", "f_code", "f_builtins", "tb_frame", "tb_next",
+                "gi_frame", "cr_frame", "ag_frame", "modules", "settrace", "setprofile"}  # fmt: skip
+
+
+def _callee(node: ast.Call) -> str | None:
+    f = node.func
+    if isinstance(f, ast.Name):
+        return f.id
+    if isinstance(f, ast.Attribute):
+        return f.attr
+    return None

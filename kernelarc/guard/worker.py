@@ -1,10 +1,21 @@
-"""Isolated, single-use guard worker: runs one untrusted candidate and reports over a pipe.
+"""Isolated, single-use guard worker: runs one untrusted candidate and does what the judge says.
 
-The worker is started ahead of time (torch imported, device initialised), takes exactly
-one job, and exits. It never sees reference outputs: it sends the candidate's outputs to
-the judge over the pipe (shared memory / CUDA IPC) and the judge decides. stdout and
-stderr are redirected to a file, so nothing a candidate prints can reach the judge as a
-result.
+The worker is started ahead of time (torch imported, device initialised), takes exactly one
+job, and exits. It executes the judge's commands one at a time (``protocol.Cmd``: warm up, a
+checked call on inputs from a seed the judge sends only then, a timing burst, ...) and answers
+each with one typed JSON message. It never sees reference outputs: it copies the candidate's
+outputs into the judge's byte buffer (``buffers``) and the judge decides. It runs as its own
+unprivileged user where the judge is root (``sandbox``), its stdout and stderr go to a log file,
+and torch's and the harness's integrity is checked after every candidate call (``integrity``).
+
+Timed inputs (``do_time``): the timing sets are the checked correctness sets of this job; before
+every timed call the set about to be used gets new content in place (a roll by a random offset
+that is not a multiple of the last dimension, which keeps independent draws independent draws),
+so no timed call sees content any earlier call saw: a result memoised on ``data_ptr``,
+``_version`` or a hash of sampled elements never pays, whatever the number of sets. A burst's
+last call is checked when the judge asks, on a set rewritten in place from a seed the judge
+staged just before that burst (os.urandom, unknown until then); outputs are poisoned before
+every call, checked or not, so a checked call looks like any other.
 """
 
 from __future__ import annotations
@@ -13,10 +24,25 @@ import contextlib
 import os
 import random
 import sys
-import tempfile
 import time
 import traceback
 from typing import Any
+
+from kernelarc.guard.protocol import (
+    Channel,
+    Cmd,
+    Done,
+    Fail,
+    FailStatus,
+    Imported,
+    Kind,
+    Ok,
+    OutputMeta,
+    Outputs,
+    Ready,
+    Tag,
+    Timing,
+)
 
 # Captured before any candidate code exists in this process; the harness only calls these.
 _perf_counter = time.perf_counter
@@ -56,47 +82,6 @@ def _classify(exc: BaseException) -> CandidateFailure:
     return CandidateFailure("runtime_error", _trim(msg + "\n" + tb))
 
 
-def _integrity_snapshot() -> dict[str, Any]:
-    import torch
-
-    snap = {
-        "time.perf_counter": time.perf_counter,
-        "time.time": time.time,
-        "time.monotonic": time.monotonic,
-        "torch.Tensor": torch.Tensor,
-        "torch.empty": torch.empty,
-        "torch.equal": torch.equal,
-        "torch.allclose": torch.allclose,
-    }
-    if torch.cuda.is_available():
-        snap.update(
-            {
-                "torch.cuda.Event": torch.cuda.Event,
-                "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
-                "torch.cuda.Event.record": torch.cuda.Event.record,
-                "torch.cuda.synchronize": torch.cuda.synchronize,
-                "torch.cuda.current_stream": torch.cuda.current_stream,
-            }
-        )
-    try:
-        import triton.testing
-
-        snap["triton.testing.do_bench"] = triton.testing.do_bench
-    except Exception:  # noqa: BLE001 - triton is optional for pytorch-only workers
-        pass
-    return snap
-
-
-def _check_integrity(snap: dict[str, Any]) -> None:
-    import torch
-
-    current = _integrity_snapshot()
-    for key, obj in snap.items():
-        if current.get(key) is not obj:
-            raise CandidateFailure("rejected_hack", f"harness function {key} was replaced (timer/harness patching)")
-    del torch
-
-
 def _children() -> list[int]:
     me = str(os.getpid())
     kids = []
@@ -117,16 +102,21 @@ def _children() -> list[int]:
 
 
 class Harness:
-    def __init__(self, conn, job: dict[str, Any]):
+    """Executes the judge's commands for one job (see ``protocol.Cmd``); the judge decides everything."""
+
+    def __init__(self, chan: Channel, job: dict[str, Any]):
         import threading
 
         import torch
 
+        from kernelarc.guard import buffers, integrity, protocol, sandbox, timer
+        from kernelarc.tasks import inputs as inputs_mod
+        from kernelarc.tasks import loader
         from kernelarc.tasks.inputs import load_module, make_inputs, refill, snapshot, torch_dtype
         from kernelarc.tasks.loader import load_task
 
         self.torch = torch
-        self.conn = conn
+        self.chan = chan
         self.job = job
         self.device = torch.device(job["device"])
         self.is_cuda = self.device.type == "cuda"
@@ -136,24 +126,37 @@ class Harness:
         self.load_module = load_module
         self.torch_dtype = torch_dtype
         self.out_specs = list(self.task.definition.outputs.items())
+        self.layout = buffers.layout
+        self.view = buffers.view
+        self.scalar = buffers.scalar
+        self.role_of = getattr(inputs_mod, "role_of", None)
         self.warnings: list[str] = []
         self.phases: dict[str, float] = {}
-        self.threads0 = {t.ident for t in threading.enumerate()}
+        # Mapped while still privileged (the judge's buffer file is its own), then the uid drop.
+        self.buf = buffers.open_buffer(job["buffer"])
+        self.warnings += sandbox.enter(sandbox.Role(job["role"]), job.get("uid"), job["home"], job["tmp"])
         self.threading = threading
-        self.rng = random.Random(job["rng_seed"])
+        self.threads0 = {t.ident for t in threading.enumerate()}
+        self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+        self.sets: dict[int, list[list[Any]]] = {}
+        self.held: dict[int, list[Any]] = {}
+        self.staged: dict[int, list[Any]] = {}
+        self.uses: dict[int, int] = {}
+        self.fn: Any = None
+        self.timer: Any = None
+        self.timer_mod = timer
+        self.integrity = integrity.Integrity(
+            [sys.modules[__name__], protocol, buffers, integrity, timer, sandbox, inputs_mod, loader]
+        )
 
     # -- messaging ---------------------------------------------------------------------
-    def send(self, kind: str, payload: Any) -> None:
-        self.conn.send((kind, payload))
+    def send(self, msg: Any) -> None:
+        self.chan.send_message(msg)
 
-    def recv(self) -> tuple[str, Any]:
-        return self.conn.recv()
-
-    def acquire_gpu(self) -> None:
-        """Wait until the judge grants this worker the device (one candidate measures at a time)."""
-        self.send("want_gpu", None)
-        kind, _ = self.recv()
-        assert kind == "go", kind
+    def fail_if_tampered(self, full: bool = True) -> None:
+        msg = self.integrity.full() if full else self.integrity.quick()
+        if msg:
+            raise CandidateFailure("rejected_hack", msg)
 
     # -- checks around one call ----------------------------------------------------------
     def _sync(self) -> None:
@@ -261,23 +264,46 @@ class Harness:
             if isinstance(e, KeyboardInterrupt | SystemExit):
                 raise CandidateFailure("rejected_hack", f"candidate raised {type(e).__name__}") from None
             raise _classify(e) from None
+        # Before the harness makes any torch call of its own: no mode or hook may be waiting for it.
+        self.fail_if_tampered(full=False)
+        self._no_strays()
+        self.fail_if_tampered()
+        return result
+
+    def _no_strays(self) -> None:
         extra = [t for t in self.threading.enumerate() if t.ident not in self.threads0 and t.name not in TORCH_THREADS]
         if extra:
             names = ", ".join(t.name for t in extra)
             raise CandidateFailure("rejected_hack", f"candidate started threads that outlive the call: {names}")
         if _children():
             raise CandidateFailure("rejected_hack", "candidate started processes that outlive the call")
-        return result
 
-    def check_outputs(self, tag: str, wl: int, seed_idx: int, outs: list[Any], extra: dict | None = None) -> bool:
+    def _no_daemons(self) -> None:
+        """Processes of this worker that are not its children (double-forked, setsid): the judge kills
+        them after the job whatever happens, and their existence is a verdict."""
+        from kernelarc.guard.sandbox import Identity, Sandbox, find_processes
+
+        me = os.getpid()
+        ident = Identity(self.job.get("uid"), os.environ.get("KERNELARC_WORKER_TOKEN", "-"), self.job["tmp"])
+        strays = find_processes(ident, me, Sandbox.start_ticks(me), me)
+        if strays:
+            raise CandidateFailure("rejected_hack", f"candidate left {len(strays)} process(es) running (daemons)")
+
+    def emit(self, tag: Tag, wl: int, outs: list[Any]) -> Outputs:
+        """Copy the outputs into the judge's buffer, in the judge's layout; say what they looked like."""
         torch = self.torch
-        payload_outs = [o.detach() if isinstance(o, torch.Tensor) else o for o in outs]
-        self.send("outputs", {"tag": tag, "wl": wl, "seed_idx": seed_idx, "outputs": payload_outs, **(extra or {})})
-        # Sharing tensors may start multiprocessing's own fd-server thread: that one is ours.
-        self.threads0 |= {t.ident for t in self.threading.enumerate()}
-        kind, reply = self.recv()
-        assert kind == "ack", kind
-        return bool(reply["ok"])
+        self.fail_if_tampered()
+        metas = []
+        for slot, o in zip(self.layout(self.task, wl), outs, strict=True):
+            if slot.shape is None:
+                metas.append(OutputMeta(name=slot.name, scalar=self.scalar(o)))
+                continue
+            self.view(self.buf, slot).copy_(o)
+            dtype = str(o.dtype).removeprefix("torch.")
+            metas.append(OutputMeta(name=slot.name, shape=list(o.shape), strides=list(o.stride()), dtype=dtype))
+        self._sync()
+        del torch
+        return Outputs(kind=Kind.outputs, tag=tag, wl=wl, outputs=metas)
 
     def _note_cutlass_builds(self, module: Any) -> None:
         """Registers and spills of the CUTLASS libraries a candidate built (from ptxas), as verdict notes."""
@@ -293,11 +319,32 @@ class Harness:
                     f"{u['spill_bytes']} spill bytes"
                 )
 
-    # -- phases --------------------------------------------------------------------------
-    def run(self) -> None:
-        torch = self.torch
+    # -- commands ------------------------------------------------------------------------
+    def serve(self) -> None:
+        handlers = {
+            Cmd.warmup: self.do_warmup,
+            Cmd.check: self.do_check,
+            Cmd.prepare: self.do_prepare,
+            Cmd.reuse: self.do_reuse,
+            Cmd.stage: self.do_stage,
+            Cmd.time: self.do_time,
+        }
+        self.do_import()
+        while True:
+            cmd = self.chan.recv_command()
+            kind = cmd.pop("cmd")
+            if kind is Cmd.end:
+                self.fail_if_tampered()
+                self._no_daemons()
+                self.send(Done(kind=Kind.done, phases=self.phases, warnings=self.warnings[:64]))
+                return
+            t0 = _perf_counter()
+            self.send(handlers[kind](**cmd))
+            phase = {Cmd.warmup: "compile", Cmd.time: "timing", Cmd.stage: "timing"}.get(kind, "correctness")
+            self.phases[phase] = self.phases.get(phase, 0.0) + _perf_counter() - t0
+
+    def do_import(self) -> None:
         job = self.job
-        snap = _integrity_snapshot()
         t0 = _perf_counter()
         try:
             cand = self.load_module(job["source"], "candidate")
@@ -309,183 +356,146 @@ class Harness:
         fn = getattr(cand, "run", None)
         if not callable(fn):
             raise CandidateFailure("compile_error", "module defines no callable run()")
-        _check_integrity(snap)
+        self.fail_if_tampered()
+        self._no_strays()
+        self.fn = fn
         self.phases["import"] = _perf_counter() - t0
         self._note_cutlass_builds(cand)
-        self.send("imported", None)  # any build is done: the judge's plain time limit starts now
+        self.send(Imported(kind=Kind.imported, notes=self.warnings[:64]))
 
-        seeds: list[int] = job["seeds"]
-        wls: list[int] = job["workloads"]
-        sets: dict[int, list[list[Any]]] = {}
-        held: list[Any] = []
-        champion_fn = None
-        if job["timing"]["enabled"] and job.get("champion_source"):
-            champion_fn = self.load_module(job["champion_source"], "champion").run
-        # Warm-up outside the device lock: JIT compilation (CPU-bound) overlaps other candidates'
-        # measurements; everything that is checked or timed happens while this worker holds the GPU.
-        # A CUTLASS candidate was built at import and has nothing to compile here, so it warms up
-        # under the lock too: a kernel of its that hangs or runs long then only delays the others,
-        # and never shares the GPU with their timing (the judge kills it at the plain limit).
-        timed = job["timing"]["enabled"]
-        gpu_first = timed and job.get("language") == "cutlass"
-        if gpu_first:
-            self.acquire_gpu()
-        t0 = _perf_counter()
-        for wl in wls:
-            warm_inputs = self.make_inputs(self.task, wl, seeds[0], self.device)
-            for f in (fn, champion_fn) if champion_fn else (fn,):
-                out = self.call(f, warm_inputs)
-                del out
-            del warm_inputs
-        _check_integrity(snap)
-        self.phases["compile"] = _perf_counter() - t0
-        if timed and not gpu_first:
-            self.acquire_gpu()
-        t0 = _perf_counter()
-        for wl in wls:
-            sets[wl] = []
-            for j, seed in enumerate(seeds):
-                inputs = self.make_inputs(self.task, wl, seed, self.device)
-                pristine = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-                self._poison(wl)
-                outs = self._normalize(self.call(fn, inputs))
-                self._validate(wl, outs, inputs, held)
-                if not self._inputs_unchanged(inputs, pristine):
-                    raise CandidateFailure("rejected_hack", f"workload {wl}: candidate mutated its inputs")
-                _check_integrity(snap)
-                if not self.check_outputs("check", wl, j, outs):
-                    return  # the judge has its verdict (incorrect)
-                held.extend(outs)
-                sets[wl].append(inputs)
-                del pristine
-            if len(seeds) >= 2:
-                # Same buffers, new contents: a result cached by pointer or call count goes stale here.
-                # Written through the storage: inputs may be expanded views (no element-wise copy into them).
-                saved = self.snapshot(sets[wl][0])
-                self.refill(sets[wl][0], sets[wl][1])
-                self._poison(wl)
-                outs = self._normalize(self.call(fn, sets[wl][0]))
-                self._validate(wl, outs, sets[wl][0], [])
-                if not self.check_outputs("reuse", wl, 1, outs):
-                    return
-                self.refill(sets[wl][0], saved)
-                del outs, saved
-        held.clear()
-        self.phases["correctness"] = _perf_counter() - t0
+    def do_warmup(self, wl: int, seed: int) -> Ok:
+        inputs = self.make_inputs(self.task, wl, seed, self.device)
+        out = self.call(self.fn, inputs)
+        del out, inputs
+        return Ok(kind=Kind.ok)
 
-        if not job["timing"]["enabled"]:
-            self.send("done", {"warnings": self.warnings, "phases": self.phases})
-            return
-        t0 = _perf_counter()
-        for wl in wls:
-            self.time_workload(fn, champion_fn, wl, sets[wl], snap)
-        self.phases["timing"] = _perf_counter() - t0
-        _check_integrity(snap)
-        self.send("done", {"warnings": self.warnings, "phases": self.phases})
+    def do_prepare(self, wl: int, seed: int) -> Ok:
+        self.sets.setdefault(wl, []).append(self.make_inputs(self.task, wl, seed, self.device))
+        return Ok(kind=Kind.ok)
 
-    def _timer(self):
+    def do_check(self, wl: int, seed: int, keep: bool, held: bool = True) -> Outputs:
+        inputs = self.make_inputs(self.task, wl, seed, self.device)
+        pristine = self.snapshot(inputs)
+        self._poison(wl)
+        outs = self._normalize(self.call(self.fn, inputs))
+        self._validate(wl, outs, inputs, self.held.get(wl, []) if held else [])
+        if not self._inputs_unchanged(inputs, pristine):
+            raise CandidateFailure("rejected_hack", f"workload {wl}: candidate mutated its inputs")
+        msg = self.emit(Tag.check, wl, outs)
+        self.held.setdefault(wl, []).extend(outs)
+        if keep:
+            self.sets.setdefault(wl, []).append(inputs)
+        return msg
+
+    def do_reuse(self, wl: int) -> Outputs:
+        # Same buffers, new contents: a result cached by pointer or call count goes stale here.
+        # Written through the storage: inputs may be expanded views (no element-wise copy into them).
+        sets = self.sets[wl]
+        saved = self.snapshot(sets[0])
+        self.refill(sets[0], sets[1])
+        self._poison(wl)
+        outs = self._normalize(self.call(self.fn, sets[0]))
+        self._validate(wl, outs, sets[0], [])
+        msg = self.emit(Tag.reuse, wl, outs)
+        self.refill(sets[0], saved)
+        self.held.pop(wl, None)  # correctness is over for this workload: its outputs may be freed
+        return msg
+
+    def do_stage(self, wl: int, seed: int) -> Ok:
+        """Fresh inputs for the next burst's checked call, generated before the burst starts."""
+        self.staged[wl] = self.make_inputs(self.task, wl, seed, self.device)
+        return Ok(kind=Kind.ok)
+
+    def _rotatable(self, wl: int) -> list[bool]:
+        """Which inputs get new content before every timed use: plain random tensors whose values are
+        independent draws (rolling them keeps their distribution); masks, tables, custom and file inputs
+        keep their content (the checked calls still see fresh sets of those)."""
         torch = self.torch
+        out = []
+        w = self.task.workloads[wl]
+        for (name, spec), x in zip(self.task.definition.inputs.items(), self.sets[wl][0], strict=True):
+            ok = isinstance(x, torch.Tensor) and w.inputs[name].type == "random" and x.numel() > 1
+            ok = ok and x.is_contiguous() and "mask" not in name
+            if ok and self.role_of is not None:
+                role = self.role_of(name, tuple(x.shape), getattr(spec, "description", None))
+                ok = role.value in ("plain", "weight_matrix", "norm_weight", "norm_bias", "positive", "decay")
+            out.append(ok)
+        return out
+
+    def _refresh(self, inputs: list[Any], rot: list[bool]) -> None:
+        """New content in the same buffers: a roll of the flattened tensor by a random offset that is not
+        a multiple of the last dimension, so no row of a timed call's input equals a row seen before
+        and no result cached on identity, version or sampled elements is ever right again."""
+        torch = self.torch
+        for x, ok in zip(inputs, rot, strict=True):
+            if not ok:
+                continue
+            n, last = x.numel(), x.shape[-1] if x.dim() else 1
+            s = self.rng.randrange(1, n)
+            if last > 1 and s % last == 0:
+                s += 1
+            flat = x.view(-1)
+            flat.copy_(torch.roll(flat, s))
+
+    def do_time(self, wl: int, n: int, warm: bool = False, check: bool = False) -> Timing:
         tcfg = self.job["timing"]
-        if self.is_cuda:
-            flush = torch.empty(int(tcfg["flush_bytes"]), dtype=torch.uint8, device=self.device)
+        if self.timer is None:
+            self.timer = self.timer_mod.Timer(
+                self.torch, self.device, int(tcfg["flush_bytes"]), int(tcfg.get("head_start_cycles", 200_000)),
+                use_cupti=bool(tcfg.get("cupti", True)),
+            )  # fmt: skip
+            self.warnings += self.timer.notes
+        sets = self.sets[wl]
+        rot = self._rotatable(wl)
+        staged = self.staged.pop(wl, None) if check else None
+        if check and staged is None:
+            raise CandidateFailure("runtime_error", "internal: checked burst without staged inputs")
+        last_set: list[Any] = []
 
-            sleep = getattr(torch.cuda, "_sleep", None)
-            head_start = int(tcfg.get("head_start_cycles", 200_000))
+        def setup(k: int) -> list[Any]:
+            i = self.uses.get(wl, 0)
+            self.uses[wl] = i + 1
+            inputs = sets[i % len(sets)]
+            if staged is not None and k == n - 1:
+                self.refill(inputs, staged)
+            else:
+                self._refresh(inputs, rot)
+            self._poison(wl)  # before every call, so that a checked one looks like any other
+            last_set[:] = inputs
+            return inputs
 
-            def timed(fn, inputs):
-                flush.zero_()
-                if sleep is not None and head_start > 0:
-                    # Keep the GPU busy while the host enqueues the call, so that host-side launch cost
-                    # of short kernels is not timed as device time.
-                    sleep(head_start)
-                s = torch.cuda.Event(enable_timing=True)
-                e = torch.cuda.Event(enable_timing=True)
-                s.record()
-                out = fn(*inputs)
-                e.record()
-                return out, (s, e)
-
-            def resolve(tok) -> float:
-                return tok[0].elapsed_time(tok[1])
-
-        else:
-            flush = torch.empty(int(min(tcfg["flush_bytes"], 1 << 24)), dtype=torch.uint8)
-
-            def timed(fn, inputs):
-                flush.zero_()
-                t = _perf_counter()
-                out = fn(*inputs)
-                return out, (_perf_counter() - t) * 1e3
-
-            def resolve(tok) -> float:
-                return tok
-
-        return timed, resolve
-
-    def time_workload(self, fn, champion_fn, wl: int, sets: list[list[Any]], snap) -> None:
-        tcfg = self.job["timing"]
-        timed, resolve = self._timer()
-        R = len(sets)
         try:
-            # Warm-up, which also estimates the per-call time.
-            t_start = _perf_counter()
-            n_warm = 0
-            while n_warm < 2 or (_perf_counter() - t_start) * 1e3 < tcfg["warmup_ms"]:
-                for f in (fn, champion_fn) if champion_fn else (fn,):
-                    out, _ = timed(f, sets[n_warm % R])
-                    del out
-                n_warm += 1
+            if warm:
+                # Warm-up, which also gives the judge the per-call time: at least 2 calls, warmup_ms long.
+                samples, t_start = [], _perf_counter()
+                while len(samples) < 2 or (_perf_counter() - t_start) * 1e3 < tcfg["warmup_ms"]:
+                    samples.append(self.timer.single(setup, self.fn))
+                    if len(samples) >= 1000:
+                        break
+                events, last = None, None
+            else:
+                samples, events, last = self.timer.burst(n, setup, self.fn, check)
                 self._sync()
-                if n_warm >= 1000:
-                    break
-            est = max((_perf_counter() - t_start) * 1e3 / n_warm, 1e-3)
-            n = int(min(max(tcfg["target_ms"] / est, tcfg["min_iters"]), tcfg["max_iters"]))
-            keep = set(self.rng.sample(range(n), k=min(2, n))) | {n - 1}
-            kept: list[tuple[int, Any]] = []
-            toks, champ_toks = [], []
-            for k in range(n):
-                out, tok = timed(fn, sets[k % R])
-                toks.append(tok)
-                if k in keep:
-                    kept.append((k % R, out))
-                del out
-                if champion_fn is not None:
-                    cout, ctok = timed(champion_fn, sets[k % R])
-                    champ_toks.append(ctok)
-                    del cout
-            self._sync()
-            samples = [resolve(t) for t in toks]
-            champ_samples = [resolve(t) for t in champ_toks] if champion_fn else None
-            # Work still running after the call returned (side streams, host threads) shows up as
-            # device-synchronised wall time far above the event time of the same call.
-            excess = []
-            for k in range(3 if self.is_cuda else 0):
-                self._sync()
-                t = _perf_counter()
-                out, tok = timed(fn, sets[k % R])
-                self.torch.cuda.synchronize()
-                wall = (_perf_counter() - t) * 1e3
-                excess.append(wall - resolve(tok))
-                del out
         except CandidateFailure:
             raise
         except BaseException as e:  # noqa: BLE001
             raise _classify(e) from None
-        _check_integrity(snap)
-        median = sorted(samples)[len(samples) // 2]
-        ex = sorted(excess)[len(excess) // 2] if excess else 0.0
-        # Only a large, consistent excess counts: other workers' checks share the GPU and add delay.
-        if excess and min(excess) > max(20.0, 10 * median):
-            raise CandidateFailure(
-                "rejected_hack",
-                f"workload {wl}: {ex:.2f} ms of device work outlives the timed region "
-                f"(median event time {median:.3f} ms): side stream or deferred work",
-            )
-        for set_idx, outs in kept:
-            outs = self._normalize(outs)
-            if not self.check_outputs("timed", wl, set_idx, outs):
-                raise CandidateFailure("rejected_hack", f"workload {wl}: an output produced while timed is wrong")
-        self.send("timing", {"wl": wl, "samples_ms": samples, "champion_samples_ms": champ_samples, "warmup": n_warm})
+        self.fail_if_tampered(full=False)
+        self._no_strays()
+        self.fail_if_tampered()
+        excess = None
+        if warm and self.is_cuda:
+            excess = self.timer.excess_ms(setup, self.fn)
+            self.fail_if_tampered()
+        out_msg = None
+        if check:
+            outs = self._normalize(last)
+            self._validate(wl, outs, last_set, [])
+            out_msg = self.emit(Tag.timed, wl, outs)
+            del outs
+        del last
+        return Timing(kind=Kind.timing, wl=wl, method=self.timer.method, samples_ms=samples, events_ms=events,
+                      excess_ms=excess, check=out_msg)  # fmt: skip
 
 
 def _die_with_parent(period_s: float = 1.0) -> None:
@@ -513,57 +523,56 @@ def _die_with_parent(period_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="kernelarc-parent-watch", daemon=True).start()
 
 
-def worker_main(conn, device: str, log_dir: str | None = None) -> None:
-    """Entry point of a pre-started worker process."""
-    # Its own process group, so that killing the worker (timeout, hang, retirement) also kills what
-    # it started: a CUTLASS candidate's nvcc build, Triton's ptxas (pool.Worker.kill).
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)
+def main() -> None:
+    """Entry point of a pre-started worker process: ``python -c ... FD DEVICE`` (pool._spawn).
+
+    Started in its own session (pool: start_new_session), stdin closed, stdout/stderr on a log file
+    the judge created: nothing a candidate prints reaches the judge. Talks to the judge over the
+    socket FD only.
+    """
+    import socket
+
+    fd, device = int(sys.argv[1]), sys.argv[2]
     _die_with_parent()
-    if device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
-    # torch.compile compiles in this process instead of a subprocess pool (no stray children).
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    # Redirect stdout/stderr before any candidate code exists: results travel only on `conn`.
-    fd, log_path = tempfile.mkstemp(prefix="kernelarc-worker-", suffix=".log", dir=log_dir)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+    chan = Channel(socket.socket(fileno=fd))
+    harness: Harness | None = None
     try:
         import torch
 
-        try:
+        with contextlib.suppress(Exception):
             import triton  # noqa: F401 - imported ahead so candidates do not pay for it
-        except Exception:  # noqa: BLE001
-            pass
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
             torch.empty(1, device=device).fill_(1.0)
             torch.cuda.synchronize()
-        conn.send(("ready", {"pid": os.getpid(), "log": log_path}))
-        kind, job = conn.recv()
-        if kind != "job":
+        chan.send_message(Ready(kind=Kind.ready, pid=os.getpid()))
+        job = chan.recv_command()
+        if job.pop("cmd") is not Cmd.job:
             return
-        harness = Harness(conn, job)
         try:
-            harness.run()
+            harness = Harness(chan, job)
+            harness.serve()
         except CandidateFailure as f:
-            conn.send(("fail", {"status": f.status, "error": f.message, "phases": harness.phases,
-                                "warnings": harness.warnings}))  # fmt: skip
+            _send_fail(chan, harness, f)
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            raise
         except BaseException as e:  # noqa: BLE001
-            f = _classify(e)
-            conn.send(("fail", {"status": f.status, "error": f.message, "phases": harness.phases,
-                                "warnings": harness.warnings}))  # fmt: skip
+            _send_fail(chan, harness, _classify(e))
         sys.stdout.flush()
         sys.stderr.flush()
-        conn.send(("stdout", {"log": log_path}))
-        # Keep shared output tensors alive until the judge is done with them.
-        try:
-            conn.recv()
-        except EOFError:
-            pass
-    except (EOFError, BrokenPipeError):
+        # Keep the shared output buffer mapped until the judge is done with it (it kills this process).
+        with contextlib.suppress(Exception):
+            chan.recv_frame(3600.0)
+    except (EOFError, BrokenPipeError, ConnectionResetError, TimeoutError):
         pass
     finally:
         os._exit(0)
+
+
+def _send_fail(chan: Channel, harness: Harness | None, f: CandidateFailure) -> None:
+    status = f.status if f.status in {s.value for s in FailStatus} else "runtime_error"
+    phases = harness.phases if harness is not None else {}
+    warnings = harness.warnings[:64] if harness is not None else []
+    with contextlib.suppress(Exception):
+        chan.send_message(Fail(kind=Kind.fail, status=FailStatus(status), error=_trim(f.message, 8000),
+                               phases=phases, warnings=warnings))  # fmt: skip

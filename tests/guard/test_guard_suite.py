@@ -205,25 +205,39 @@ def test_candidates_may_not_import_the_harness():
     assert check_source("from kernelarc import cutlass as _c\ndef run(x):\n    return x\n").ok
 
 
-def test_killing_a_worker_takes_what_it_started_with_it():
-    """A timed-out CUTLASS candidate leaves no nvcc running: the worker leads its own process
-    group and the pool kills the group (stands in a `sleep` for the build)."""
-    import subprocess
+def test_killing_a_worker_takes_what_it_started_with_it(guard):
+    """A timed-out CUTLASS candidate leaves no nvcc running: the worker's session, group and (as root)
+    uid are killed with it. A candidate (past the static checks) starts a `sleep` standing in for the
+    build and hangs in its import."""
+    import os
+    import tempfile
     import time
+    from pathlib import Path
 
-    from kernelarc.guard.pool import WorkerPool
-
-    pool = WorkerPool("cpu", size=1)
-    try:
-        w = pool.acquire()
-        child = subprocess.Popen(["sleep", "60"], process_group=w.process.pid)
-        w.kill()
-        deadline = time.monotonic() + 10
-        while child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert child.poll() is not None, "the worker's child survived its kill"
-    finally:
-        pool.close()
+    d = Path(tempfile.mkdtemp(prefix="kernelarc-test-", dir="/tmp"))
+    d.chmod(0o777)
+    pidfile = d / "build.pid"
+    src = (
+        "import subprocess, time\n"
+        "p = subprocess.Popen(['sleep', '120'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(120)\n" + GOOD
+    )
+    v = guard.evaluate(Candidate(source=src, language="pytorch"), trusted=True, timeout_s=3).verdict
+    assert v.status is Status.timeout, v.errors
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except OSError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError("the worker's child survived its kill")
 
 
 def test_a_busy_worker_dies_with_a_killed_search():

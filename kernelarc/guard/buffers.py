@@ -1,0 +1,117 @@
+"""Output buffers: raw bytes the judge owns and reads with the dtype and shape it expects.
+
+The worker never hands the judge an object: it copies each output, in logical (row-major) order,
+into a byte buffer the judge created, at offsets the judge computed from the task (``layout``).
+The judge views those bytes as the dtype and shape the task declares; whatever the worker wrote
+there is only ever numbers to compare. On the CPU the buffer is a file in /dev/shm mapped by
+both; on a GPU it is a device tensor of the judge's, opened in the worker through CUDA IPC (the
+handle is pickled judge -> worker, the direction in which pickle is harmless). The worker maps it
+while it is still privileged, before it drops to its own uid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernelarc.tasks.inputs import torch_dtype
+from kernelarc.tasks.loader import Task
+
+ALIGN = 256
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    shape: tuple[int, ...] | None  # None: a Python scalar output (travels in the message)
+    dtype: torch.dtype | None
+    offset: int = 0
+    nbytes: int = 0
+
+
+def layout(task: Task, wl: int) -> list[Slot]:
+    slots, off = [], 0
+    for name, spec in task.definition.outputs.items():
+        shape = task.shape(name, wl)
+        if shape is None:
+            slots.append(Slot(name, None, None))
+            continue
+        dt = torch_dtype(spec.dtype)
+        nb = math.prod(shape) * dt.itemsize
+        slots.append(Slot(name, tuple(shape), dt, off, nb))
+        off += -(-nb // ALIGN) * ALIGN
+    return slots
+
+
+def buffer_bytes(task: Task, workloads: list[int]) -> int:
+    total = 0
+    for wl in workloads:
+        slots = [s for s in layout(task, wl) if s.shape is not None]
+        if slots:
+            total = max(total, slots[-1].offset + slots[-1].nbytes)
+    return max(total, ALIGN)
+
+
+def view(buf: torch.Tensor, slot: Slot) -> torch.Tensor:
+    assert slot.shape is not None and slot.dtype is not None
+    return buf[slot.offset : slot.offset + slot.nbytes].view(slot.dtype).view(slot.shape)
+
+
+class JudgeBuffer:
+    """The judge's side: allocation, the handle the worker opens, and reading outputs back."""
+
+    def __init__(self, device: str, nbytes: int):
+        self.device = torch.device(device)
+        self.nbytes = nbytes
+        self.path: str | None = None
+        if self.device.type == "cuda":
+            self.tensor = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        else:
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            fd, self.path = tempfile.mkstemp(prefix="kernelarc-out-", dir=shm)
+            try:
+                os.ftruncate(fd, nbytes)
+            finally:
+                os.close(fd)
+            self.tensor = torch.from_file(self.path, shared=True, size=nbytes, dtype=torch.uint8)
+
+    def handle(self) -> tuple:
+        if self.path is not None:
+            return ("file", self.path, self.nbytes)
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        return ("cuda_ipc", *reduce_tensor(self.tensor))
+
+    def read(self, slot: Slot) -> torch.Tensor:
+        return view(self.tensor, slot).clone()
+
+    def close(self) -> None:
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            self.path = None
+
+
+def open_buffer(handle: tuple) -> torch.Tensor:
+    """The worker's side: map the judge's buffer."""
+    if handle[0] == "file":
+        _, path, nbytes = handle
+        return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+    if handle[0] == "cuda_ipc":
+        _, rebuild, args = handle
+        return rebuild(*args)
+    raise ValueError(f"unknown buffer handle {handle[0]!r}")
+
+
+def scalar(value: Any) -> bool | int | float:
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    return float(value)

@@ -1,0 +1,306 @@
+"""The judge's side of one evaluation: drives the challenger's worker and the champion's, interleaved.
+
+The challenger and the champion (when there is one) each run in a fresh worker of their own, so a
+candidate can reach neither the champion's code nor its process nor its timing. The judge drives
+both with commands, one at a time, and decides everything from what comes back:
+
+1. Both import their source (the challenger's static checks already passed in the judge).
+2. Warm-up calls (JIT compilation) outside the per-GPU lock, on inputs from a throw-away seed.
+3. Under the lock: the challenger's checked calls, on inputs from seeds drawn from os.urandom and
+   sent one at a time, only when used; every output compared with the judge's reference; the
+   same buffers rewritten with another set's content and checked again. The champion builds the
+   same timing sets without being called.
+4. Timing, per workload: a warm-up burst each (the judge's own clock gives the call count), then
+   ``rounds`` rounds of one burst per side, the order alternating, all under the lock. On a few
+   judge-chosen rounds (secret until the burst) the challenger's last call runs on inputs staged
+   from a fresh os.urandom seed and all its outputs are compared.
+5. Cross-checks on the samples: the judge's wall clock around every burst must be able to contain
+   the device time the worker reports, and the time it cannot explain must look like the other
+   side's; CUPTI spans must not exceed CUDA event spans (work running past the end event).
+
+Anything a worker does wrong (a failure, a wrong output, an invalid or oversized message, a
+hang, an early exit) ends the evaluation with a status; nothing it sends is unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelarc.guard.buffers import JudgeBuffer
+from kernelarc.guard.decision import median
+from kernelarc.guard.pool import Worker
+from kernelarc.guard.protocol import Cmd, Done, Fail, Imported, Ok, Outputs, ProtocolError, Tag, TimerMethod, Timing
+from kernelarc.guard.sandbox import Role, sandbox
+from kernelarc.models import Status
+
+log = logging.getLogger(__name__)
+PROFILE: dict[str, float] = {}
+
+
+class Stop(Exception):
+    """Ends an evaluation with a status (raised by the driver, never by a worker)."""
+
+    def __init__(self, status: Status, message: str, side: str = "candidate"):
+        super().__init__(message)
+        self.status, self.message, self.side = status, message, side
+
+
+@dataclass
+class Side:
+    label: str  # "candidate" | "champion"
+    worker: Worker
+    buffer: JudgeBuffer
+    samples: dict[int, list[float]] = field(default_factory=dict)
+    events: dict[int, list[float]] = field(default_factory=dict)
+    wall_ms: dict[int, float] = field(default_factory=dict)
+    method: TimerMethod | None = None
+    done: Done | None = None
+
+
+class Clock:
+    """The evaluation's time budget; time spent waiting for the GPU lock does not count."""
+
+    def __init__(self, limit: float):
+        self.limit = limit
+        self.deadline = time.monotonic() + limit
+        self.after = ""
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def reset(self, limit: float, after: str) -> None:
+        if limit < self.left():
+            self.limit, self.deadline, self.after = limit, time.monotonic() + limit, after
+
+    def excluded(self, seconds: float) -> None:
+        self.deadline += seconds
+
+
+class Driver:
+    def __init__(self, guard: Any, clock: Clock, res: dict):
+        self.g = guard
+        self.cfg = guard.cfg
+        self.clock = clock
+        self.res = res
+        self.holding = False
+
+    # -- messages ------------------------------------------------------------------------
+    def recv(self, side: Side, expect: type) -> Any:
+        w = side.worker
+        while True:
+            left = self.clock.left()
+            if left <= 0:
+                raise Stop(
+                    Status.timeout,
+                    f"no result within {self.clock.limit:.0f} s{self.clock.after} (hang or too slow); worker killed",
+                    side.label,
+                )
+            try:
+                msg = w.chan.recv_message(min(left, 1.0))
+            except TimeoutError:
+                if not w.alive() and not w.chan.readable(0):
+                    raise Stop(Status.runtime_error, self._died(w), side.label) from None
+                continue
+            except (EOFError, OSError):
+                raise Stop(Status.runtime_error, self._died(w), side.label) from None
+            except ProtocolError as e:
+                raise Stop(Status.rejected_hack, f"worker sent an invalid message ({e})", side.label) from None
+            if isinstance(msg, Fail):
+                self.res["phases"].update(msg.phases)
+                self.res["warnings"] += [x for x in msg.warnings if x not in self.res["warnings"]]
+                raise Stop(Status(msg.status.value), msg.error, side.label)
+            if not isinstance(msg, expect):
+                raise Stop(
+                    Status.rejected_hack,
+                    f"protocol violation: expected {expect.__name__}, got {type(msg).__name__}",
+                    side.label,
+                )
+            return msg
+
+    @staticmethod
+    def _died(w: Worker) -> str:
+        with contextlib.suppress(Exception):
+            w.process.wait(timeout=2)
+        return (
+            f"worker died (exit code {w.process.poll()}): the kernel crashed the process "
+            "(illegal memory access, abort or segfault)"
+        )
+
+    def command(self, side: Side, cmd: Cmd, expect: type, meanwhile: tuple[int, int] | None = None, **fields: Any):
+        """Send one command and wait for its reply; ``meanwhile=(wl, seed)`` computes that reference in
+        the judge while the worker works (only around untimed commands: it shares the device)."""
+        t = time.perf_counter()
+        try:
+            side.worker.chan.send_command(cmd, **fields)
+        except (OSError, TimeoutError):
+            raise Stop(Status.runtime_error, self._died(side.worker), side.label) from None
+        if meanwhile is not None:
+            self.reference(*meanwhile)
+        msg = self.recv(side, expect)
+        key = f"{side.label}.{cmd.value}"
+        PROFILE[key] = PROFILE.get(key, 0.0) + time.perf_counter() - t
+        return msg
+
+    def reference(self, wl: int, seed: int) -> None:
+        try:
+            self.g.reference(wl, seed)
+        except Exception as e:  # noqa: BLE001 - the reference's failure is not the candidate's
+            raise Stop(Status.runtime_error, f"reference failed on workload {wl}: {type(e).__name__}: {e}") from None
+
+    # -- the evaluation ------------------------------------------------------------------
+    def start(self, side: Side, job: dict, role: Role) -> None:
+        ident = side.worker.ident
+        job = dict(job, role=role.value, uid=ident.uid, home=sandbox().homes[role], tmp=ident.tmp,
+                   buffer=side.buffer.handle())  # fmt: skip
+        side.worker.chan.send_command(Cmd.job, **job)
+
+    def lock(self) -> None:
+        if not self.holding:
+            t = time.monotonic()
+            self.g._gpu.acquire()
+            self.holding = True
+            waited = time.monotonic() - t
+            self.clock.excluded(waited)
+            self.res["phases"]["gpu_wait"] = waited
+
+    def unlock(self) -> None:
+        if self.holding:
+            self.g._gpu.release()
+            self.holding = False
+
+    def run(self, cand: Side, champ: Side | None, seeds: list[int], language: str, run_limit: float) -> None:
+        sides = [cand] + ([champ] if champ else [])
+        for s in sides:
+            msg = self.recv(s, Imported)
+            if s is cand:
+                self.res["warnings"] += [n for n in msg.notes if not n.startswith("sandbox:")]
+                self.clock.reset(run_limit, " after its build")
+        wls = self.g.workloads
+        timed = self.cfg.timing
+        # A CUTLASS candidate was built at import and has nothing to compile here, so it warms up
+        # under the lock: a kernel of its that hangs then only delays the others, and never shares
+        # the GPU with their timing. JIT languages compile outside the lock.
+        if timed and language == "cutlass":
+            self.lock()
+        warm_seed = secrets.randbits(62)
+        for wl in wls:
+            for s in sides:
+                self.command(s, Cmd.warmup, Ok, wl=wl, seed=warm_seed)
+        if timed:
+            self.lock()
+        for wl in wls:
+            for j, seed in enumerate(seeds):
+                out = self.command(cand, Cmd.check, Outputs, (wl, seed), wl=wl, seed=seed, keep=True)
+                self.compare(cand, out, wl, seed, j)
+                if champ:
+                    self.command(champ, Cmd.prepare, Ok, wl=wl, seed=seed)
+            if len(seeds) >= 2:
+                out = self.command(cand, Cmd.reuse, Outputs, wl=wl)
+                self.compare(cand, out, wl, seeds[1], 1)
+        if not timed:
+            return
+        for wl in wls:
+            self.time_workload(wl, cand, champ)
+
+    def compare(self, side: Side, msg: Outputs, wl: int, seed: int, j: int) -> None:
+        if msg.wl != wl:
+            raise Stop(Status.rejected_hack, f"outputs for workload {msg.wl} where {wl} was asked")
+        ok = self.g._check_outputs(side.buffer, msg, wl, seed, j, self.res)
+        if ok:
+            return
+        if msg.tag is Tag.reuse:
+            self.res["errors"].append("stale result after the inputs changed in place: outputs cached across calls")
+            raise Stop(Status.rejected_hack, "")
+        if msg.tag is Tag.timed:
+            raise Stop(Status.rejected_hack, f"workload {wl}: an output produced while timed is wrong")
+        raise Stop(Status.incorrect, "")
+
+    def burst(self, side: Side, wl: int, n: int, check_seed: int | None = None) -> Timing:
+        if check_seed is not None:
+            self.command(side, Cmd.stage, Ok, (wl, check_seed), wl=wl, seed=check_seed)
+        t = time.perf_counter()
+        msg = self.command(side, Cmd.time, Timing, wl=wl, n=n, check=check_seed is not None)
+        wall = (time.perf_counter() - t) * 1e3
+        if msg.wl != wl or (check_seed is not None) != (msg.check is not None):
+            raise Stop(Status.rejected_hack, "timing reply does not match the burst asked for", side.label)
+        if side.method is None:
+            side.method = msg.method
+        elif msg.method is not side.method and msg.method is not TimerMethod.events:
+            raise Stop(Status.rejected_hack, "timing method changed between bursts", side.label)
+        side.wall_ms[wl] = side.wall_ms.get(wl, 0.0) + wall
+        if check_seed is not None and msg.check is not None:
+            self.compare(side, msg.check, wl, check_seed, -1)
+        return msg
+
+    def time_workload(self, wl: int, cand: Side, champ: Side | None) -> None:
+        cfg = self.cfg
+        sides = [cand] + ([champ] if champ else [])
+        n_for: dict[str, int] = {}
+        for s in sides:
+            t = time.perf_counter()
+            msg = self.command(s, Cmd.time, Timing, wl=wl, n=0, warm=True)
+            wall = (time.perf_counter() - t) * 1e3
+            est = max(wall / max(len(msg.samples_ms), 1), 1e-3)  # the judge's clock, not the worker's word
+            n_for[s.label] = int(min(max(cfg.target_ms / est, cfg.min_iters), cfg.max_iters))
+            if s is cand and msg.excess_ms is not None:
+                med = median(msg.samples_ms)
+                if msg.excess_ms > max(20.0, 10 * med):
+                    raise Stop(
+                        Status.rejected_hack,
+                        f"workload {wl}: {msg.excess_ms:.2f} ms of device work outlives the timed region "
+                        f"(median event time {med:.3f} ms): side stream or deferred work",
+                    )
+        rounds = max(1, min(cfg.rounds, min(n_for.values())))
+        checked = set(secrets.SystemRandom().sample(range(rounds), k=min(cfg.timed_checks, rounds)))
+        for r in range(rounds):
+            order = sides if r % 2 == 0 else sides[::-1]
+            for s in order:
+                n = max(1, n_for[s.label] // rounds)
+                seed = secrets.randbits(62) if (s is cand and r in checked) else None
+                msg = self.burst(s, wl, n, seed)
+                s.samples.setdefault(wl, []).extend(msg.samples_ms)
+                if msg.events_ms:
+                    s.events.setdefault(wl, []).extend(msg.events_ms)
+        self.cross_check(wl, cand, champ)
+
+    def cross_check(self, wl: int, cand: Side, champ: Side | None) -> None:
+        cfg = self.cfg
+        for s in [cand] + ([champ] if champ else []):
+            if s.method is TimerMethod.cupti and s.events.get(wl):
+                cu, ev = median(s.samples[wl]), median(s.events[wl])
+                if cu > ev * 1.2 + 0.02:
+                    raise Stop(
+                        Status.rejected_hack,
+                        f"workload {wl}: CUPTI kernel span {cu:.4f} ms exceeds the CUDA event span {ev:.4f} ms: "
+                        "device work runs past the timed region (side stream or deferred work)",
+                        s.label,
+                    )
+        claimed = sum(cand.samples[wl])
+        wall = cand.wall_ms[wl]
+        if claimed > wall * 1.05 + 1.0:
+            raise Stop(
+                Status.rejected_hack, f"workload {wl}: reported {claimed:.2f} ms inside {wall:.2f} ms of wall time"
+            )
+        if champ is None or not champ.samples.get(wl):
+            return
+        n_c, n_b = len(cand.samples[wl]), len(champ.samples[wl])
+        unexpl_c = (wall - claimed) / n_c
+        unexpl_b = max(champ.wall_ms[wl] - sum(champ.samples[wl]), 0.0) / n_b
+        slack = cfg.clock_slack_ms * (1 if self.g.device.startswith("cuda") else 25)
+        bound = cfg.clock_factor * unexpl_b + 0.5 * median(champ.samples[wl]) + slack
+        if unexpl_c > bound:
+            raise Stop(
+                Status.rejected_hack,
+                f"workload {wl}: the judge's clock saw {wall / n_c:.3f} ms per timed call where the worker reported "
+                f"{median(cand.samples[wl]):.3f} ms; {unexpl_c:.3f} ms per call unexplained, the champion's "
+                f"{unexpl_b:.3f} ms (bound {bound:.3f} ms): reported times do not match the judge's clock",
+            )
+
+    def finish(self, sides: list[Side]) -> None:
+        for s in sides:
+            s.done = self.command(s, Cmd.end, Done)

@@ -1,0 +1,151 @@
+"""Integrity of torch and of the harness inside a worker, checked after every candidate call.
+
+Taken before any candidate code exists in the process, compared after each call (``quick``: the
+cheap part, after every timed call too) and after each phase and before any output leaves the
+worker (``full``):
+
+* no TorchFunctionMode or TorchDispatchMode left on the stacks, no ``sys`` trace / profile hook,
+  no ``threading`` hook: a mode or hook that would run during the harness's next torch call is
+  how deferred work gets finished where nobody times it;
+* the dispatcher entries (``torch._C._dispatch_dump``) of every aten op the harness itself calls
+  (copies, fills, the flush, the input rewrites, the random generators) and the number of Python
+  kernels registered through ``torch.library``: a re-registered ``aten::copy_`` could finish an
+  unwritten output while the harness copies it out;
+* identity of every callable and class in the namespaces the harness uses (``torch``,
+  ``torch.Tensor`` and its C base, ``torch.cuda``, ``torch.cuda.Event``, ``torch.nn.functional``,
+  ``time``, ``triton``, ``triton.testing``), of the harness modules' globals and of their
+  functions' ``__code__``.
+
+A change is ``rejected_hack``. The reference and the champion never run in a process that ran
+candidate code, so none of this can slow them; what it protects is the candidate's own
+measurement and outputs.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from typing import Any
+
+HARNESS_OPS = (
+    "aten::copy_", "aten::zero_", "aten::fill_.Scalar", "aten::roll", "aten::clone", "aten::empty.memory_format",
+    "aten::empty_strided", "aten::equal", "aten::view", "aten::view.dtype", "aten::_to_copy", "aten::as_strided",
+    "aten::set_.source_Storage_storage_offset", "aten::contiguous", "aten::slice.Tensor", "aten::normal_",
+    "aten::uniform_", "aten::randn.generator", "aten::randint.low_generator", "aten::rand.generator",
+    "aten::lt.Scalar", "aten::isfinite", "aten::item", "aten::_local_scalar_dense", "aten::abs", "aten::neg",
+    "aten::mul.Tensor", "aten::add.Tensor", "aten::where.self",
+)  # fmt: skip
+
+
+def _callables(ns: Any) -> dict[str, Any]:
+    d = ns.__dict__ if hasattr(ns, "__dict__") else {}
+    return {k: v for k, v in list(d.items()) if callable(v) or isinstance(v, types.ModuleType)}
+
+
+def _codes(mod: types.ModuleType) -> dict[str, Any]:
+    out = {}
+    for name, v in list(vars(mod).items()):
+        if isinstance(v, types.FunctionType) and v.__module__ == mod.__name__:
+            out[name] = v.__code__
+        elif isinstance(v, type) and v.__module__ == mod.__name__:
+            for attr, f in vars(v).items():
+                if isinstance(f, types.FunctionType):
+                    out[f"{name}.{attr}"] = f.__code__
+    return out
+
+
+def _torch_rewrap(old: Any, new: Any, roots: tuple[str, ...]) -> bool:
+    """``new`` is ``old`` behind wrappers whose code is torch's own (torch._dynamo re-wraps a few torch
+    functions, e.g. ``torch.manual_seed``, when torch.compile is first used)."""
+    seen = 0
+    while new is not old and seen < 8:
+        code = getattr(new, "__code__", None)
+        if code is None or not code.co_filename.startswith(roots):
+            return False
+        new = getattr(new, "__wrapped__", None)
+        seen += 1
+    return new is old
+
+
+class Integrity:
+    def __init__(self, harness_modules: list[types.ModuleType]):
+        import time
+
+        import torch
+
+        self.torch = torch
+        C = torch._C
+        self._dump = C._dispatch_dump
+        self._fn_stack = C._len_torch_function_stack
+        self._disp_stack = C._len_torch_dispatch_stack
+        self._impls = torch.library._impls if isinstance(getattr(torch.library, "_impls", None), set) else None
+        names = set(C._dispatch_get_all_op_names())
+        self.ops = [op for op in HARNESS_OPS if op in names]
+        self.dispatch = {op: self._dump(op) for op in self.ops}
+        self.n_impls = len(self._impls) if self._impls is not None else 0
+        self.impls0 = set(self._impls) if self._impls is not None else set()
+        spaces: dict[str, Any] = {
+            "torch": torch, "torch.Tensor": torch.Tensor, "torch._C.TensorBase": C.TensorBase,
+            "torch.nn.functional": torch.nn.functional, "time": time, "torch.library": torch.library,
+        }  # fmt: skip
+        if torch.cuda.is_available():
+            spaces.update({"torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event})
+        for name in ("triton", "triton.testing", "triton.language"):
+            if name in sys.modules:
+                spaces[name] = sys.modules[name]
+        self.spaces = spaces
+        import os
+
+        self.torch_roots = (os.path.dirname(torch.__file__) + os.sep,)
+        self.attrs = {name: _callables(ns) for name, ns in spaces.items()}
+        self.modules = {m.__name__: m for m in harness_modules}
+        self.globals = {m.__name__: _callables(m) for m in harness_modules}  # data globals (caches) may change
+        self.codes = {m.__name__: _codes(m) for m in harness_modules}
+
+    def quick(self) -> str | None:
+        """Mode stacks and trace hooks (cheap: no torch op runs)."""
+        if self._fn_stack():
+            return "a TorchFunctionMode is left active after the call (work deferred to the harness's torch calls)"
+        if self._disp_stack():
+            return "a TorchDispatchMode is left active after the call (work deferred to the harness's torch calls)"
+        if sys.gettrace() is not None or sys.getprofile() is not None:
+            return "a sys trace/profile hook is installed (runs inside the harness)"
+        if getattr(threading, "_trace_hook", None) is not None or getattr(threading, "_profile_hook", None) is not None:
+            return "a threading trace/profile hook is installed"
+        return None
+
+    def full(self) -> str | None:
+        msg = self.quick()
+        if msg:
+            return msg
+        if self._impls is not None and len(self._impls) != self.n_impls:
+            # torch registers kernels of its own namespaces lazily (torch.compile: prims, c10d, ...);
+            # a Python kernel for an aten op is a candidate's re-registration.
+            new = sorted(x for x in self._impls - self.impls0 if x.startswith("aten/"))
+            if new:
+                return f"torch.library kernels were registered for aten ops ({', '.join(new[:3])}): dispatcher modified"
+            self.n_impls, self.impls0 = len(self._impls), set(self._impls)
+        for op, before in self.dispatch.items():
+            if self._dump(op) != before:
+                return f"the dispatcher entry of {op} was changed (a kernel re-registered for an op the harness uses)"
+        for name, before in self.attrs.items():
+            ns = self.spaces[name]
+            d = ns.__dict__ if hasattr(ns, "__dict__") else {}
+            for k, v in before.items():
+                now = d.get(k)
+                if now is not v and not _torch_rewrap(v, now, self.torch_roots):
+                    return f"{name}.{k} was replaced or removed (harness/timer patching)"
+        for mname, mod in self.modules.items():
+            if sys.modules.get(mname) is not mod:
+                return f"sys.modules[{mname!r}] was replaced"
+            now = vars(mod)
+            for k, v in self.globals[mname].items():
+                if now.get(k) is not v:
+                    return f"{mname}.{k} was rebound (harness state)"
+            for k, code in self.codes[mname].items():
+                obj = now.get(k.split(".")[0])
+                f = obj if "." not in k else vars(obj).get(k.split(".", 1)[1]) if isinstance(obj, type) else None
+                if getattr(f, "__code__", None) is not code:
+                    return f"{mname}.{k}.__code__ was replaced (harness code rewritten)"
+        return None

@@ -1,0 +1,176 @@
+"""Timing bursts inside a worker: CUPTI activity records where ``cupti-python`` is importable, CUDA
+events always beside them on a GPU, the host clock on the CPU.
+
+With CUPTI (as NVIDIA's SOL-ExecBench harness times, core/bench/timing.py), an iteration's time is
+the span from the first to the last kernel / memcpy / memset whose launch the host issued between
+two CUPTI timestamps taken around the call: side-stream work the call launched is counted, and a
+patched ``Event.elapsed_time`` changes nothing. The CUDA events of the same iterations are returned
+too; the judge rejects a candidate whose CUPTI span exceeds its event span beyond noise (kernels
+running past the end event: side streams or deferred work) or whose CUDA events disagree with CUPTI.
+Without the module, events are the samples (a warning says so).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kernelarc.guard.protocol import TimerMethod
+
+log = logging.getLogger(__name__)
+_perf_counter = time.perf_counter
+
+try:  # cupti-python (pip: cupti-python), built for CUDA 13; absent on the CPU image
+    from cupti import cupti as _cupti
+except Exception:  # noqa: BLE001 - any import failure means "no CUPTI"
+    _cupti = None
+
+
+class Timer:
+    """Times bursts of calls on one device; ``setup(k)`` prepares iteration k's inputs, untimed."""
+
+    def __init__(self, torch: Any, device: Any, flush_bytes: int, head_start_cycles: int, use_cupti: bool = True):
+        self.torch = torch
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        self.head_start = int(head_start_cycles)
+        self.notes: list[str] = []
+        if self.is_cuda:
+            self.flush = torch.empty(int(flush_bytes), dtype=torch.uint8, device=device)
+            self.sleep = getattr(torch.cuda, "_sleep", None)
+            self.method = TimerMethod.cupti if (use_cupti and _cupti is not None) else TimerMethod.events
+            if self.method is TimerMethod.events:
+                self.notes.append("timing: cupti-python not importable, CUDA events only")
+        else:
+            self.flush = torch.empty(int(min(flush_bytes, 1 << 24)), dtype=torch.uint8)
+            self.sleep = None
+            self.method = TimerMethod.host
+
+    def burst(
+        self, n: int, setup: Callable[[int], list[Any]], fn: Callable[..., Any], keep_last: bool
+    ) -> tuple[list[float], list[float] | None, Any]:
+        """(samples ms, CUDA event ms beside CUPTI or None, the last call's result if ``keep_last``)."""
+        if self.method is TimerMethod.host:
+            return self._host(n, setup, fn, keep_last)
+        if self.method is TimerMethod.cupti:
+            try:
+                return self._cupti(n, setup, fn, keep_last)
+            except Exception as e:  # noqa: BLE001 - a CUPTI failure falls back to events, said in a note
+                self.method = TimerMethod.events
+                self.notes.append(f"timing: CUPTI failed ({type(e).__name__}: {e}); CUDA events from here on")
+        samples, _, last = self._events(n, setup, fn, keep_last, None)
+        return samples, None, last
+
+    def _host(self, n, setup, fn, keep_last):
+        samples, last = [], None
+        for k in range(n):
+            inputs = setup(k)
+            self.flush.zero_()
+            t = _perf_counter()
+            out = fn(*inputs)
+            samples.append((_perf_counter() - t) * 1e3)
+            if keep_last and k == n - 1:
+                last = out
+            del out
+        return samples, None, last
+
+    def _events(self, n, setup, fn, keep_last, stamps: list | None):
+        torch = self.torch
+        toks, last = [], None
+        for k in range(n):
+            inputs = setup(k)
+            self.flush.zero_()
+            if self.sleep is not None and self.head_start > 0:
+                # Keep the GPU busy while the host enqueues the call, so that host-side launch cost
+                # of short kernels is not timed as device time.
+                self.sleep(self.head_start)
+            s = torch.cuda.Event(enable_timing=True)
+            e = torch.cuda.Event(enable_timing=True)
+            t0 = _cupti.get_timestamp() if stamps is not None else 0
+            s.record()
+            out = fn(*inputs)
+            e.record()
+            if stamps is not None:
+                stamps.append((t0, _cupti.get_timestamp()))
+            toks.append((s, e))
+            if keep_last and k == n - 1:
+                last = out
+            del out
+        torch.cuda.synchronize(self.device)
+        return [s.elapsed_time(e) for s, e in toks], None, last
+
+    def _cupti(self, n, setup, fn, keep_last):
+        kinds = [
+            _cupti.ActivityKind.RUNTIME,
+            _cupti.ActivityKind.DRIVER,
+            _cupti.ActivityKind.CONCURRENT_KERNEL,
+            _cupti.ActivityKind.MEMCPY,
+            _cupti.ActivityKind.MEMSET,
+        ]
+        device_kinds = set(kinds[2:])
+        launches: list[tuple[int, int]] = []  # (launch start, correlation id)
+        spans: dict[int, list[tuple[int, int]]] = {}  # correlation id -> device (start, end)
+
+        def requested():
+            return 8 * 1024 * 1024, 0
+
+        def completed(activities):
+            for a in activities:
+                if a.kind in device_kinds:
+                    spans.setdefault(a.correlation_id, []).append((a.start, a.end))
+                elif a.kind in (_cupti.ActivityKind.RUNTIME, _cupti.ActivityKind.DRIVER):
+                    launches.append((a.start, a.correlation_id))
+
+        self.torch.cuda.synchronize(self.device)
+        for k in kinds:
+            _cupti.activity_enable(k)
+        _cupti.activity_register_callbacks(requested, completed)
+        stamps: list[tuple[int, int]] = []
+        try:
+            events, _, last = self._events(n, setup, fn, keep_last, stamps)
+        finally:
+            _cupti.activity_flush_all(0)
+            for k in kinds:
+                _cupti.activity_disable(k)
+            _cupti.finalize()
+        launches.sort()
+        starts = [s for s, _ in launches]
+        samples = []
+        for t0, t1 in stamps:
+            lo, hi = bisect.bisect_left(starts, t0), bisect.bisect_right(starts, t1)
+            recs = [r for i in range(lo, hi) for r in spans.get(launches[i][1], ())]
+            samples.append((max(e for _, e in recs) - min(s for s, _ in recs)) / 1e6 if recs else 0.0)
+        return samples, events, last
+
+    def single(self, setup: Callable[[int], list[Any]], fn: Callable[..., Any]) -> float:
+        """One call timed with events (GPU) or the host clock, synchronised: warm-up and the estimate."""
+        if self.is_cuda:
+            samples, _, _ = self._events(1, setup, fn, False, None)
+        else:
+            samples, _, _ = self._host(1, setup, fn, False)
+        return samples[0]
+
+    def excess_ms(self, setup: Callable[[int], list[Any]], fn: Callable[..., Any], reps: int = 3) -> float | None:
+        """Least device-synchronised wall time minus event time of single calls (GPU only): work
+        still running after the call returned (side streams, host threads) shows up here."""
+        if not self.is_cuda:
+            return None
+        torch = self.torch
+        ex = []
+        for k in range(reps):
+            inputs = setup(k)
+            torch.cuda.synchronize(self.device)
+            s = torch.cuda.Event(enable_timing=True)
+            e = torch.cuda.Event(enable_timing=True)
+            t = _perf_counter()
+            s.record()
+            out = fn(*inputs)
+            e.record()
+            torch.cuda.synchronize()
+            wall = (_perf_counter() - t) * 1e3
+            ex.append(max(wall - s.elapsed_time(e), 0.0))
+            del out
+        return min(ex)
