@@ -65,8 +65,10 @@ _CACHE: dict[tuple, Recognition] = {}
 
 
 def _key(task) -> tuple:
-    ref = hashlib.sha256(task.definition.reference.encode()).hexdigest()
-    return (task.name, ref, len(task.workloads), getattr(task, "workload_file", ""))
+    h = hashlib.sha256(task.definition.model_dump_json().encode())
+    for wl in task.workloads:
+        h.update(wl.model_dump_json().encode())
+    return (task.name, str(task.path), h.hexdigest())
 
 
 def recognise(task) -> Recognition:

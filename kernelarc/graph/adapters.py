@@ -203,13 +203,22 @@ def gemm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) 
         epi = p["epilogue"]
         a2 = f"{a}.reshape(-1, {a}.shape[-1])"
         shape = f"(*{a}.shape[:-1], {b}.shape[0])"
-        if p["bias"] and epi in ("none", "relu", "gelu_tanh"):
+        if p["bias"] and epi in ("none", "relu", "gelu_tanh", "gelu_none"):
             bias = c.name(site.inputs["bias"])
+            mm = f"torch.addmm({bias}, {a2}, {b}.t())"
             if epi == "none":
-                call = f"torch.addmm({bias}, {a2}, {b}.t())"
-            else:
-                call = f"torch._addmm_activation({bias}, {a2}, {b}.t(), use_gelu={epi == 'gelu_tanh'})"
-            return [f"{out} = {call}.view({shape})"]
+                return [f"{out} = {mm}.view({shape})"]
+            if epi == "relu":
+                return [f"{out} = torch._addmm_activation({bias}, {a2}, {b}.t()).view({shape})"]
+            if epi == "gelu_none":
+                return [f"{out} = F.gelu({mm}).view({shape})"]
+            # cuBLASLt's GELU epilogue is the tanh form; on the CPU _addmm_activation applies the erf form
+            return [
+                f"if {bias}.is_cuda:",
+                f"    {out} = torch._addmm_activation({bias}, {a2}, {b}.t(), use_gelu=True).view({shape})",
+                "else:",
+                f"    {out} = F.gelu({mm}, approximate='tanh').view({shape})",
+            ]
         if not p["bias"] and epi in ("residual", "scale+residual"):
             res = c.name(site.inputs["residual"])
             alpha = p["scale"] if epi == "scale+residual" else 1.0

@@ -190,6 +190,8 @@ def _mean_of_square(n: Node) -> Node | None:
 def _inv_rms(n: Node) -> tuple[Node, float] | None:
     """(x, eps) when ``n`` is 1/sqrt(mean(x^2) + eps) written as rsqrt, 1/sqrt or reciprocal(sqrt)."""
     inner = None
+    if op(n) == "mul" and isinstance(n.args[0], Node) and scalar(n.args[1]) == 1.0:  # 1.0 / sqrt(v) traced
+        return _inv_rms(n.args[0]) if op(n.args[0]) == "reciprocal" else None
     if op(n) == "rsqrt":
         inner = n.args[0]
     elif op(n) == "reciprocal" and op(n.args[0]) == "sqrt":
@@ -541,7 +543,7 @@ def _gemm_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
         scale = 1.0
         while True:
             u = only_user(last)
-            if u is None:
+            if u is None or u in taken:
                 break
             uo = op(u)
             other = None
@@ -609,12 +611,18 @@ def _glu_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
         for gate_act, lin in ((n.args[0], n.args[1]), (n.args[1], n.args[0])):
             ao = op(gate_act)
             act = None
+            if ao == "sigmoid" and same(gate_act.args[0], lin):
+                continue  # x * sigmoid(x) is silu itself, the gate of an outer product
             if ao in ("silu", "gelu", "relu", "sigmoid"):
                 act, gate = ao, gate_act.args[0]
                 if ao == "gelu":
                     act = f"gelu_{gate_act.kwargs.get('approximate', arg(gate_act, 1, 'approximate', 'none'))}"
-            elif ao == "mul" and op(gate_act.args[1]) == "sigmoid" and gate_act.args[1].args[0] is gate_act.args[0]:
-                act, gate = "silu", gate_act.args[0]
+            elif ao == "mul" and len(gate_act.args) == 2:
+                g0, g1 = gate_act.args
+                if op(g1) == "sigmoid" and g1.args[0] is g0:
+                    act, gate = "silu", g0
+                elif op(g0) == "sigmoid" and g0.args[0] is g1:
+                    act, gate = "silu", g1
             if act is None:
                 continue
             last = n

@@ -1,0 +1,179 @@
+"""Composition: whole-problem candidates built from recognised sites, checked against the reference
+(fp64 where the family computes in fp32) on fresh inputs, with Triton interpreted on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from _problems import make_task
+
+from kernelarc.families import families_for
+from kernelarc.families.composed import recognise
+from kernelarc.guard.static import check_source
+from kernelarc.tasks.inputs import load_module, make_inputs
+from kernelarc.tasks.loader import BUILTIN_DIR, load_task
+
+SOL = Path("/work/shared/sol-execbench")
+needs_sol = pytest.mark.skipif(not SOL.is_dir(), reason="needs ../shared/sol-execbench")
+
+
+def _outs(x):
+    return list(x) if isinstance(x, tuple | list) else [x]
+
+
+def check(task, family_suffix: str, knobs: dict | None = None, atol=2e-2, rtol=2e-2, workloads=(0, 1)) -> str:
+    fam = next(f for f in families_for(task) if f.name.endswith(family_suffix))
+    point = fam.check_point(knobs or {})
+    src = fam.render(point)
+    rep = check_source(src)
+    assert rep.ok, rep
+    mod = load_module(src, f"composed_{task.name}")
+    ref = load_module(task.definition.reference, f"ref_{task.name}")
+    for i in workloads:
+        args = make_inputs(task, i, 7, "cpu")
+        got, want = _outs(mod.run(*args)), _outs(ref.run(*args))
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            # bf16 outputs of large magnitude: the tolerance scales with the output's range
+            scale = max(1.0, w.float().abs().max().item()) if w.dtype == torch.bfloat16 else 1.0
+            torch.testing.assert_close(g.float(), w.float(), atol=atol * scale, rtol=rtol)
+    return src
+
+
+RMS_EPS5 = """
+import torch
+
+@torch.no_grad()
+def run(h, gamma):
+    x = h.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * gamma.float()).to(h.dtype)
+"""
+
+
+def test_rmsnorm_with_its_own_eps_on_the_family_kernel(tmp_path):
+    task = make_task(tmp_path, "p_rms", RMS_EPS5, {"h": (["B", "S", "H"], "bfloat16"), "gamma": (["H"], "bfloat16")},
+                     {"y": (["B", "S", "H"], "bfloat16")},
+                     [{"B": 2, "S": 3, "H": 64}, {"B": 3, "S": 5, "H": 96}])  # fmt: skip
+    names = [f.name for f in families_for(task)]
+    assert "composed.p_rms.rmsnorm.rowblock" in names and "composed.p_rms.library" in names
+    src = check(task, "rmsnorm.rowblock")
+    assert "+ 1e-05" in src and "+ 1e-06" not in src
+    check(task, "library")
+
+
+ADD_RMS_MLP = """
+import torch
+import torch.nn.functional as F
+
+@torch.no_grad()
+def run(x, res, w, wg, wu):
+    s = x + res
+    sf = s.to(torch.float32)
+    n = (w * (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-6))).to(x.dtype)
+    h = F.silu(F.linear(n, wg)) * F.linear(n, wu)
+    return h, s
+"""
+
+
+def test_fused_add_rmsnorm_inside_a_larger_graph(tmp_path):
+    task = make_task(
+        tmp_path, "p_mlp", ADD_RMS_MLP,
+        {"x": (["T", "H"], "bfloat16"), "res": (["T", "H"], "bfloat16"), "w": (["H"], "bfloat16"),
+         "wg": (["I", "H"], "bfloat16"), "wu": (["I", "H"], "bfloat16")},
+        {"h": (["T", "I"], "bfloat16"), "s": (["T", "H"], "bfloat16")},
+        [{"T": 5, "H": 32, "I": 48}, {"T": 9, "H": 32, "I": 48}],
+    )  # fmt: skip
+    rec = recognise(task)
+    kinds = [s.kind.value for s in rec.sites[0]]
+    assert "add_rmsnorm" in kinds and kinds.count("gemm") == 2
+    check(task, "fused_add_rmsnorm.rowblock", atol=3e-2, rtol=3e-2)
+    check(task, "matmul.tiled", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, atol=3e-2, rtol=3e-2)
+
+
+ATTN = """
+import math
+import torch
+
+@torch.no_grad()
+def run(q, k, v, causal):
+    s = q.shape[2]
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        keep = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
+"""
+
+
+def test_attention_library_and_family_per_scalar_case(tmp_path):
+    shapes = {"q": (["B", "H", "S", "D"], "bfloat16"), "k": (["B", "H", "S", "D"], "bfloat16"),
+              "v": (["B", "H", "S", "D"], "bfloat16"), "causal": (None, "int32")}  # fmt: skip
+    wls = [{"B": 1, "H": 2, "S": 24, "D": 16}, {"B": 2, "H": 2, "S": 40, "D": 16}]
+    root = tmp_path
+    for causal in (0, 1):
+        task = make_task(root / str(causal), "p_attn", ATTN, shapes, {"o": (["B", "H", "S", "D"], "bfloat16")}, wls,
+                         scalars={"causal": causal})  # fmt: skip
+        site = recognise(task).sites[0][0]
+        assert site.kind.value == "attention" and site.params["causal"] == bool(causal)
+        check(task, "library", {"sdpa_backend": "math", "attn_precision": "low"})
+        check(task, "attention.flash", {"BLOCK_M": 16, "BLOCK_N": 16})
+
+
+SOFTMAX_SWIGLU = """
+import torch
+
+@torch.no_grad()
+def run(x, logits):
+    g, u = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(g) * u, torch.softmax(logits.float(), dim=-1).to(logits.dtype)
+"""
+
+
+def test_softmax_and_swiglu_families(tmp_path):
+    task = make_task(tmp_path, "p_sm", SOFTMAX_SWIGLU,
+                     {"x": (["M", "N2"], "bfloat16"), "logits": (["M", "L"], "bfloat16")},
+                     {"y": (["M", "N"], "bfloat16"), "p": (["M", "L"], "bfloat16")},
+                     [{"M": 3, "N2": 48, "N": 24, "L": 50}, {"M": 5, "N2": 64, "N": 32, "L": 70}])  # fmt: skip
+    check(task, "softmax.rowblock")
+    check(task, "swiglu.tile2d")
+
+
+GEMM_EPI = """
+import torch
+import torch.nn.functional as F
+
+def run(x, w, b):
+    return F.gelu(F.linear(x, w, b), approximate="tanh")
+"""
+
+
+def test_gemm_bias_gelu_library_epilogue(tmp_path):
+    task = make_task(tmp_path, "p_gemm", GEMM_EPI, {"x": (["M", "K"], "float32"), "w": (["N", "K"], "float32"),
+                     "b": (["N"], "float32")}, {"y": (["M", "N"], "float32")}, [{"M": 6, "K": 16, "N": 8},
+                     {"M": 3, "K": 16, "N": 8}])  # fmt: skip
+    src = check(task, "library", atol=1e-4, rtol=1e-4)
+    assert "torch._addmm_activation(" in src
+    # fp32: the bf16/fp16 GEMM families are not offered
+    assert not any("matmul." in f.name for f in families_for(task))
+
+
+def test_builtin_tasks_keep_their_families():
+    task = load_task(BUILTIN_DIR / "rmsnorm", cpu=True)
+    assert [f.name for f in families_for(task)] == [f.name for f in families_for("rmsnorm")]
+
+
+@needs_sol
+@pytest.mark.parametrize(
+    ("problem", "builtin"),
+    [("024_rmsnorm_h2048", "rmsnorm"), ("001_fused_add_rmsnorm_h2048", "fused_add_rmsnorm"),
+     ("004_gemm_n128_k2048", "matmul")],
+)  # fmt: skip
+def test_flashinfer_problems_get_the_builtin_families(problem, builtin):
+    task = load_task(SOL / "FlashInfer-Bench" / problem)
+    offered = {f.name.removeprefix(f"composed.{task.name}.") for f in families_for(task)}
+    assert {f.name for f in families_for(builtin)} <= offered
+    fam = next(f for f in families_for(builtin))
+    check(task, fam.name, workloads=(1,))
