@@ -93,3 +93,31 @@ def test_a_dead_actor_is_a_verdict_and_the_next_actor_has_the_baselines():
         guard.close()
     finally:
         ray.shutdown()
+
+
+@pytest.mark.gpu
+def test_gpu_actor_judges_on_its_own_gpu():
+    """One actor per GPU (num_gpus=1): Ray gives it its GPU as cuda:0; the reference runs and is timed there."""
+    import torch
+
+    from kernelarc.config import ExecutorConfig
+    from kernelarc.executors.ray import RayGuard, connect, ray_devices
+    from kernelarc.guard.judge import GuardConfig, reference_candidate
+    from kernelarc.hardware import resolve_target
+    from kernelarc.tasks.loader import load_builtin
+
+    connect(None)
+    try:
+        target = resolve_target("auto")
+        devices = ray_devices(ExecutorConfig(name="ray"), target)
+        assert devices == ["cuda:0"] * torch.cuda.device_count()
+        task = load_builtin("rmsnorm")
+        guard = RayGuard(task, target, devices[0], GuardConfig(workloads=[0], prestart=1), seed=0)
+        node = guard.node()
+        assert node["pid"] != os.getpid() and node["cuda"] not in (None, "")
+        ev = guard.evaluate(reference_candidate(task), None, trusted=True, timeout_s=600)
+        assert ev.verdict.correct, ev.verdict.errors
+        assert ev.verdict.latency_ms and 0 < ev.verdict.latency_ms < 100  # GPU time, not the interpreter's
+        guard.close()
+    finally:
+        ray.shutdown()
