@@ -6,7 +6,11 @@ only in config: ``agents.count`` x ``memory.limit`` x plateau on/off, over seeds
 simulated one (:mod:`kernelarc.simguard`, a deterministic cost model) by default, or the real one
 (``ablate.guard=real``, on a GPU).
 
-Budgets: ``ablate.mode=candidates`` gives every arm the same number of candidates;
+Budgets: ``ablate.mode=candidates`` gives every arm the same number of candidates, and (with
+``ablate.equal_batch=true``, the default) the same number of candidates per proposal round: one agent
+proposes ``agents.per_round`` x the largest team's size at once, as the team does together, so both
+keep the same evaluations in flight (``equal_batch=false``: a single agent proposes ``per_round`` and
+sees each verdict sooner, a sequential search that would leave GPU slots idle);
 ``ablate.mode=wallclock`` the same minutes (the simulated guard then takes ``ablate.eval_s`` seconds
 per evaluation, so a team that keeps more evaluations in flight gets more of them done).
 
@@ -61,6 +65,10 @@ class AblateConfig:
     patience: int = 10  # plateau patience when the plateau is on
     jobs: int = 2  # runs in parallel (processes); with guard=real each takes one GPU
     out: str = "ablation"
+    tasks: list[str] = field(default_factory=list)  # several tasks in one command: one sub-folder of out each
+    # every arm proposes as many candidates per round as the largest team (a smaller team's agents propose
+    # more each), so all arms keep the same number of candidates in flight; false: agents.per_round for all
+    equal_batch: bool = True
     mlflow: bool = False
     tracking_uri: str | None = None
 
@@ -122,6 +130,8 @@ def run_one(ab: AblateConfig, session_overrides: list[str], count: int, memory: 
         over += ["search.calibrate=false", "guard.compile_baseline=false"]
         over += [f"executor.gpus=[{gpu}]"] if gpu is not None else []
     cfg = _compose(session_overrides + over)
+    if ab.equal_batch and count < max(ab.counts):
+        cfg.agents.per_round = max(1, round(cfg.agents.per_round * max(ab.counts) / count))
     c = typed(cfg)
     target = resolve_gpu(c)
     task = load_task_from_config(c, getattr(target, "is_cpu", True))
@@ -293,9 +303,10 @@ def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResu
     if ab.guard == "real":
         import torch
 
-        if not torch.cuda.is_available():
-            raise RuntimeError("ablate.guard=real needs a CUDA GPU; use the simulated guard (ablate.guard=sim) here")
-        gpus = torch.cuda.device_count()
+        if torch.cuda.is_available():
+            gpus = torch.cuda.device_count()
+        else:  # the real guard on the CPU (Triton interpreter, tiny workloads): slow, for checking the path
+            log.warning("ablate.guard=real without a CUDA GPU: sessions run on the CPU")
     jobs = []
     for seed in range(ab.seed0, ab.seed0 + ab.seeds):
         for count in ab.counts:
@@ -320,7 +331,11 @@ def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResu
     doc = {"config": asdict(ab), "overrides": session_overrides, "rows": rows, "runs": [asdict(r) for r in results]}
     (out / "results.json").write_text(json.dumps(doc, indent=1))
     (out / "table.md").write_text(table(rows) + "\n")
-    pngs = plots(results, rows, out)
+    try:
+        pngs = plots(results, rows, out)
+    except ImportError as e:  # a machine without matplotlib still gets the table and the JSON
+        log.warning("no plots: %s", e)
+        pngs = []
     if ab.mlflow:
         _log_mlflow(ab, session_overrides, rows, [out / "results.json", out / "table.md", *pngs])
     return results, rows, out
@@ -361,10 +376,16 @@ def parse(argv: list[str]) -> tuple[AblateConfig, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     ab, rest = parse(sys.argv[1:] if argv is None else argv)
-    t = time.monotonic()
-    results, rows, out = ablate(ab, rest)
-    print(table(rows))
-    print(f"\n{len(results)} runs in {time.monotonic() - t:.0f} s; results, table and plots in {out}/")
+    if ab.tasks and any(o.lstrip("+").startswith("task=") for o in rest):
+        raise SystemExit("kernelarc.ablate: give either ablate.tasks=[...] or +task=NAME, not both")
+    todo = [(f"{ab.out}/{t}", [f"+task={t}", *rest]) for t in ab.tasks] or [(ab.out, rest)]
+    for out_dir, over in todo:
+        t = time.monotonic()
+        sub = AblateConfig(**{**asdict(ab), "out": out_dir, "tasks": []})
+        results, rows, out = ablate(sub, over)
+        print(f"\n## {' '.join(over) or '+task=matmul'}\n")
+        print(table(rows))
+        print(f"\n{len(results)} runs in {time.monotonic() - t:.0f} s; results, table and plots in {out}/")
     return 0
 
 

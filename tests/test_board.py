@@ -90,3 +90,17 @@ def test_the_plateau_redirects_to_untried_structure_never_to_baseline_variants()
     q = PlateauDetector(patience=1, families={"pytorch.compile_variants": "pytorch"})
     ev = q.update(Status.correct_slower, 1)
     assert ev.action is Action.new_structure and ev.target_family is None and "algorithm" in ev.instruction
+
+
+def test_a_family_record_is_a_win_while_the_library_leads(tmp_path):
+    """Slower than the champion (the library) but faster than anything its family had: a win to build on."""
+    b = Board(tmp_path / "board.jsonl")
+    b.post(_f("a1", Status.correct_slower, -0.5, family="f.a"))  # first of f.a: its record
+    b.post(_f("a2", Status.correct_slower, -0.6, family="f.a"))  # slower than a1: a trap
+    b.post(_f("a3", Status.correct_slower, -0.2, family="f.a"))  # faster than a1: a record
+    b.post(_f("a4", Status.correct_slower, -0.199, family="f.a"))  # inside the noise margin: a trap
+    b.post(_f("b1", Status.incorrect, None, family="f.b"))  # never a record
+    assert [w.candidate_id for w in b.wins(None)] == ["a3", "a1"]
+    assert [t.candidate_id for t in b.traps(None)] == ["b1", "a4", "a2"]
+    b.post(_f("a3", Status.correct_slower, -0.2, family="f.a"))  # a second lesson on a win stays a win
+    assert "a3" not in {t.candidate_id for t in b.traps(None)}
