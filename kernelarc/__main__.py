@@ -17,7 +17,7 @@ register_configs()
 def main(cfg: DictConfig) -> dict:
     from kernelarc.app import TaskError, UsageError, build_agents, fail, resolve_gpu, typed
     from kernelarc.config import plain
-    from kernelarc.session import SearchSession, load_task_from_config
+    from kernelarc.session import SearchSession, SessionFailed, load_task_from_config
     from kernelarc.ui import Progress
 
     logging.getLogger("kernelarc").setLevel(logging.INFO)
@@ -35,6 +35,9 @@ def main(cfg: DictConfig) -> dict:
         summary = session.run()
     except (UsageError, TaskError) as e:
         fail(str(e))
+        return {}
+    except SessionFailed as e:  # recorded in the state folder and as a FAILED MLflow run
+        fail(f"search failed: {e.reason}", code=1)
         return {}
     from kernelarc.ui import next_steps
 

@@ -46,9 +46,49 @@ def typed(cfg: DictConfig) -> KernelArcConfig:
         check_executor(obj)
     except ExecutorError as e:
         raise UsageError(str(e)) from None
-    if obj.agents.count < 1:
-        raise UsageError("agents.count must be at least 1")
+    check_limits(obj)
     return obj
+
+
+def check_limits(c: KernelArcConfig) -> None:
+    """Budgets and counts that cannot run (zero, negative, not a number) are usage errors, raised
+    before anything is measured: a session with nothing to spend must not start and idle."""
+    import math
+
+    def positive(key: str, value: float | None, *, integer: bool = False, allow_zero: bool = False) -> None:
+        if value is None:
+            return
+        bad = isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+        bad = bad or (value < 0 if allow_zero else value <= 0)
+        if bad or (integer and int(value) != value):
+            kind = "a non-negative" if allow_zero else "a positive"
+            raise UsageError(f"{key} must be {kind} {'integer' if integer else 'number'}, not {value!r}")
+
+    positive("budget.candidates", c.budget.candidates, integer=True)
+    positive("budget.minutes", c.budget.minutes)
+    positive("budget.usd", c.budget.usd)
+    positive("agents.count", c.agents.count, integer=True)
+    positive("agents.per_round", c.agents.per_round, integer=True)
+    positive("executor.parallel", c.executor.parallel, integer=True)
+    positive("executor.prestart", c.executor.prestart, integer=True, allow_zero=True)
+    positive("memory.limit", c.memory.limit, integer=True, allow_zero=True)
+    positive("guard.seeds", c.guard.seeds, integer=True)
+    positive("guard.seed_pool", c.guard.seed_pool, integer=True)
+    positive("guard.timeout_s", c.guard.timeout_s)
+    positive("guard.baseline_timeout_s", c.guard.baseline_timeout_s)
+    positive("guard.target_ms", c.guard.target_ms)
+    positive("guard.min_iters", c.guard.min_iters, integer=True)
+    positive("guard.max_iters", c.guard.max_iters, integer=True)
+    positive("search.plateau_patience", c.search.plateau_patience, integer=True)
+    positive("suite.workloads", c.suite.workloads, integer=True)
+    positive("suite.problem_timeout_s", c.suite.problem_timeout_s)
+    if c.guard.max_iters < c.guard.min_iters:
+        raise UsageError(f"guard.max_iters ({c.guard.max_iters}) is below guard.min_iters ({c.guard.min_iters})")
+    if c.guard.seed_pool < c.guard.seeds:
+        raise UsageError(f"guard.seed_pool ({c.guard.seed_pool}) is below guard.seeds ({c.guard.seeds})")
+    if c.suite.isolation not in ("inline", "process"):
+        raise UsageError(f"suite.isolation must be inline or process, not {c.suite.isolation!r}")
+
 
 
 def resolve_gpu(cfg: KernelArcConfig):
@@ -144,4 +184,4 @@ def fail(msg: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-__all__ = ["TaskError", "UsageError", "backend_of", "build_agents", "fail", "resolve_gpu", "typed"]
+__all__ = ["TaskError", "UsageError", "backend_of", "build_agents", "check_limits", "fail", "resolve_gpu", "typed"]

@@ -3,7 +3,9 @@
 The kernel is judged by the guard against the task's reference (baseline T_b and,
 unless guard.compile_baseline=false, torch.compile of it, measured in the same run); it
 is "champion" if correct and faster than the reference side by side. Exits 0 whatever
-the verdict; 2 only for misuse (missing file, unknown task, bad config).
+the kernel's verdict; 1 when the task's reference itself fails (it does not import, has no
+``run``, raises or runs out of memory: the kernel cannot be judged, and is not blamed);
+2 for misuse (missing file, unknown task, bad config).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def main(cfg: DictConfig) -> None:
     from kernelarc.app import TaskError, UsageError, fail, resolve_gpu, typed
     from kernelarc.guard.judge import Guard, compiled_candidate, detect_language, reference_candidate
     from kernelarc.models import Candidate
-    from kernelarc.session import devices_for, guard_config, load_task_from_config
+    from kernelarc.session import devices_for, guard_config, load_task_from_config, reference_problem
 
     logging.getLogger("kernelarc").setLevel(logging.WARNING)
     try:
@@ -46,15 +48,23 @@ def main(cfg: DictConfig) -> None:
     except (UsageError, TaskError) as e:
         fail(str(e))
         return
+    problem = reference_problem(task)
+    if problem is not None:
+        fail(f"cannot judge the kernel: {problem}", code=1)
+        return
     gcfg = guard_config(c, task, device == "cpu")
     cand = Candidate(source=source, language=language, agent="user", strategy="check")
     with Guard(task, target, device, gcfg, seed=c.seed) as guard:
         ref = guard.evaluate(reference_candidate(task), trusted=True, timeout_s=c.guard.baseline_timeout_s)
+        if not ref.verdict.correct:
+            why = "; ".join(e.splitlines()[0][:300] for e in ref.verdict.errors) or "no error message"
+            fail(f"cannot judge the kernel: the task's reference failed ({ref.verdict.status.value}): {why}", code=1)
+            return
         comp = None
         if c.guard.compile_baseline:
             comp = guard.evaluate(compiled_candidate(task), trusted=True, timeout_s=c.guard.baseline_timeout_s)
         guard.set_baselines(ref, comp)
-        ev = guard.evaluate(cand, reference_candidate(task) if ref.verdict.correct else None)
+        ev = guard.evaluate(cand, reference_candidate(task))
     out = ev.verdict.model_dump(mode="json")
     out.update(
         {

@@ -39,6 +39,33 @@ from kernelarc.ui import Progress
 log = logging.getLogger(__name__)
 
 
+class SessionFailed(Exception):
+    """The session cannot search (the task's reference fails, or cannot be loaded): a recorded
+    outcome with its reason, not a bug. ``reason`` is one line a user can act on; ``summary`` is
+    the session's closing summary (status ``failed``)."""
+
+    def __init__(self, reason: str, summary: dict[str, Any] | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.summary = summary or {}
+
+
+def reference_problem(task: Task) -> str | None:
+    """Why the task's reference cannot be the baseline before anything is measured (it does not
+    import, or defines no callable ``run``), or None. Failures while running it are found by the
+    guard, per workload."""
+    from kernelarc.tasks.inputs import load_module
+
+    try:
+        mod = load_module(task.definition.reference, f"reference_{task.name}")
+    except BaseException as e:  # noqa: BLE001 - a reference may raise anything at import, SystemExit too
+        first = str(e).splitlines()[0][:300] if str(e) else ""
+        return f"the task's reference does not import: {type(e).__name__}: {first}"
+    if not callable(getattr(mod, "run", None)):
+        return "the task's reference defines no top-level run() (SOL-ExecBench's entry point)"
+    return None
+
+
 def load_task_from_config(cfg: KernelArcConfig, on_cpu: bool) -> Task:
     name = cfg.task.name
     cpu = on_cpu if cfg.task.cpu_workloads is None else cfg.task.cpu_workloads
@@ -100,7 +127,8 @@ class Record:
         return json.dumps(
             {
                 "index": self.index, "kind": self.kind, "candidate": self.candidate.model_dump(),
-                "verdict": self.verdict.model_dump(mode="json"), "samples": {str(k): v for k, v in self.samples.items()},
+                "verdict": self.verdict.model_dump(mode="json"),
+                "samples": {str(k): v for k, v in self.samples.items()},
                 "champion_id": self.champion_id, "run_id": self.run_id, "version": self.version,
             }
         )  # fmt: skip
@@ -171,6 +199,9 @@ class SearchSession:
         self.devices = devices_for(target, cfg)
         self.on_cpu = all(d == "cpu" for d in self.devices)  # executor=ray may run several CPU guards
         self.task = load_task_from_config(cfg, self.on_cpu)
+        problem = reference_problem(self.task) if make_guard is None else None
+        if problem is not None:
+            raise SessionFailed(problem, self._record_early_failure(problem))
         if make_guard is not None:
             # a test double of the guard (kernelarc.simguard): the same loop, another measurement
             self.guards = [make_guard(self.task, d) for d in self.devices]
@@ -213,6 +244,7 @@ class SearchSession:
         self.eval_wall: dict[str, tuple[float, float]] = {}  # candidate -> its last evaluation's wall start, end
         self.timing_seconds = 0.0
         self.dispatch_tried: set[tuple] = set()  # plans already composed (kernelarc.dispatch)
+        self.baseline_notes: dict[str, str] = {}  # baseline -> why it is not a baseline (skipped, failed)
         self._signatures: dict[int, tuple] | None = None
 
     # -- tracking ------------------------------------------------------------------------
@@ -233,6 +265,54 @@ class SearchSession:
         self.state.save_meta(meta)
         if self.cfg.tracking.register:
             self.registry = Registry(self.tracker, self.task.name, self.target.name, problem=self.task)
+
+    def _close_tracking(self, status: str, summary: dict[str, Any], reason: str | None = None) -> None:
+        """Close the parent run (FINISHED or FAILED); a failure's reason is a tag of its own."""
+        if self.tracker is None or self.tracker.parent_run_id is None:
+            return
+        try:
+            if reason:
+                self.tracker.client.set_tag(self.tracker.parent_run_id, "kernelarc.failure_reason", reason[:4000])
+            self.tracker.end_session(status, {k: v for k, v in summary.items() if not isinstance(v, dict)})
+        except Exception as e:  # noqa: BLE001 - tracking trouble must not hide the outcome
+            log.warning("closing the MLflow run failed: %s", e)
+
+    def _failed_summary(self, reason: str) -> dict[str, Any]:
+        return {
+            "task": self.task.name, "gpu": self.target.name, "status": "failed", "reason": reason,
+            "champion": None, "champion_family": None, "champion_agent": None, "latency_ms": None,
+            "speedup_vs_baseline": None, "speedup_vs_compile": None, "sol_fraction": None, "sol_score": None,
+            "evaluated": getattr(self, "evaluated", 0),
+            "mlflow_run_id": self.tracker.parent_run_id if getattr(self, "tracker", None) else None,
+            "registry_version": None, "alias_moved": False,
+            "state_dir": str(self.state.dir) if getattr(self, "state", None) else None,
+        }  # fmt: skip
+
+    def _record_early_failure(self, reason: str) -> dict[str, Any]:
+        """A session that fails before its guards exist (the reference does not load) still leaves
+        its reason in the state folder and a FAILED MLflow run."""
+        self.state = StateLog(Path(self.cfg.search.state_dir) / self.task.name / self.target.name
+                              / session_key(self.cfg, self.target.name))  # fmt: skip
+        self.tracker = None
+        try:
+            self._open_tracking(None)
+        except Exception as e:  # noqa: BLE001
+            log.warning("MLflow tracking unavailable: %s", e)
+        summary = self._failed_summary(reason)
+        self.state.save_meta({**self.state.meta(), "status": "failed", "reason": reason})
+        self._close_tracking("FAILED", summary, reason)
+        return summary
+
+    def _time_left_s(self) -> float:
+        """Seconds left of budget.minutes; the clock started with the session (baselines, compile
+        warm-ups, calibration and autotuning count)."""
+        return self.cfg.budget.minutes * 60 - (time.monotonic() - self.t0 + self.elapsed_before)
+
+    def _save_versions(self) -> None:
+        """Registry versions go to the state folder as soon as they exist (a resumed session must
+        find its champion's version, a baseline's too, to point the alias at it)."""
+        if self.versions:
+            self.state.save_meta({**self.state.meta(), "versions": self.versions})
 
     # -- state ---------------------------------------------------------------------------
     def _replay(self, rec: Record) -> None:
@@ -315,28 +395,53 @@ class SearchSession:
         todo = [("reference", reference_candidate(self.task))]
         if self.cfg.guard.compile_baseline:
             todo.append(("torch.compile", compiled_candidate(self.task)))
+        g = self.cfg.guard
         for label, cand in todo:
             if ("baseline", label) in done:
                 continue
-            self.ui.line(f"measuring baseline: {label} ...")
-            ev = self._evaluate(cand, self.champion, True, self.cfg.guard.baseline_timeout_s, 0)
+            left = self._time_left_s()
+            if label == "reference":
+                # Without the reference nothing can be judged: it may overrun the budget by at most
+                # one candidate's timeout.
+                timeout = min(g.baseline_timeout_s, max(left, 0.0) + g.timeout_s)
+            else:
+                # torch.compile (and max-autotune) gets at most half the budget left, so that a slow
+                # compile leaves the search time to run candidates.
+                timeout = min(g.baseline_timeout_s, 0.5 * left)
+                if timeout < 1.0:
+                    self.baseline_notes[label] = "skipped: no time left in budget.minutes"
+                    self.ui.line(f"  {label}: skipped (no time left in budget.minutes={self.cfg.budget.minutes})")
+                    continue
+            self.ui.line(f"measuring baseline: {label} (at most {timeout:.0f} s) ...")
+            try:
+                ev = self._evaluate(cand, self.champion, True, timeout, 0)
+            except Exception as e:  # noqa: BLE001 - a baseline that cannot be measured is a verdict
+                log.exception("baseline %s failed", label)
+                ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error,
+                                        errors=[f"{type(e).__name__}: {e}"]))  # fmt: skip
             rec = Record(-1, "baseline", cand, ev.verdict, ev.samples, self.champion.id if self.champion else None)
             self._apply_baseline(cand, ev)
-            self.guards[0].refresh_metrics(ev)  # its own metrics against the baselines known now
+            if ev.verdict.correct:
+                self.guards[0].refresh_metrics(ev)  # its own metrics against the baselines known now
             self.state.append(rec)
             self._replay(rec)
             self._track(rec)
+            self._save_versions()
             v = ev.verdict
             self.ui.line(
                 f"  {label}: {v.status.value}"
                 + (f", {v.latency_ms:.4f} ms" if v.latency_ms else "")
                 + (f" ({v.errors[0].splitlines()[0][:100]})" if v.errors else "")
             )
+        for r in self.records:
+            if r.kind == "baseline" and r.candidate.strategy != "reference" and not r.verdict.correct:
+                first = r.verdict.errors[0].splitlines()[0][:200] if r.verdict.errors else ""
+                self.baseline_notes[r.candidate.strategy] = f"{r.verdict.status.value}: {first}".rstrip(": ")
         ref = next((r for r in self.records if r.kind == "baseline" and r.candidate.strategy == "reference"), None)
         if ref is None or not ref.verdict.correct:
-            raise RuntimeError(
-                "the task's reference failed in the guard: " + "; ".join(ref.verdict.errors if ref else [])
-            )
+            why = "; ".join(e.splitlines()[0][:300] for e in ref.verdict.errors) if ref else "not measured"
+            status = ref.verdict.status.value if ref else "missing"
+            raise SessionFailed(f"the task's reference failed in the guard ({status}): {why}")
 
     def _calibrate(self) -> None:
         """Measure the GPU's real ceilings; speed of light is computed over them, and both are recorded."""
@@ -538,18 +643,33 @@ class SearchSession:
         resumed = bool(self.records)
         self.elapsed_before = float(meta.get("elapsed_s", 0.0)) if resumed else 0.0
         if resumed:
+            # versions registered before the kill (records are written before their registration)
+            for cid, version in (meta.get("versions") or {}).items():
+                self.versions.setdefault(cid, int(version))
             done = " (it had finished)" if meta.get("status") == "finished" else ""
             self.ui.line(f"resumed session {self.state.dir} with {len(self.records)} measurements{done}; "
                          "to start fresh: search.resume=false (the old log is kept) or another seed=N")  # fmt: skip
-        self._open_tracking(meta.get("parent_run_id") if resumed else None)
-        self.ui.line(f"task {self.task.name} on {self.target.name} ({', '.join(self.devices)}), "
-                     f"{len(self.guards[0].workloads)} workloads, {len(self.agents)} agents")  # fmt: skip
-        self._calibrate()
         try:
+            self._open_tracking(meta.get("parent_run_id") if resumed else None)
+            self.ui.line(f"task {self.task.name} on {self.target.name} ({', '.join(self.devices)}), "
+                         f"{len(self.guards[0].workloads)} workloads, {len(self.agents)} agents")  # fmt: skip
+            self._calibrate()
             self._baselines()
             self._incumbent()
             self._search()
             final = self._finalize()
+            self.state.save_meta({**self.state.meta(), "status": "finished", "reason": None})
+        except SessionFailed as e:
+            self.ui.line(f"session failed: {e.reason}")
+            e.summary = self._failed_summary(e.reason)
+            self.state.save_meta({**self.state.meta(), "status": "failed", "reason": e.reason})
+            self._close_tracking("FAILED", e.summary, e.reason)
+            raise
+        except BaseException as e:
+            # Any other exception (a bug, an interrupt) still closes the MLflow run, as FAILED.
+            reason = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+            self._close_tracking("FAILED", self._failed_summary(reason), reason)
+            raise
         finally:
             self.state.save_meta({**self.state.meta(), "elapsed_s": time.monotonic() - self.t0 + self.elapsed_before})
             for g in self.guards:
@@ -662,6 +782,8 @@ class SearchSession:
         moved = False
         if self.champion is not None and self.registry is not None:
             version = self.versions.get(self.champion.id)
+            if version is None:
+                version = self._champion_version()
             inc = self.incumbent
             if inc is not None and inc[1].id == self.champion.id:
                 version, moved = inc[0], False
@@ -673,9 +795,8 @@ class SearchSession:
                     beat = ev.verdict.status is Status.champion
                     rec = Record(-1, "final", self.champion, ev.verdict, ev.samples, inc[1].id)
                     self.state.append(rec)
-                    self.ui.line(
-                        f"final side-by-side vs registry v{inc[0]}: {ev.decision.reason if ev.decision else ev.verdict.status.value}"
-                    )
+                    why = ev.decision.reason if ev.decision else ev.verdict.status.value
+                    self.ui.line(f"final side-by-side vs registry v{inc[0]}: {why}")
                 moved = self.registry.promote(version, beat)
         if self.tracker is not None and self.best_history:
             try:
@@ -717,13 +838,43 @@ class SearchSession:
             "registry_version": version,
             "alias_moved": moved,
             "state_dir": str(self.state.dir),
+            "status": "finished",
+            "reason": None,
+            "sol_score": v.sol_score if v else None,
+            "baseline_notes": dict(self.baseline_notes),
         }
-        if self.tracker is not None:
-            try:
-                self.tracker.end_session("FINISHED", {k: v for k, v in summary.items() if not isinstance(v, dict)})
-            except Exception as e:  # noqa: BLE001
-                log.warning("closing the MLflow run failed: %s", e)
+        self._close_tracking("FINISHED", summary)
         return summary
+
+    def _champion_version(self) -> int | None:
+        """The champion's registry version when the state folder does not have it (a kill between
+        its record and its registration): the version registered for it before, or a new one from
+        its MLflow child run (logged now if the kill came before that too)."""
+        assert self.champion is not None and self.registry is not None
+        cid = self.champion.id
+        try:
+            version = self.registry.version_for(cid)
+            if version is None:
+                rec = next((r for r in reversed(self.records) if r.candidate.id == cid and r.verdict.correct), None)
+                if rec is None:
+                    return None
+                run_id = rec.run_id
+                if run_id is None and self.tracker is not None:
+                    run_id = self.tracker.find_candidate_runs().get(cid)
+                if run_id is None and self.tracker is not None:
+                    run_id = self.tracker.log_candidate(rec.candidate, rec.verdict, {"index": rec.index})
+                if run_id is None:
+                    return None
+                from kernelarc.registry import collect_versions_info
+
+                info = collect_versions_info(getattr(self.target, "name", None), device=self.devices[0])
+                version = self.registry.register(rec.candidate, rec.verdict, run_id, info)
+        except Exception as e:  # noqa: BLE001 - without a version the alias stays where it is
+            log.warning("could not find or register the champion's version: %s", e)
+            return None
+        self.versions[cid] = version
+        self._save_versions()
+        return version
 
     def _phase_means(self) -> dict[str, float]:
         """Where a candidate's time goes: mean wall seconds per guard phase over evaluated candidates."""

@@ -141,3 +141,44 @@ def test_inconsistent_side_by_side_is_not_promoted():
     d = decide({0: [0.17] * 5}, {0: [0.19] * 5}, champion_reference={0: 0.088})
     assert not d.promote and "inconsistent" in d.reason
     assert decide({0: [0.08] * 5}, {0: [0.09] * 5}, champion_reference={0: 0.088}).promote
+
+
+def _broken_problem(root: Path, reference: str) -> Path:
+    import json
+
+    d = json.loads((ROOT / "kernelarc" / "tasks" / "builtin" / "rmsnorm" / "definition.json").read_text())
+    d.update(name="broken_reference", reference=reference)
+    root.mkdir()
+    (root / "definition.json").write_text(json.dumps(d))
+    inputs = {"x": {"type": "random"}, "weight": {"type": "random"}}
+    (root / "workload.jsonl").write_text(json.dumps({"uuid": "w0", "axes": {"M": 8, "N": 64}, "inputs": inputs}))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("reference", "said"),
+    [
+        ("import torch\n\ndef run(x, weight):\n    raise MemoryError('out of memory (simulated)')\n", "MemoryError"),
+        ("import torch\nimport no_such_module_kernelarc\n\ndef run(x, weight):\n    return x\n", "does not import"),
+    ],
+)
+def test_a_failing_reference_is_a_clear_failure_not_a_traceback(tmp_path, reference, said):
+    problem = _broken_problem(tmp_path / "p", reference)
+    kernel = tmp_path / "k.py"
+    kernel.write_text("import torch\n\ndef run(x, weight):\n    return x * weight\n")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    task = ["+task=sol_execbench", f"task.path={problem}", "guard.compile_baseline=false", "guard.target_ms=5"]
+    chk = subprocess.run([sys.executable, "-m", "kernelarc.check", *task, f"kernel={kernel}"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert chk.returncode == 1 and "cannot judge the kernel" in chk.stderr and said in chk.stderr, chk.stderr
+    assert "Traceback" not in chk.stderr and '"status"' not in chk.stdout  # no verdict that blames the kernel
+    run = subprocess.run([sys.executable, "-m", "kernelarc", *task, "budget.candidates=2"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 1 and "search failed" in run.stderr and said in run.stderr, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    runs = c.search_runs([c.get_experiment_by_name("kernelarc/broken_reference/cpu").experiment_id])
+    (parent,) = [r for r in runs if not r.data.tags.get("mlflow.parentRunId")]
+    assert parent.info.status == "FAILED" and said in parent.data.tags["kernelarc.failure_reason"]

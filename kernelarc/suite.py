@@ -1,0 +1,482 @@
+"""python -m kernelarc.suite dir=TREE [budget.candidates=8] [suite.workloads=N] [suite.problems=[A,B]]
+
+One search session per SOL-ExecBench problem folder found under ``dir`` (a folder holding
+``definition.json`` and ``workload.jsonl``), each with the same per-problem budget (the
+``budget.*`` keys), run one after the other in this process (``suite.isolation=process``: one
+subprocess per problem). Every problem ends with a row: a champion, or a recorded reason; one
+failing problem never stops the others. A suite killed at any point and started again with the
+same command reads the problems already done from their saved results and resumes the one that
+was running from its session state. The table is printed, written as ``table.csv`` and
+``table.json`` and logged as an MLflow run of the experiment ``kernelarc/suite/<gpu>``, with the
+sessions' run ids. ``scripts/harness_eval.py`` later fills its ``harness_*`` columns on the GPU
+machine with the verdicts of NVIDIA's harness on the exported champions.
+"""
+
+from __future__ import annotations
+
+import csv
+import gc
+import hashlib
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, open_dict
+from pydantic import BaseModel
+
+from kernelarc.config import register_configs
+
+register_configs()
+
+log = logging.getLogger(__name__)
+
+CHILD_ENV = "KERNELARC_SUITE_CHILD"  # set in a problem's subprocess (suite.isolation=process)
+COLUMNS = (
+    "problem", "definition", "status", "champion_family", "speedup_vs_reference", "speedup_vs_compile",
+    "sol_score", "sol_fraction", "latency_ms", "evaluated", "elapsed_min", "workloads", "reason",
+    "mlflow_run_id", "registry_version", "harness_verdict", "harness_passed", "harness_speedup",
+)  # fmt: skip
+
+
+class ProblemStatus(StrEnum):
+    improved = "improved"  # a searched kernel beat the reference (and torch.compile where measured)
+    baseline = "baseline"  # finished; no kernel beat the best baseline, which stays champion
+    failed = "failed"  # the session ended with a recorded reason (e.g. the reference fails)
+    crashed = "crashed"  # an unexpected exception or a killed subprocess: a bug to report
+    invalid = "invalid"  # the folder is not a loadable SOL-ExecBench problem
+
+
+class ProblemResult(BaseModel):
+    """One row of the suite table (also the saved result a resumed suite reads)."""
+
+    problem: str  # path relative to dir
+    definition: str | None = None
+    status: ProblemStatus
+    champion_family: str | None = None
+    speedup_vs_reference: float | None = None
+    speedup_vs_compile: float | None = None
+    sol_score: float | None = None
+    sol_fraction: float | None = None
+    latency_ms: float | None = None
+    evaluated: int = 0
+    elapsed_min: float | None = None
+    workloads: list[int] | None = None
+    reason: str | None = None
+    mlflow_run_id: str | None = None
+    registry_version: int | None = None
+    harness_verdict: str | None = None  # filled by scripts/harness_eval.py on the GPU machine
+    harness_passed: str | None = None  # e.g. "14/16" workloads PASSED
+    harness_speedup: float | None = None  # geomean of the harness's speedup_factor over passed workloads
+
+
+def find_problems(root: Path) -> list[Path]:
+    """Every folder under ``root`` (itself included) with a definition.json and a workload.jsonl."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"dir={root}: not a folder")
+    found = {p.parent for p in root.rglob("definition.json") if (p.parent / "workload.jsonl").is_file()}
+    return sorted(found, key=lambda p: str(p.relative_to(root)))
+
+
+def select_problems(root: Path, problems: list[Path], wanted: list[str] | None) -> list[Path]:
+    """``suite.problems`` entries match a folder name or a path relative to ``dir``."""
+    if not wanted:
+        return problems
+    out, unknown = [], []
+    for w in wanted:
+        w = str(w).strip().rstrip("/")
+        hits = [p for p in problems if p.name == w or str(p.relative_to(root)) == w]
+        if not hits:
+            unknown.append(w)
+        out += [p for p in hits if p not in out]
+    if unknown:
+        raise ValueError(f"suite.problems: no problem folder under {root} named {unknown}")
+    return out
+
+
+def representative(indices: list[int], n: int | None, size) -> list[int]:
+    """``n`` workloads spread over the sizes of ``indices`` (smallest and largest included; the
+    median one for n=1), in index order."""
+    if n is None or n >= len(indices):
+        return sorted(indices)
+    by_size = sorted(indices, key=lambda i: (size(i), i))
+    if n == 1:
+        return [by_size[len(by_size) // 2]]
+    picks = {by_size[round(k * (len(by_size) - 1) / (n - 1))] for k in range(n)}
+    return sorted(picks)
+
+
+def slug(problem: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in problem)
+
+
+def suite_key(cfg: Any, root: Path, gpu: str) -> str:
+    """Same results folder for the same suite: dir, per-problem workloads and the session settings
+    that change a result (not the problem filter, isolation or progress)."""
+    ident = {
+        "dir": str(root.resolve()), "workloads": cfg.suite.workloads, "gpu": gpu,
+        "budget": [cfg.budget.candidates, cfg.budget.minutes, cfg.budget.usd],
+        "agents": [cfg.agents.count, cfg.agents.backend, cfg.agents.model], "memory": cfg.memory.limit,
+        "strategies": list(cfg.strategies.names), "seed": cfg.seed, "compile": cfg.guard.compile_baseline,
+    }  # fmt: skip
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def result_from_summary(problem: str, summary: dict[str, Any], workloads: list[int] | None) -> ProblemResult:
+    failed = summary.get("status") == "failed"
+    if failed:
+        status = ProblemStatus.failed
+    elif summary.get("champion_agent") in (None, "baseline"):
+        status = ProblemStatus.baseline
+    else:
+        status = ProblemStatus.improved
+    reason = summary.get("reason")
+    notes = summary.get("baseline_notes") or {}
+    if not failed and notes:  # a baseline that failed or was skipped is worth a word in the table
+        reason = "; ".join(f"{k}: {v}" for k, v in notes.items())
+    return ProblemResult(
+        problem=problem, definition=summary.get("task"), status=status,
+        champion_family=summary.get("champion_family"), speedup_vs_reference=summary.get("speedup_vs_baseline"),
+        speedup_vs_compile=summary.get("speedup_vs_compile"), sol_score=summary.get("sol_score"),
+        sol_fraction=summary.get("sol_fraction"), latency_ms=summary.get("latency_ms"),
+        evaluated=int(summary.get("evaluated") or 0), elapsed_min=summary.get("elapsed_min"), workloads=workloads,
+        reason=reason, mlflow_run_id=summary.get("mlflow_run_id"), registry_version=summary.get("registry_version"),
+    )  # fmt: skip
+
+
+# -- the table -------------------------------------------------------------------------------
+def write_table(results: list[ProblemResult], out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [r.model_dump(mode="json") for r in results]
+    jpath, cpath = out / "table.json", out / "table.csv"
+    tmp = jpath.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rows, indent=2) + "\n")
+    tmp.replace(jpath)
+    with cpath.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: (json.dumps(v) if isinstance(v, list) else v) for k, v in row.items() if k in COLUMNS})
+    return jpath, cpath
+
+
+def load_table(path: Path) -> list[ProblemResult]:
+    return [ProblemResult.model_validate(r) for r in json.loads(path.read_text())]
+
+
+def _fmt(v: Any, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if v is None else f"{v:{spec}}{suffix}"
+
+
+def render_table(results: list[ProblemResult]) -> str:
+    head = f"{'problem':<58} {'status':<9} {'champion':<26} {'x ref':>6} {'x comp':>6} {'SOL':>5} {'n':>3}  reason"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            f"{r.problem[-58:]:<58} {r.status.value:<9} {(r.champion_family or '-')[:26]:<26} "
+            f"{_fmt(r.speedup_vs_reference, '.2f', 'x'):>6} {_fmt(r.speedup_vs_compile, '.2f', 'x'):>6} "
+            f"{_fmt(r.sol_score, '.2f'):>5} {r.evaluated:>3}  {(r.reason or '')[:90]}"
+        )
+    counts = {s.value: sum(r.status is s for r in results) for s in ProblemStatus}
+    lines.append("-" * len(head))
+    lines.append(", ".join(f"{k} {v}" for k, v in counts.items() if v) + f" of {len(results)} problems")
+    return "\n".join(lines)
+
+
+def geomean(values: list[float]) -> float | None:
+    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def save_meta(path: Path, **entries: Any) -> dict[str, Any]:
+    """``suite.json`` beside the table: the tree, the gpu, the suite's MLflow run (for resume and
+    for scripts/harness_eval.py)."""
+    meta = json.loads(path.read_text()) if path.is_file() else {}
+    meta.update(entries)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.replace(path)
+    return meta
+
+
+# -- MLflow ----------------------------------------------------------------------------------
+class SuiteTracker:
+    """The suite's parent run (experiment ``kernelarc/suite/<gpu>``); reopened on resume.
+    Tracking trouble is logged, never fatal: the table on disk is the result."""
+
+    def __init__(self, uri: str | None, gpu: str, meta_path: Path):
+        from mlflow import MlflowClient
+
+        from kernelarc.tracking import default_tracking_uri, local_artifact_location, prepare_sqlite
+
+        self.uri = uri or default_tracking_uri()
+        prepare_sqlite(self.uri)
+        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        name = f"kernelarc/suite/{gpu}"
+        exp = self.client.get_experiment_by_name(name)
+        if exp is None:
+            location = local_artifact_location(self.uri)
+            self.experiment_id = self.client.create_experiment(name, artifact_location=location)
+        else:
+            if exp.lifecycle_stage == "deleted":
+                self.client.restore_experiment(exp.experiment_id)
+            self.experiment_id = exp.experiment_id
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        self.run_id = meta.get("mlflow_run_id")
+        if self.run_id:
+            try:
+                self.client.update_run(self.run_id, status="RUNNING")
+            except Exception:  # noqa: BLE001 - the old run is gone (another store): start a new one
+                self.run_id = None
+        self.meta_path = meta_path
+        self.resumed = self.run_id is not None
+
+    def start(self, params: dict[str, Any], run_name: str) -> str:
+        from mlflow.entities import Param
+
+        from kernelarc.tracking import sanitize_key
+
+        if self.run_id is None:
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags={"kernelarc.kind": "suite"})
+            self.run_id = run.info.run_id
+            ps = [Param(sanitize_key(k), str(v)[:6000]) for k, v in params.items()]
+            self.client.log_batch(self.run_id, params=ps, synchronous=True)
+            save_meta(self.meta_path, mlflow_run_id=self.run_id)
+        return self.run_id
+
+    def problem_done(self, step: int, r: ProblemResult, results: list[ProblemResult]) -> None:
+        from kernelarc.tracking import sanitize_key
+
+        key = sanitize_key(f"kernelarc.problem.{slug(r.problem)}")[:240]
+        self.client.set_tag(self.run_id, key, f"{r.status.value} run={r.mlflow_run_id or '-'}")
+        for s in ProblemStatus:
+            self.client.log_metric(self.run_id, f"problems_{s.value}", sum(x.status is s for x in results), step=step)
+        if r.mlflow_run_id:
+            try:  # the session's own run points back at the suite
+                self.client.set_tag(r.mlflow_run_id, "kernelarc.suite_run_id", self.run_id)
+            except Exception as e:  # noqa: BLE001
+                log.debug("tagging session run %s failed: %s", r.mlflow_run_id, e)
+
+    def finish(self, results: list[ProblemResult], files: list[Path], status: str = "FINISHED") -> None:
+        done = [r for r in results if r.status in (ProblemStatus.improved, ProblemStatus.baseline)]
+        metrics = {
+            "problems": len(results),
+            "geomean_speedup_vs_reference": geomean([r.speedup_vs_reference or 0 for r in done]),
+            "geomean_speedup_vs_compile": geomean([r.speedup_vs_compile or 0 for r in done]),
+        }
+        for k, v in metrics.items():
+            if v is not None:
+                self.client.log_metric(self.run_id, k, float(v))
+        for f in files:
+            self.client.log_artifact(self.run_id, str(f))
+        self.client.set_terminated(self.run_id, status)
+
+
+# -- running one problem ---------------------------------------------------------------------
+def _problem_cfg(base: DictConfig, problem: Path, workloads: list[int] | None) -> DictConfig:
+    cfg = base.copy()
+    with open_dict(cfg):
+        cfg.task.name = "sol_execbench"
+        cfg.task.path = str(problem)
+        cfg.task.workloads = workloads
+    return cfg
+
+
+def choose_workloads(cfg: DictConfig, problem: Path, on_cpu: bool) -> list[int] | None:
+    """``suite.workloads`` representative workloads of the ones a session would run by default."""
+    n = cfg.suite.workloads
+    if n is None:
+        return None
+    from kernelarc.app import typed
+    from kernelarc.session import guard_config, load_task_from_config
+
+    c = typed(_problem_cfg(cfg, problem, None))
+    task = load_task_from_config(c, on_cpu)
+    default = guard_config(c, task, on_cpu).workloads
+    pool = list(default) if default is not None else list(range(len(task.workloads)))
+    return representative(pool, int(n), task.io_bytes)
+
+
+def run_inline(cfg: DictConfig, problem: Path, rel: str, target: Any, log_path: Path) -> ProblemResult:
+    """One isolated search session in this process: every exception becomes the row's reason."""
+    from kernelarc.app import TaskError, UsageError, build_agents, typed
+    from kernelarc.config import plain
+    from kernelarc.session import SearchSession, SessionFailed, load_task_from_config
+    from kernelarc.ui import Progress
+
+    on_cpu = bool(getattr(target, "is_cpu", True))
+    workloads = None
+    try:
+        workloads = choose_workloads(cfg, problem, on_cpu)
+        pcfg = _problem_cfg(cfg, problem, workloads)
+        c = typed(pcfg)
+        task = load_task_from_config(c, on_cpu)
+        agents = build_agents(c, task)
+        session = SearchSession(c, plain(pcfg), target, agents, progress=Progress(bool(cfg.suite.progress)))
+        summary = session.run()
+        return result_from_summary(rel, summary, workloads)
+    except SessionFailed as e:
+        return result_from_summary(rel, {**e.summary, "status": "failed", "reason": e.reason}, workloads)
+    except (TaskError, UsageError) as e:
+        return ProblemResult(problem=rel, status=ProblemStatus.invalid, reason=str(e)[:1000], workloads=workloads)
+    except Exception as e:  # noqa: BLE001 - one problem's bug never stops the suite
+        tb = traceback.format_exc()
+        log_path.write_text(tb)
+        log.error("problem %s crashed:\n%s", rel, tb)
+        first = f"{type(e).__name__}: {e}".splitlines()[0][:400]
+        return ProblemResult(problem=rel, status=ProblemStatus.crashed, reason=f"{first} (traceback: {log_path})",
+                             workloads=workloads)  # fmt: skip
+    finally:
+        session = None  # noqa: F841 - drop the session's references (cached reference outputs) now
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def run_subprocess(overrides: list[str], rel: str, result_path: Path, log_path: Path, timeout: float | None):
+    """The same problem in a child ``python -m kernelarc.suite`` that writes its result file: a
+    crash that takes the process down (a segfault, an OOM kill) is this problem's row only."""
+    keep = [o for o in overrides if not o.lstrip("+~").startswith(("suite.problems", "suite.isolation"))]
+    cmd = [sys.executable, "-m", "kernelarc.suite", *keep, f"suite.problems=['{rel}']", "suite.isolation=inline"]
+    env = dict(os.environ, **{CHILD_ENV: "1"})
+    with log_path.open("w") as logf:
+        p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            code = p.wait(timeout=timeout)
+            why = f"exit code {code}"
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            why = f"killed after suite.problem_timeout_s={timeout:.0f} s"
+    if result_path.is_file():
+        return ProblemResult.model_validate_json(result_path.read_text())
+    tail = log_path.read_text()[-300:].strip().splitlines()
+    last = tail[-1] if tail else ""
+    reason = f"subprocess {why}: {last} (log: {log_path})"
+    return ProblemResult(problem=rel, status=ProblemStatus.crashed, reason=reason)
+
+
+def _progress(i: int, n: int, r: ProblemResult, seconds: float | None, note: str = "") -> str:
+    vs = f" {r.speedup_vs_reference:.2f}x ref" if r.speedup_vs_reference else ""
+    vc = f" {r.speedup_vs_compile:.2f}x compile" if r.speedup_vs_compile else ""
+    t = f" ({seconds:.0f} s)" if seconds is not None else ""
+    why = f" | {r.reason[:120]}" if r.reason and r.status is not ProblemStatus.improved else ""
+    bar = "#" * round(20 * i / n) + "." * (20 - round(20 * i / n))
+    return f"[{bar}] {i}/{n} {r.problem}: {r.status.value} {r.champion_family or ''}{vs}{vc}{t}{note}{why}"
+
+
+def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
+    from kernelarc.app import UsageError, resolve_gpu, typed
+
+    if not cfg.get("dir"):
+        raise UsageError("dir=TREE is required: a folder of SOL-ExecBench problems (definition.json + workload.jsonl)")
+    root = Path(hydra.utils.to_absolute_path(cfg.dir))
+    try:
+        problems = find_problems(root)
+        problems = select_problems(root, problems, list(cfg.suite.problems) if cfg.suite.problems else None)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    if not problems:
+        raise UsageError(f"dir={root}: no problem folder (definition.json + workload.jsonl) under it")
+    c = typed(_problem_cfg(cfg, problems[0], None))  # validates every key once, before anything runs
+    target = resolve_gpu(c)
+    out = Path(hydra.utils.to_absolute_path(c.suite.out)) / target.name / suite_key(c, root, target.name)
+    results_dir = out / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    child = os.environ.get(CHILD_ENV) == "1"
+    if not child:
+        save_meta(out / "suite.json", dir=str(root), gpu=target.name, tracking_uri=c.tracking.uri)
+    tracker = None
+    if c.tracking.enabled and not child:
+        try:
+            tracker = SuiteTracker(c.tracking.uri, target.name, out / "suite.json")
+            params = {"dir": str(root), "problems": len(problems), "suite.workloads": c.suite.workloads,
+                      "budget.candidates": c.budget.candidates, "budget.minutes": c.budget.minutes,
+                      "agents.count": c.agents.count, "seed": c.seed, "results": str(out)}  # fmt: skip
+            tracker.start(params, run_name=f"suite-{root.name}-{target.name}")
+        except Exception as e:  # noqa: BLE001
+            log.warning("MLflow suite run unavailable: %s", e)
+            tracker = None
+    if not child:
+        print(f"suite: {len(problems)} problems under {root} on {target.name}; results in {out}", flush=True)
+    results: list[ProblemResult] = []
+    status = "FAILED"
+    try:
+        for i, problem in enumerate(problems, 1):
+            rel = str(problem.relative_to(root)) if problem != root else problem.name
+            rpath = results_dir / f"{slug(rel)}.json"
+            if rpath.is_file():
+                r = ProblemResult.model_validate_json(rpath.read_text())
+                results.append(r)
+                if not child:
+                    print(_progress(i, len(problems), r, None, " [saved result]"), flush=True)
+                continue
+            if not child:
+                print(f"[{i}/{len(problems)}] {rel} ...", flush=True)
+            t = time.monotonic()
+            log_path = results_dir / f"{slug(rel)}.log"
+            if c.suite.isolation == "process" and not child:
+                r = run_subprocess(overrides, rel, rpath, log_path, c.suite.problem_timeout_s)
+            else:
+                r = run_inline(cfg, problem, rel, target, log_path)
+            rpath.write_text(r.model_dump_json(indent=2))
+            results.append(r)
+            if not child:
+                print(_progress(i, len(problems), r, time.monotonic() - t), flush=True)
+                write_table(results, out)
+            if tracker is not None:
+                try:
+                    tracker.problem_done(i, r, results)
+                except Exception as e:  # noqa: BLE001
+                    log.warning("MLflow suite logging failed: %s", e)
+        status = "FINISHED"
+    finally:
+        if not child:
+            files = list(write_table(results, out))
+            if tracker is not None:
+                try:
+                    tracker.finish(results, files, status)
+                except Exception as e:  # noqa: BLE001
+                    log.warning("closing the MLflow suite run failed: %s", e)
+    if not child:
+        print("\n" + render_table(results))
+        print(
+            f"\ntable: {out / 'table.csv'} and {out / 'table.json'}"
+            + (f"; MLflow run {tracker.run_id} (experiment kernelarc/suite/{target.name})" if tracker else "")
+        )
+    return results
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from kernelarc.app import TaskError, UsageError, fail
+
+    logging.getLogger("kernelarc").setLevel(logging.WARNING)
+    try:
+        overrides = list(HydraConfig.get().overrides.task)
+    except Exception:  # noqa: BLE001 - not under Hydra's runtime (called directly)
+        overrides = []
+    try:
+        run_suite(cfg, overrides)
+    except (UsageError, TaskError) as e:
+        fail(str(e))
+
+
+if __name__ == "__main__":
+    main()

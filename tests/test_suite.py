@@ -1,0 +1,134 @@
+"""python -m kernelarc.suite: one session per problem folder, failures as rows, resume, MLflow parent run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelarc.suite import ProblemResult, ProblemStatus, find_problems, representative, select_problems, write_table
+
+ROOT = Path(__file__).resolve().parents[1]
+RMSNORM = ROOT / "kernelarc" / "tasks" / "builtin" / "rmsnorm"
+ARGS = ["budget.candidates=2", "guard.compile_baseline=false", "agents.count=2", "executor.parallel=1",
+        "guard.target_ms=5", "guard.max_iters=20", "guard.seeds=2"]  # fmt: skip
+
+
+def _problem(root: Path, folder: str, name: str, reference: str) -> Path:
+    d = json.loads((RMSNORM / "definition.json").read_text())
+    p = root / folder
+    p.mkdir(parents=True)
+    (p / "definition.json").write_text(json.dumps(dict(d, name=name, reference=reference)))
+    wl = {
+        "uuid": f"{name}-0",
+        "axes": {"M": 8, "N": 64},
+        "inputs": {"x": {"type": "random"}, "weight": {"type": "random"}},
+    }
+    (p / "workload.jsonl").write_text(json.dumps(wl) + "\n")
+    return p
+
+
+def _tree(root: Path) -> Path:
+    """Three tiny problems: rmsnorm (the built-in families apply), a reference that raises when
+    run, a reference that fails at import; plus a folder that is not a problem."""
+    ref = json.loads((RMSNORM / "definition.json").read_text())["reference"]
+    _problem(root, "L1/001_rmsnorm", "rmsnorm", ref)
+    _problem(
+        root, "L1/002_broken", "broken_ref", "import torch\n\ndef run(x, weight):\n    raise RuntimeError('boom')\n"
+    )
+    _problem(root, "L2/003_import", "import_ref", "import torch\nraise ImportError('no lib')\n\ndef run(x, weight):\n"
+             "    return x\n")  # fmt: skip
+    (root / "notes").mkdir()
+    (root / "notes" / "README.md").write_text("not a problem")
+    return root
+
+
+def _suite(cwd: Path, tree: Path, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "kernelarc.suite", f"dir={tree}", *ARGS, *extra]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_problem_discovery_filter_and_representative_workloads(tmp_path):
+    tree = _tree(tmp_path / "tree")
+    found = find_problems(tree)
+    assert [str(p.relative_to(tree)) for p in found] == ["L1/001_rmsnorm", "L1/002_broken", "L2/003_import"]
+    assert select_problems(tree, found, ["002_broken", "L2/003_import"]) == found[1:]
+    with pytest.raises(ValueError, match="nope"):
+        select_problems(tree, found, ["nope"])
+    sizes = {0: 50, 1: 10, 2: 40, 3: 20, 4: 30}
+    assert representative(list(sizes), 2, sizes.get) == [0, 1]  # smallest and largest
+    assert representative(list(sizes), 3, sizes.get) == [0, 1, 4]  # ... and the median
+    assert representative(list(sizes), 1, sizes.get) == [4]
+    assert representative(list(sizes), None, sizes.get) == [0, 1, 2, 3, 4]
+
+
+def test_table_round_trips_with_harness_columns(tmp_path):
+    rows = [ProblemResult(problem="a", status=ProblemStatus.improved, speedup_vs_reference=1.5, workloads=[0, 3]),
+            ProblemResult(problem="b", status=ProblemStatus.failed, reason="the reference raises")]  # fmt: skip
+    jpath, cpath = write_table(rows, tmp_path)
+    assert [ProblemResult.model_validate(r) for r in json.loads(jpath.read_text())] == rows
+    header = cpath.read_text().splitlines()[0].split(",")
+    assert header[:3] == ["problem", "definition", "status"] and "harness_verdict" in header
+
+
+def test_bad_suite_usage_is_exit_2(tmp_path):
+    r = _suite(tmp_path, tmp_path / "missing")
+    assert r.returncode == 2 and "not a folder" in r.stderr
+    r = _suite(tmp_path, _tree(tmp_path / "tree"), "budget.candidates=0")
+    assert r.returncode == 2 and "budget.candidates" in r.stderr
+
+
+@pytest.mark.slow
+def test_suite_runs_every_problem_records_failures_and_resumes(tmp_path):
+    tree = _tree(tmp_path / "tree")
+    r = _suite(tmp_path, tree)
+    assert r.returncode == 0, r.stderr[-3000:]
+    tables = list((tmp_path / ".kernelarc" / "suite" / "cpu").glob("*/table.json"))
+    assert len(tables) == 1
+    rows = {row["problem"]: row for row in json.loads(tables[0].read_text())}
+    assert set(rows) == {"L1/001_rmsnorm", "L1/002_broken", "L2/003_import"}
+    good = rows["L1/001_rmsnorm"]
+    assert good["status"] in ("improved", "baseline") and good["evaluated"] == 2, good
+    assert good["champion_family"] and good["mlflow_run_id"] and good["speedup_vs_reference"] >= 1.0
+    broken = rows["L1/002_broken"]
+    assert broken["status"] == "failed" and "reference failed" in broken["reason"] and "boom" in broken["reason"]
+    imp = rows["L2/003_import"]
+    assert imp["status"] == "failed" and "does not import" in imp["reason"] and "no lib" in imp["reason"]
+    assert (tables[0].parent / "table.csv").is_file()
+
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    suite_exp = c.get_experiment_by_name("kernelarc/suite/cpu")
+    (suite_run,) = c.search_runs([suite_exp.experiment_id])
+    assert suite_run.info.status == "FINISHED"
+    assert suite_run.data.metrics["problems_failed"] == 2
+    assert suite_run.data.tags["kernelarc.problem.L1_001_rmsnorm"].endswith(good["mlflow_run_id"])
+    # failed sessions are FAILED runs with their reason as a tag
+    for name, row in (("broken_ref", broken), ("import_ref", imp)):
+        runs = c.search_runs([c.get_experiment_by_name(f"kernelarc/{name}/cpu").experiment_id])
+        (run,) = [x for x in runs if not x.data.tags.get("mlflow.parentRunId")]
+        assert run.info.status == "FAILED" and run.info.run_id == row["mlflow_run_id"]
+        assert run.data.tags["kernelarc.failure_reason"] == row["reason"]
+    rms_exp = c.get_experiment_by_name("kernelarc/rmsnorm/cpu").experiment_id
+    sessions_before = [x for x in c.search_runs([rms_exp]) if not x.data.tags.get("mlflow.parentRunId")]
+
+    # Same command again: every problem is read from its saved result, nothing runs.
+    r2 = _suite(tmp_path, tree)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert r2.stdout.count("[saved result]") == 3
+    # A kill after a session ended but before its result was saved: only that problem runs, and
+    # its session resumes (same parent run, nothing measured again).
+    (result,) = tables[0].parent.glob("results/L1_001_rmsnorm.json")
+    result.unlink()
+    r3 = _suite(tmp_path, tree, "suite.problems=[L1/001_rmsnorm]")
+    assert r3.returncode == 0, r3.stderr[-3000:]
+    again = json.loads(result.read_text())
+    assert again["mlflow_run_id"] == good["mlflow_run_id"] and again["evaluated"] == 2
+    sessions_after = [x for x in c.search_runs([rms_exp]) if not x.data.tags.get("mlflow.parentRunId")]
+    assert len(sessions_after) == len(sessions_before) == 1
