@@ -110,10 +110,11 @@ def main() -> int:
     from kernelarc.suite import ProblemStatus, load_table, render_table, slug, write_table
     from kernelarc.tasks.loader import load_task
 
+    args.suite = args.suite.resolve()  # the harness runs in the solution's folder: absolute paths only
     meta = json.loads((args.suite / "suite.json").read_text())
-    root, gpu = Path(meta["dir"]), meta["gpu"]
+    root, gpu = Path(meta["dir"]).resolve(), meta["gpu"]
     uri = args.tracking_uri or meta.get("tracking_uri")
-    out = args.out or args.suite / "harness"
+    out = (args.out or args.suite / "harness").resolve()
     rows = load_table(args.suite / "table.json")
     wanted = {ProblemStatus.improved} | ({ProblemStatus.baseline} if args.all else set())
     for r in rows:
