@@ -239,6 +239,17 @@ def gemm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) 
     return lines
 
 
+def _scale_expr(site: Site, c: Ctx) -> str | None:
+    """The softmax scale as an expression: a constant times / over sizes the graph computed (d ** -0.5)."""
+    p = site.params
+    if p.get("scale") is None:
+        return None
+    expr = repr(float(p["scale"]))
+    for i, o in enumerate(p.get("scale_ops", [])):
+        expr += f" {'*' if o == 'mul' else '/'} {c.name(site.inputs[f'scale{i}'])}"
+    return expr
+
+
 def _sdpa_call(site: Site, c: Ctx, q: str, k: str, v: str, cast: str | None) -> str:
     p = site.params
     mask = site.inputs.get("mask")
@@ -249,10 +260,10 @@ def _sdpa_call(site: Site, c: Ctx, q: str, k: str, v: str, cast: str | None) -> 
             m = f"torch.logical_not({m})"
         elif p["mask"] == "add" and cast:
             m = f"{m}.to({cast})"
-    scale = p.get("scale")
+    scale = _scale_expr(site, c)
     args = f"{q}, {k}, {v}, attn_mask={m}, is_causal={bool(p['causal'])}"
     if scale is not None:
-        args += f", scale={float(scale)!r}"
+        args += f", scale={scale}"
     return f"F.scaled_dot_product_attention({args})"
 
 
@@ -280,8 +291,8 @@ def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, s
         return lib
     if impl is not Impl.family or c.part is None:
         raise AdapterError("attention: no implementation")
-    scale = p.get("scale")
-    scale_ok = "True" if scale is None else f"abs({float(scale)!r} * math.sqrt({q}.shape[-1]) - 1.0) < 1e-6"
+    scale = _scale_expr(site, c)
+    scale_ok = "True" if scale is None else f"abs(({scale}) * math.sqrt({q}.shape[-1]) - 1.0) < 1e-6"
     dt = f"{qq}.dtype == torch.bfloat16" if cast else f"{q}.dtype == torch.bfloat16"
     cond = (f"{q}.dim() == 4 and {dt} and {q}.shape[2] == {k}.shape[2] and {q}.shape[1] % {k}.shape[1] == 0 "
             f"and {q}.shape[-1] in (16, 32, 64, 128) and {scale_ok}")  # fmt: skip

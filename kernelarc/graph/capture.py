@@ -52,6 +52,7 @@ class GraphCase:
     workloads: list[int]
     example: int  # the workload whose shapes were traced
     symbolic: bool  # sizes as symbols (key: scalar values) or concrete (key: full signature)
+    signatures: list[tuple] = field(default_factory=list)  # input signatures of the workloads it serves
 
 
 @dataclass
@@ -154,6 +155,52 @@ def _replays(gm: torch.fx.GraphModule, task: Task, index: int) -> bool:
     return True
 
 
+def _flat(a: Any) -> list[Any]:
+    if isinstance(a, list | tuple):
+        return [x for y in a for x in _flat(y)]
+    if isinstance(a, dict):
+        return [x for k in sorted(a) for x in _flat(a[k])]
+    return [a]
+
+
+def _ops(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [
+        n for n in gm.graph.nodes
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and "sym_size" not in str(n.target)
+    ]  # fmt: skip
+
+
+def _consistent(gm: torch.fx.GraphModule, fn, args: Sequence[Any]) -> bool:
+    """The symbolic graph has the ops and constants of this workload's own concrete trace.
+
+    Symbolic tracing silently specialises what Python computes from sizes (``1 / math.sqrt(D)``,
+    ``H // Hkv`` when the example had H == Hkv): such a graph replays without error on other shapes
+    but computes something else. Every constant the symbolic graph holds must match the workload's
+    concrete trace (positions where the symbolic graph has a size symbol are skipped)."""
+    try:
+        conc = trace(fn, args, symbolic=False)
+    except CaptureError:
+        return False
+    a, b = _ops(gm), _ops(conc)
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x.target != y.target:
+            return False
+        fx_args, fy_args = _flat([x.args, x.kwargs]), _flat([y.args, y.kwargs])
+        if len(fx_args) != len(fy_args):
+            return False
+        for u, v in zip(fx_args, fy_args, strict=True):
+            if isinstance(u, torch.fx.Node) or isinstance(v, torch.fx.Node):
+                continue
+            if isinstance(u, float) and isinstance(v, float):
+                if not (u == v or (math.isfinite(u) and math.isclose(u, v, rel_tol=1e-12))):
+                    return False
+            elif u != v:
+                return False
+    return True
+
+
 def capture_task(task: Task) -> Capture:
     """Trace ``task``'s reference; raise CaptureError when no workload can be traced."""
     from kernelarc.tasks.inputs import load_module
@@ -190,8 +237,17 @@ def capture_task(task: Task) -> Capture:
             errors.append(str(e))
             concrete += members
             continue
-        if all(_replays(gm, task, i) for i in members if i != ex):
-            cap.cases.append(GraphCase(key=key, gm=gm, workloads=members, example=ex, symbolic=True))
+        if all(_replays(gm, task, i) and _consistent(gm, fn, examples[i]) for i in members if i != ex):
+            cap.cases.append(
+                GraphCase(
+                    key=key,
+                    gm=gm,
+                    workloads=members,
+                    example=ex,
+                    symbolic=True,
+                    signatures=[signature(examples[i]) for i in members],
+                )
+            )
         else:
             log.info("symbolic graph of %s does not replay on every workload; tracing shapes one by one", task.name)
             concrete += members
@@ -209,7 +265,9 @@ def capture_task(task: Task) -> Capture:
                 errors.append(str(e))
                 cap.uncovered += members
                 continue
-            cap.cases.append(GraphCase(key=sig, gm=gm, workloads=members, example=members[0], symbolic=False))
+            cap.cases.append(
+                GraphCase(key=sig, gm=gm, workloads=members, example=members[0], symbolic=False, signatures=[sig])
+            )
     if not cap.cases:
         raise CaptureError(errors[0] if errors else "no graph")
     cap.uncovered = sorted(set(cap.uncovered) | (set(range(len(task.workloads))) - set(examples)))

@@ -10,8 +10,8 @@ see every line):
 * the graph-level knobs: the rest of the graph eager or under ``torch.compile`` (Inductor options
   as knobs), CUDA-graph replay for launch-bound workloads (static input buffers, fresh inputs
   copied in, outputs cloned), sites' implementations (graph / library / family);
-* ``run(*args)``: picks the case by the scalar inputs' values (symbolic graphs) or the full input
-  signature (concrete graphs) and runs the reference for anything else.
+* ``run(*args)``: picks the case by the input signature (shapes, dtypes, scalar values) among the
+  workloads each graph was traced and checked for, and runs the reference for anything else.
 """
 
 from __future__ import annotations
@@ -211,14 +211,9 @@ def _kernelarc_signature(args):
     return tuple((tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else repr(a) for a in args)
 
 
-def _kernelarc_scalars(args):
-    return tuple(repr(args[i]) for i in _SCALAR_POSITIONS)
-
-
 def _impl(*args):
-    fn = _SIGNATURES.get(_kernelarc_signature(args)) if _SIGNATURES else None
-    if fn is None:
-        fn = _SCALAR_CASES.get(_kernelarc_scalars(args))
+    # only the input signatures the graphs were traced and checked for; anything else runs the reference
+    fn = _SIGNATURES.get(_kernelarc_signature(args))
     if fn is None:
         return _ref_run(*args)
     with torch.no_grad():
@@ -327,7 +322,6 @@ def emit_module(
     out = [doc, "", *imports, *bodies, ""]
     out.append(f"CUDA_GRAPH = {bool(k.cuda_graph)}")
     out.append(f"CUDA_GRAPH_MAX_BYTES = {CUDA_GRAPH_MAX_BYTES}")
-    out.append(f"_SCALAR_POSITIONS = {tuple(cap.scalar_positions)!r}")
     if k.matmul_precision != "highest":
         out.append(f"torch.set_float32_matmul_precision({k.matmul_precision!r})")
     for i, plan in enumerate(plans):
@@ -336,9 +330,8 @@ def emit_module(
         out.append("")
         out.append(_compile_wrap(f"_case{i}", k))
     out += ["", ""]
-    scal = [f"    {p.case.key!r}: _case{i}_fn," for i, p in enumerate(plans) if p.case.symbolic]
-    sigs = [f"    {p.case.key!r}: _case{i}_fn," for i, p in enumerate(plans) if not p.case.symbolic]
-    out += ["_SCALAR_CASES = {", *scal, "}", "_SIGNATURES = {", *sigs, "}"]
+    sigs = [f"    {sig!r}: _case{i}_fn," for i, p in enumerate(plans) for sig in p.case.signatures]
+    out += ["_SIGNATURES = {", *sigs, "}"]
     src = "\n".join(out) + RUNTIME
     try:
         compile_check(src)

@@ -232,6 +232,18 @@ def _rmsnorm_sites(gm: torch.fx.GraphModule) -> list[Site]:
                 if site:
                     out.append(site)
             continue
+        if op(n) == "div" and isinstance(n.args[0], Node) and op(n.args[1]) == "sqrt":
+            # x / sqrt(mean(x^2) + eps), then * weight
+            inner, eps = n.args[1].args[0], 0.0
+            if op(inner) == "add" and isinstance(inner.args[0], Node) and scalar(inner.args[1]) is not None:
+                eps, inner = scalar(inner.args[1]), inner.args[0]
+            x = _mean_of_square(inner)
+            if x is not None and (same(n.args[0], x) or n.args[0] is x):
+                wm = _norm_weight_mul(n, x)
+                site = _rms_site(wm[1], x, wm[0], eps, style="div_sqrt") if wm else None
+                if site:
+                    out.append(site)
+            continue
         got = _inv_rms(n)
         if got is None:
             continue
@@ -456,6 +468,7 @@ def _attention_sites(gm: torch.fx.GraphModule) -> list[Site]:
         # backward: scores -> [mask] -> [scale] -> matmul(q, k^T)
         s = n.args[0]
         mask, causal, scale, mask_kind = None, False, 1.0, "none"
+        scale_nodes: list[tuple[str, Node]] = []
         for _ in range(4):
             s = strip(s) if op(s) in ("to", "_to_copy") else s
             if op(s) == "masked_fill" and scalar(s.args[2]) == -math.inf:
@@ -479,6 +492,9 @@ def _attention_sites(gm: torch.fx.GraphModule) -> list[Site]:
                     break
                 mask, mask_kind = (s.args[1] if lead[0] is s.args[0] else s.args[0]), "add"
                 s = lead[0]
+            elif op(s) in ("mul", "div") and isinstance(s.args[1], Node) and _is_size_node(s.args[1]):
+                scale_nodes.append((op(s), s.args[1]))  # a scale computed from sizes (d ** -0.5)
+                s = s.args[0]
             elif op(s) == "mul" and scalar(s.args[1]) is not None:
                 scale *= scalar(s.args[1])
                 s = s.args[0]
@@ -495,9 +511,11 @@ def _attention_sites(gm: torch.fx.GraphModule) -> list[Site]:
             continue
         v = pv.args[1]
         p = {"style": "explicit", "causal": causal, "scale": scale, "dropout": 0.0, "mask": mask_kind,
+             "scale_ops": [o for o, _ in scale_nodes],
              "in_dtype": str(node_dtype(q)).replace("torch.", ""),
              "q_src_dtype": str(node_dtype(strip(q))).replace("torch.", "")}  # fmt: skip
-        site = _site(Kind.attention, pv, {"q": q, "k": k, "v": v, "mask": mask}, p)
+        ins = {"q": q, "k": k, "v": v, "mask": mask, **{f"scale{i}": nd for i, (_, nd) in enumerate(scale_nodes)}}
+        site = _site(Kind.attention, pv, ins, p)
         if site:
             out.append(site)
     return out

@@ -55,7 +55,7 @@ def rms_functional(x, w):
 
 @pytest.mark.parametrize(
     ("fn", "dtype", "eps"),
-    [(rms_manual, BF16, 1e-5), (rms_square_recip, F32, 1e-6), (rms_functional, F16, 2e-6)],
+    [(rms_manual, BF16, 1e-5), (rms_square_recip, F32, 1e-6), (rms_square_div, F32, 1e-6), (rms_functional, F16, 2e-6)],
 )
 def test_rmsnorm_styles(fn, dtype, eps):
     found = sites(fn, _meta(3, 5, 64, dtype=dtype), _meta(64, dtype=dtype))
@@ -64,9 +64,10 @@ def test_rmsnorm_styles(fn, dtype, eps):
     assert s.inputs["x"].op == "placeholder" and s.inputs["weight"].op == "placeholder"
 
 
-def test_rmsnorm_as_division_by_sqrt_is_not_an_inverse_rms():
-    # x / sqrt(var + eps) is not written as a multiply by an inverse: left to the rest of the graph
-    assert Kind.rmsnorm not in kinds(sites(rms_square_div, _meta(4, 64, dtype=F32), _meta(64, dtype=F32)))
+def test_mean_square_without_a_weight_is_not_an_rmsnorm():
+    # no per-channel weight: nothing the RMSNorm families compute; left to the rest of the graph
+    fn = lambda a: a * torch.rsqrt((a * a).mean(-1, keepdim=True) + 1e-6)  # noqa: E731
+    assert Kind.rmsnorm not in kinds(sites(fn, _meta(4, 64, dtype=F32)))
 
 
 def add_rms(x, residual, w):
