@@ -42,7 +42,11 @@ def test_two_actor_session_tracks_registers_and_resumes(tmp_path):
     assert parent.info.run_name == "rmsnorm-cpu-2a-m16" and parent.data.params["executor.name"] == "ray"
     children = [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == 3 + 1  # the reference baseline and three candidates
-    assert all(x.data.tags["kernelarc.verdict"] in ("champion", "correct_slower") for x in children)
+    from kernelarc.models import Status
+
+    verdicts = [x.data.tags["kernelarc.verdict"] for x in children]
+    assert set(verdicts) <= {s.value for s in Status}
+    assert sum(v in ("champion", "correct_slower") for v in verdicts) >= 2  # the reference and a candidate, judged
     assert int(c.get_model_version_by_alias("kernelarc.rmsnorm.cpu", "champion").version) == 1
 
     # The same command again resumes the finished session: nothing measured twice, same parent run.
