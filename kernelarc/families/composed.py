@@ -200,8 +200,8 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
 
 
 def composed_families(task) -> list[Family]:
-    """The composed families of a problem; empty when its reference cannot be captured or has no
-    site that a library call or a KernelArc family can serve."""
+    """The composed families of a problem (empty when its reference cannot be captured): the library
+    family, and one family per KernelArc kernel family that can serve a recognised site kind."""
     from kernelarc.families import all_families
 
     rec = recognise(task)
@@ -209,23 +209,22 @@ def composed_families(task) -> list[Family]:
         log.info("%s: reference not captured (%s)", task.name, rec.error)
         return []
     subst = [k for k in rec.kinds() if rec.substitutable(k, Impl.library) or rec.substitutable(k, Impl.family)]
-    if not subst:
-        return []
     gknobs = _graph_knobs(rec)
     out: list[Family] = []
     lib_knobs = gknobs + _impl_knobs(rec, None)
-    if any(rec.substitutable(k, Impl.library) for k in subst):
-        out.append(
-            Family(
-                name=f"composed.{task.name}.library",
-                task=task.name,
-                description="reference graph with recognised sites as fused library calls, graph-level knobs",
-                knobs=tuple(lib_knobs),
-                start=_start(lib_knobs),
-                render=lambda k: render_composed(task, rec, k),
-                language="pytorch",
-            )
+    # offered for every captured problem: even with no site to substitute, the graph-level knobs
+    # (CUDA-graph replay, Inductor's tuning options) are choices torch.compile's variants do not make
+    out.append(
+        Family(
+            name=f"composed.{task.name}.library",
+            task=task.name,
+            description="reference graph with recognised sites as fused library calls, graph-level knobs",
+            knobs=tuple(lib_knobs),
+            start=_start(lib_knobs),
+            render=lambda k: render_composed(task, rec, k),
+            language="pytorch",
         )
+    )
     for kind in subst:
         if not rec.substitutable(kind, Impl.family):
             continue
@@ -237,7 +236,18 @@ def composed_families(task) -> list[Family]:
             names = {k.name for k in fam.knobs}
             other = [k for k in other if k.name not in names]
             out.append(_kernel_family(task, rec, fam, kind, other))
-    return out
+    return [f for f in out if _renders(f)]
+
+
+def _renders(fam: Family) -> bool:
+    """The family's start point emits (a graph with a node the emitter cannot write is not offered:
+    the search renders points without expecting errors)."""
+    try:
+        fam.render(fam.start)
+    except (CompositionError, AdapterError) as e:
+        log.info("%s not offered: %s", fam.name, e)
+        return False
+    return True
 
 
 def _kernel_family(task, rec: Recognition, fam: Family, kind: Kind, other: list[Knob]) -> Family:

@@ -264,6 +264,8 @@ def _sdpa_call(site: Site, c: Ctx, q: str, k: str, v: str, cast: str | None) -> 
     args = f"{q}, {k}, {v}, attn_mask={m}, is_causal={bool(p['causal'])}"
     if scale is not None:
         args += f", scale={scale}"
+    if p.get("gqa"):
+        args += ", enable_gqa=True"
     return f"F.scaled_dot_product_attention({args})"
 
 
@@ -274,7 +276,12 @@ def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, s
         c.knobs.get("attn_precision") == "low" and p.get("q_src_dtype") in LOW_DTYPES and p.get("in_dtype") == "float32"
     )
     cast = _dt(p["q_src_dtype"]) if low else None
-    qq, kk, vv = (f"{t}.to({cast})" for t in (q, k, v)) if cast else (q, k, v)
+    if cast:
+        qq, kk, vv = (f"{t}.to({cast})" for t in (q, k, v))
+    elif p.get("gqa"):  # the un-repeated k / v are read before the reference's cast: match q's dtype
+        qq, kk, vv = q, f"{k}.to({q}.dtype)", f"{v}.to({q}.dtype)"
+    else:
+        qq, kk, vv = q, k, v
     call = _sdpa_call(site, c, qq, kk, vv, cast)
     if cast:
         call = f"{call}.to(torch.float32)"

@@ -414,6 +414,23 @@ def _transposed_last(n: Any) -> Node | None:
     return None
 
 
+def _unrepeat(t: Any) -> Node | None:
+    """The kv tensor [B, Hkv, S, D] that ``t`` repeats over heads (GQA), as repeat_interleave(x, g, dim=1)
+    or HF's repeat_kv x[:, :, None].expand(B, Hkv, g, S, D).reshape(B, Hkv * g, S, D); None otherwise."""
+    base = strip(t)
+    if op(base) == "repeat_interleave" and arg(base, 2, "dim") in (1, -3) and node_rank(base) == 4:
+        return base.args[0]
+    if op(base) in ("reshape", "view", "_unsafe_view") and node_rank(base) == 4:
+        e = strip(base.args[0])
+        if op(e) == "expand" and node_rank(e) == 5:
+            u = e.args[0]
+            while op(u) == "slice":
+                u = u.args[0]
+            if op(u) == "unsqueeze" and arg(u, 1, "dim") == 2 and node_rank(u.args[0]) == 4:
+                return u.args[0]
+    return None
+
+
 def _causal_keep(mask: Any) -> bool:
     """The boolean keep-mask is tril(ones(S, S)) (query i sees keys j <= i)."""
     m = strip(mask)
@@ -510,7 +527,11 @@ def _attention_sites(gm: torch.fx.GraphModule) -> list[Site]:
         if k is None or node_rank(q) != node_rank(k):
             continue
         v = pv.args[1]
-        p = {"style": "explicit", "causal": causal, "scale": scale, "dropout": 0.0, "mask": mask_kind,
+        k0, v0 = _unrepeat(k), _unrepeat(v)
+        gqa = k0 is not None and v0 is not None
+        if gqa:
+            k, v = k0, v0
+        p = {"style": "explicit", "causal": causal, "gqa": gqa, "scale": scale, "dropout": 0.0, "mask": mask_kind,
              "scale_ops": [o for o, _ in scale_nodes],
              "in_dtype": str(node_dtype(q)).replace("torch.", ""),
              "q_src_dtype": str(node_dtype(strip(q))).replace("torch.", "")}  # fmt: skip

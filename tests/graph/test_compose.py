@@ -122,6 +122,34 @@ def test_attention_library_and_family_per_scalar_case(tmp_path):
         check(task, "attention.flash", {"BLOCK_M": 16, "BLOCK_N": 16})
 
 
+GQA = """
+import math
+import torch
+
+
+@torch.no_grad()
+def run(q, k, v):
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).to(torch.float32)
+    v = v[:, :, None].expand(v.shape[0], v.shape[1], group, v.shape[2], v.shape[3]).reshape(q.shape)
+    scores = torch.matmul(q.to(torch.float32), k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    return torch.matmul(torch.softmax(scores, dim=-1), v.to(torch.float32)).to(q.dtype)
+"""
+
+
+def test_gqa_attention_reads_the_unrepeated_kv(tmp_path):
+    shapes = {"q": (["B", "H", "S", "D"], "bfloat16"), "k": (["B", "G", "S", "D"], "bfloat16"),
+              "v": (["B", "G", "S", "D"], "bfloat16")}  # fmt: skip
+    wls = [{"B": 1, "H": 4, "G": 2, "S": 24, "D": 16}, {"B": 2, "H": 6, "G": 3, "S": 20, "D": 16}]
+    task = make_task(tmp_path, "p_gqa", GQA, shapes, {"o": (["B", "H", "S", "D"], "bfloat16")}, wls)
+    site = recognise(task).sites[0][0]
+    assert site.kind.value == "attention" and site.params["gqa"]
+    assert site.inputs["k"].op == "placeholder" and site.inputs["v"].op == "placeholder"
+    src = check(task, "library", {"sdpa_backend": "math"})
+    assert "enable_gqa=True" in src
+    check(task, "attention.flash", {"BLOCK_M": 16, "BLOCK_N": 16})
+
+
 SOFTMAX_SWIGLU = """
 import torch
 
