@@ -3,10 +3,11 @@
 The worker never hands the judge an object: it copies each output, in logical (row-major) order,
 into a byte buffer the judge created, at offsets the judge computed from the task (``layout``).
 The judge views those bytes as the dtype and shape the task declares; whatever the worker wrote
-there is only ever numbers to compare. On the CPU the buffer is a file in /dev/shm mapped by
-both; on a GPU it is a device tensor of the judge's, opened in the worker through CUDA IPC (the
-handle is pickled judge -> worker, the direction in which pickle is harmless). The worker maps it
-while it is still privileged, before it drops to its own uid.
+there is only ever numbers to compare. The buffer is a file mapped by both (in /dev/shm where it
+fits, else in the temp directory), on a GPU too: the worker copies device -> host into it and the
+judge moves the bytes back to its device. No CUDA IPC: a worker killed mid-job would leave the
+judge's shared device memory referenced for good. The worker maps the file while it is still
+privileged, before it drops to its own uid (the file is the judge's, mode 0600).
 """
 
 from __future__ import annotations
@@ -69,33 +70,29 @@ class JudgeBuffer:
     def __init__(self, device: str, nbytes: int):
         self.device = torch.device(device)
         self.nbytes = nbytes
-        self.path: str | None = None
-        if self.device.type == "cuda":
-            self.tensor = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        else:
-            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            fd, self.path = tempfile.mkstemp(prefix="kernelarc-out-", dir=shm)
-            try:
-                os.ftruncate(fd, nbytes)
-            finally:
-                os.close(fd)
-            self.tensor = torch.from_file(self.path, shared=True, size=nbytes, dtype=torch.uint8)
+        shm = None
+        with contextlib.suppress(OSError):
+            st = os.statvfs("/dev/shm")
+            if nbytes < st.f_bavail * st.f_frsize // 2:  # a small /dev/shm (containers: 64 MB) would SIGBUS
+                shm = "/dev/shm"
+        fd, self.path = tempfile.mkstemp(prefix="kernelarc-out-", dir=shm)
+        try:
+            os.ftruncate(fd, nbytes)
+        finally:
+            os.close(fd)
+        self.tensor = torch.from_file(self.path, shared=True, size=nbytes, dtype=torch.uint8)
 
     def handle(self) -> tuple:
-        if self.path is not None:
-            return ("file", self.path, self.nbytes)
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        return ("cuda_ipc", *reduce_tensor(self.tensor))
+        return ("file", self.path, self.nbytes)
 
     def read(self, slot: Slot) -> torch.Tensor:
-        return view(self.tensor, slot).clone()
+        return view(self.tensor, slot).to(self.device, copy=True)
 
     def close(self) -> None:
         if self.path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
-            self.path = None
+            self.path = None  # type: ignore[assignment]
 
 
 def open_buffer(handle: tuple) -> torch.Tensor:
@@ -103,9 +100,6 @@ def open_buffer(handle: tuple) -> torch.Tensor:
     if handle[0] == "file":
         _, path, nbytes = handle
         return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
-    if handle[0] == "cuda_ipc":
-        _, rebuild, args = handle
-        return rebuild(*args)
     raise ValueError(f"unknown buffer handle {handle[0]!r}")
 
 

@@ -1,7 +1,8 @@
 """The OS boundary between the judge and the workers that run candidate code.
 
 Root (CI, the GPU machine): every worker gets its own unprivileged uid from a high range
-(``UID_BASE`` + slot; a slot is reused only after every process of its uid is dead), a group per
+(``UID_BASE`` + slot, locked against other judge processes on the machine by an flock; a slot is
+reused only after every process of its uid is dead), a group per
 role (candidates, trusted: reference, baselines, champion) and its own writable HOME / TMPDIR /
 Triton, Inductor and CUTLASS caches. The worker drops to that uid itself, after CUDA is
 initialised and the judge's output buffer is mapped, then sets PR_SET_NO_NEW_PRIVS and resource
@@ -168,6 +169,7 @@ class Sandbox:
         self.me = os.getpid()
         self._lock = threading.Lock()
         self._free = list(range(UID_SLOTS))
+        self._locks: dict[int, int] = {}  # uid -> fd of its lock file
         self.base = tempfile.mkdtemp(prefix="kernelarc-sandbox-")
         os.chmod(self.base, 0o711)  # workers traverse it to their own directories, cannot list it
         self.homes: dict[Role, str] = {}
@@ -188,14 +190,31 @@ class Sandbox:
                 "signal it; stray processes are found by session, process group and an environment token"
             )
 
+    def _claim(self) -> int:
+        """A uid no other judge process on this machine uses now: an flock on a per-uid file, held
+        while the uid is ours (the kernel drops it if this process dies)."""
+        import fcntl
+
+        lock_dir = "/tmp/kernelarc-uids"
+        os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+        with self._lock:
+            order = self._free[:]
+            start = int.from_bytes(os.urandom(2), "little") % max(len(order), 1)
+            for slot in order[start:] + order[:start]:
+                fd = os.open(os.path.join(lock_dir, str(UID_BASE + slot)), os.O_CREAT | os.O_RDWR, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                    continue
+                self._free.remove(slot)
+                self._locks[UID_BASE + slot] = fd
+                return UID_BASE + slot
+        raise RuntimeError("no free worker uid slot")
+
     def allocate(self) -> Identity:
         token = os.urandom(8).hex()
-        uid = None
-        if self.root:
-            with self._lock:
-                if not self._free:
-                    raise RuntimeError("no free worker uid slot")
-                uid = UID_BASE + self._free.pop(0)
+        uid = self._claim() if self.root else None
         tmp = os.path.join(self.base, f"w-{token}")
         os.makedirs(tmp, mode=0o700)
         if uid is not None:
@@ -215,6 +234,9 @@ class Sandbox:
             else:
                 with self._lock:
                     self._free.append(ident.uid - UID_BASE)
+                    fd = self._locks.pop(ident.uid, None)
+                if fd is not None:
+                    os.close(fd)  # the uid is free for any judge again
         return killed
 
     def _processes(self, ident: Identity, leader: int | None, since: int = 0) -> list[int]:

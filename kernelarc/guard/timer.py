@@ -143,6 +143,10 @@ class Timer:
             lo, hi = bisect.bisect_left(starts, t0), bisect.bisect_right(starts, t1)
             recs = [r for i in range(lo, hi) for r in spans.get(launches[i][1], ())]
             samples.append((max(e for _, e in recs) - min(s for s, _ in recs)) / 1e6 if recs else 0.0)
+        if any(c == 0.0 and e > 0.005 for c, e in zip(samples, events, strict=True)):
+            # An iteration whose kernels CUPTI did not see (records lost, or CUPTI turned off by the
+            # code under test): these samples cannot be trusted; events from here on.
+            raise RuntimeError("CUPTI recorded no device activity for an iteration the events timed")
         return samples, events, last
 
     def single(self, setup: Callable[[int], list[Any]], fn: Callable[..., Any]) -> float:

@@ -175,7 +175,7 @@ def _cand(src: str) -> Candidate:
 @pytest.fixture(scope="module")
 def guard():
     task = load_builtin("rmsnorm", cpu=True)
-    g = Guard(task, None, "cpu", GuardConfig(timeout_s=20, target_ms=5, min_iters=3, max_iters=20, prestart=2))
+    g = Guard(task, None, "cpu", GuardConfig(timeout_s=20, target_ms=5, min_iters=3, max_iters=20, prestart=3))
     ref = g.evaluate(reference_candidate(task), trusted=True)
     assert ref.verdict.status is Status.champion, ref.verdict.errors
     g.set_baselines(ref, None)
@@ -206,7 +206,7 @@ BAD = {
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_adversarial_kernels_get_the_right_status(guard, name):
     src, trusted, want = BAD[name]
-    v = guard.evaluate(_cand(src), reference_candidate(guard.task), trusted=trusted, timeout_s=15).verdict
+    v = guard.evaluate(_cand(src), trusted=trusted, timeout_s=15).verdict
     assert v.status is want, (name, v.status, v.errors)
     assert v.errors
 
@@ -423,7 +423,7 @@ def run(x, weight):
 
 @pytest.mark.parametrize("name", sorted(HONEST_STYLES))
 def test_honest_kernels_in_unusual_styles_are_accepted(guard, name):
-    v = guard.evaluate(_cand(HONEST_STYLES[name]), reference_candidate(guard.task), timeout_s=60).verdict
+    v = guard.evaluate(_cand(HONEST_STYLES[name]), timeout_s=60).verdict
     assert v.correct, (name, v.status, v.errors)
 
 
@@ -448,5 +448,108 @@ def _nvidia_samples() -> list[tuple[str, str]]:
 def test_nvidias_cheating_samples_are_rejected(guard, name, src):
     if not src:
         pytest.skip("no samples found")
-    v = guard.evaluate(_cand(src), reference_candidate(guard.task), timeout_s=15).verdict
+    v = guard.evaluate(_cand(src), timeout_s=15).verdict
     assert v.status is Status.rejected_hack, (name, v.status, v.errors)
+
+
+def test_without_root_a_daemon_is_still_found_and_killed(tmp_path):
+    """The fallback where the judge is not root (or KERNELARC_SANDBOX=0): workers keep the judge's uid,
+    the judge is a subreaper and non-dumpable, and a worker's daemons are found by session, group and
+    the environment token the worker started with."""
+    import subprocess
+    import sys
+
+    d = _world_writable_dir()
+    pidfile = d / "daemon.pid"
+    cand = (
+        f"""import os, time
+import torch
+def run(x, weight):
+    if not os.path.exists({str(pidfile)!r}):
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            if os.fork() == 0:
+                open({str(pidfile)!r} + ".tmp", "w").write(str(os.getpid()))
+                os.rename({str(pidfile)!r} + ".tmp", {str(pidfile)!r})
+                time.sleep(120)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        while not os.path.exists({str(pidfile)!r}):
+            time.sleep(0.01)
+"""
+        + HONEST
+    )
+    script = f"""
+from kernelarc.guard.judge import Guard, GuardConfig
+from kernelarc.guard.sandbox import sandbox
+from kernelarc.models import Candidate
+from kernelarc.tasks import load_builtin
+assert not sandbox().root
+g = Guard(load_builtin("rmsnorm", cpu=True), None, "cpu", GuardConfig(timeout_s=20, target_ms=5, max_iters=20, prestart=1))
+v = g.evaluate(Candidate(source={cand!r}, language="pytorch"), trusted=True).verdict
+print(v.status.value, v.errors)
+g.close()
+"""
+    env = dict(os.environ, KERNELARC_SANDBOX="0", TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("rejected_hack"), r.stdout
+    assert "not root" in r.stderr  # said in a log line
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = _alive(pid)
+    if alive:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not alive, "a double-forked daemon outlived the job without root"
+
+
+def test_the_judge_clock_rule():
+    """A worker whose reported times are forged (0.01 ms for a 1 ms call) leaves about 1 ms per call
+    unexplained in every burst, where the champion's bursts leave 0.1 ms; one preempted burst of an
+    honest challenger does not count against it."""
+    from kernelarc.guard.drive import clock_violation
+
+    assert clock_violation([1.0, 1.1, 0.99], [0.1, 0.12, 0.11], 0.5, 3.0, 0.2)
+    assert clock_violation([0.12, 30.0, 0.11], [0.1, 0.12, 0.11], 0.5, 3.0, 0.2) is None
+    assert clock_violation([0.3], [], 0.5, 3.0, 0.2) is None
+
+
+def test_the_channel_bounds_what_a_peer_can_do():
+    """Frames from an untrusted peer: a huge length, half a frame, garbage, an early close; each is a
+    clear error on the judge's side within its deadline, never a hang or an unpickled object."""
+    import socket
+    import struct
+
+    from kernelarc.guard.protocol import Channel, ProtocolError
+
+    def pair():
+        a, b = socket.socketpair()
+        return Channel(a), b
+
+    judge, peer = pair()
+    peer.sendall(struct.pack(">I", 1 << 30))
+    with pytest.raises(ProtocolError):
+        judge.recv_message(1.0)
+    judge, peer = pair()
+    peer.sendall(struct.pack(">I", 10) + b"{")
+    t = time.monotonic()
+    with pytest.raises(TimeoutError):
+        judge.recv_message(0.3)
+    assert time.monotonic() - t < 2
+    judge, peer = pair()
+    peer.sendall(struct.pack(">I", 5) + b"\x80\x04K\x01.")  # a pickle
+    with pytest.raises(ProtocolError):
+        judge.recv_message(1.0)
+    judge, peer = pair()
+    nested = b"[" * 100_000
+    peer.sendall(struct.pack(">I", len(nested)) + nested)
+    with pytest.raises(ProtocolError):
+        judge.recv_message(1.0)
+    judge, peer = pair()
+    peer.close()
+    with pytest.raises(EOFError):
+        judge.recv_message(1.0)

@@ -1,0 +1,105 @@
+"""Issue 15 on the GPU: the classes whose attack needs a device (side streams, CUDA timers, CUPTI),
+and the CPU classes again on a GPU workload. ``pytest -m gpu tests/guard/test_adversarial_gpu.py``."""
+
+from __future__ import annotations
+
+import pytest
+from test_adversarial import CACHE_PTR_VERSION, GOOD, HONEST, SKIP_LATER_CALLS
+
+from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
+from kernelarc.models import Candidate, Status
+from kernelarc.tasks import load_builtin
+
+pytestmark = pytest.mark.gpu
+
+TRITON_GOOD = """import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def _k(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + 1e-6)
+    tl.store(y_ptr + row * N + offs, (x * inv * w).to(y_ptr.dtype.element_ty), mask=m)
+
+def run(x, weight):
+    M, N = x.shape
+    y = torch.empty_like(x)
+    _k[(M,)](x, weight, y, N, BLOCK=triton.next_power_of_2(N))
+    return y
+"""
+# Past the static checks (trusted=True): the runtime layers must catch these on their own.
+SIDE_STREAM_WORK = """import torch
+_S = torch.cuda.Stream()
+_BIG = None
+def run(x, weight):
+    global _BIG
+    if _BIG is None:
+        _BIG = torch.randn(8192, 8192, device=x.device)
+    y = torch.empty_like(x)
+    _S.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(_S):  # the real work, plus a long matmul, after the timed region ends
+        for _ in range(4):
+            _BIG @ _BIG
+        xf = x.float()
+        y.copy_((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype))
+    return y
+"""
+PATCH_EVENTS_AT_RUN = (
+    """import torch
+def run(x, weight):
+    torch.cuda.Event.elapsed_time = lambda self, end: 1e-4
+"""
+    + HONEST
+)
+
+
+@pytest.fixture(scope="module")
+def guard():
+    task = load_builtin("rmsnorm")
+    g = Guard(task, None, "cuda:0", GuardConfig(workloads=[2], timeout_s=120))
+    ref = g.evaluate(reference_candidate(task), trusted=True)
+    assert ref.verdict.status is Status.champion, ref.verdict.errors
+    g.set_baselines(ref, None)
+    yield g
+    g.close()
+
+
+def test_honest_kernels_pass_with_cupti_or_events(guard):
+    for src, lang in ((GOOD, "pytorch"), (TRITON_GOOD, "triton")):
+        v = guard.evaluate(Candidate(source=src, language=lang), reference_candidate(guard.task)).verdict
+        assert v.correct, (lang, v.errors)
+        print(lang, v.status.value, f"{v.eval_seconds:.2f} s", v.phases, v.warnings)
+
+
+@pytest.mark.parametrize(
+    "src, trusted",
+    [
+        (SIDE_STREAM_WORK, True),
+        (PATCH_EVENTS_AT_RUN, True),
+        (CACHE_PTR_VERSION, False),
+        (SKIP_LATER_CALLS, False),
+    ],
+    ids=["side_stream_past_static", "patch_events_past_static", "cache_ptr_version", "skip_later_calls"],
+)
+def test_gpu_cheats_are_rejected(guard, src, trusted):
+    v = guard.evaluate(Candidate(source=src, language="pytorch"), reference_candidate(guard.task), trusted=trusted)
+    assert v.verdict.status is Status.rejected_hack, (v.verdict.status, v.verdict.errors)
+
+
+def test_nvidias_stream_injection_is_rejected_at_runtime_too(guard):
+    """NVIDIA's sample imports `time` and makes a side stream (the static checks reject both); past the
+    static checks, the CUPTI/event cross-check or the synchronised-wall check rejects it."""
+    import json
+    from pathlib import Path
+
+    f = Path("/work/shared/sol-execbench-harness/tests/samples/rmsnorm/solution_hack_stream_injection.json")
+    if not f.is_file():
+        pytest.skip("NVIDIA's harness is not in ../shared")
+    src = next(s["content"] for s in json.loads(f.read_text())["sources"] if s["path"].endswith(".py"))
+    v = guard.evaluate(Candidate(source=src, language="pytorch"), reference_candidate(guard.task), trusted=True)
+    assert v.verdict.status is Status.rejected_hack, (v.verdict.status, v.verdict.errors)
