@@ -35,8 +35,16 @@ MAX_CONCRETE_CASES = 16  # concrete graphs emitted per problem (the rest of the 
 MAX_CUSTOM_CPU_BYTES = 256 * 2**20  # custom input generators run on the CPU only for workloads this small
 
 
+MAX_GRAPH_NODES = 4000  # a Python loop over a sequence unrolls into a graph no emitted module should hold
+
+
 class CaptureError(RuntimeError):
     """The reference could not be traced into a graph (the message says why)."""
+
+
+class GraphTooLarge(CaptureError):
+    """The traced graph has more than MAX_GRAPH_NODES nodes (per-step Python loops): tracing other
+    shapes would only unroll them again."""
 
 
 @dataclass
@@ -124,6 +132,9 @@ def trace(fn, args: Sequence[Any], symbolic: bool) -> torch.fx.GraphModule:
         gm = make_fx(fn, tracing_mode=mode, pre_dispatch=True)(*args)
     except Exception as e:  # noqa: BLE001 - tracing fails in many ways; the caller falls back
         raise CaptureError(f"{mode} tracing failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+    n = len(gm.graph.nodes)
+    if n > MAX_GRAPH_NODES:
+        raise GraphTooLarge(f"{mode} trace has {n} nodes (over {MAX_GRAPH_NODES}: a Python loop unrolled per step)")
     return _strip(gm)
 
 
@@ -233,6 +244,8 @@ def capture_task(task: Task) -> Capture:
         ex = max(members, key=lambda i: _generic_score(task, i))
         try:
             gm = trace(fn, examples[ex], symbolic=True)
+        except GraphTooLarge:
+            raise
         except CaptureError as e:
             errors.append(str(e))
             concrete += members
@@ -261,6 +274,8 @@ def capture_task(task: Task) -> Capture:
                 continue
             try:
                 gm = trace(fn, examples[members[0]], symbolic=False)
+            except GraphTooLarge:
+                raise
             except CaptureError as e:
                 errors.append(str(e))
                 cap.uncovered += members

@@ -207,3 +207,18 @@ def test_rope_and_layernorm():
 def test_elementwise_chain_and_reduction_left_over():
     found = sites(lambda x, y: (torch.tanh(x) * y + 1.0).sum(-1), _meta(4, 32, dtype=F32), _meta(4, 32, dtype=F32))
     assert Kind.elementwise in [s.kind for s in found] and Kind.reduction in [s.kind for s in found]
+
+
+def test_unrolled_python_loops_are_refused(monkeypatch):
+    import kernelarc.graph.capture as capture
+
+    def scan(x):
+        acc = x[:, 0]
+        for t in range(1, x.shape[1]):
+            acc = torch.maximum(acc * 0.5, x[:, t])
+        return acc
+
+    monkeypatch.setattr(capture, "MAX_GRAPH_NODES", 40)
+    with pytest.raises(capture.GraphTooLarge):
+        trace(scan, (_meta(2, 64, dtype=F32),), symbolic=False)
+    assert trace(scan, (_meta(2, 8, dtype=F32),), symbolic=False) is not None
