@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernelarc.guard import compare
-from kernelarc.guard.compare import _first_mismatches, compare_output, layout_error, matched_ratio
+from kernelarc.guard.compare import _first_mismatches, compare_output, layout_error, matched_ratio, stride_mismatch
 
 HARNESS_SRC = Path(__file__).resolve().parents[2] / "shared" / "sol-execbench-harness" / "src"
 
@@ -191,10 +191,12 @@ def test_right_values_in_a_column_major_layout_are_incorrect():
     c = compare_output("y", col_major, ref, None, 1e-2, 1e-2, 0.99)
     assert not c.ok and "not contiguous row-major" in c.message
     assert compare_output("y", ref.clone(), ref, None, 1e-2, 1e-2, 0.99).ok
-    # a reference that is itself a transposed view asks for its strides
+    # a reference that is itself a transposed view: its strides or row-major, nothing else
     ref_t = torch.randn(48, 64).t()
     assert compare_output("y", ref_t.clone(), ref_t, None, 1e-2, 1e-2, 0.99).ok  # clone keeps the strides
-    assert "strides" in layout_error("y", ref_t.contiguous(), ref_t)
+    assert layout_error("y", ref_t.contiguous(), ref_t) is None
+    odd = torch.randn(64, 96)[:, ::2]
+    assert "neither contiguous row-major nor the reference's" in layout_error("y", odd, ref_t)
     # size-1 dimensions may have any stride
     ref1 = torch.randn(1, 32)
     assert layout_error("y", torch.randn(32, 1).t(), ref1) is None
@@ -214,3 +216,10 @@ def test_scalars():
     assert not compare_output("s", 2.0, 1.0, None, 1e-2, 1e-2, 0.99).ok
     assert not compare_output("s", float("nan"), 1.0, None, 1e-2, 1e-2, 0.99).ok
     assert not compare_output("s", torch.tensor(1.0), 1.0, None, 1e-2, 1e-2, 0.99).ok
+
+
+def test_stride_lists_follow_the_same_rule():
+    assert not stride_mismatch([32, 1], [64, 1], (8, 32))  # row-major, the reference a split view
+    assert not stride_mismatch([64, 1], [64, 1], (8, 32))  # the reference's own layout
+    assert stride_mismatch([1, 8], [32, 1], (8, 32))  # column-major
+    assert not stride_mismatch([5, 1], [1, 1], (1, 32))  # size-1 dimensions: any stride

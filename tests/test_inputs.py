@@ -20,6 +20,7 @@ from kernelarc.tasks.inputs import (
     make_inputs,
     refill,
     role_of,
+    share_elements,
     snapshot,
 )
 from kernelarc.tasks.loader import TaskError, fit_workloads
@@ -176,3 +177,36 @@ def test_too_big_workloads_are_shrunk_within_the_constraints(tmp_path):
     assert d3.workloads[0].axes == {"M": 40000, "N": 192} and "cannot be shrunk" in d3.warnings[-1]
     with pytest.raises(TaskError):
         load_task(tmp_path / "missing")
+
+
+def test_share_elements_tells_split_views_from_overlap():
+    t = torch.randn(4, 10)
+    a, b = t.chunk(2, dim=1)
+    assert not share_elements(a, b) and share_elements(a, t) and share_elements(t[:, :6], t[:, 4:])
+    assert not share_elements(torch.randn(3), torch.randn(3))
+    assert share_elements(t, t.view(torch.int16))  # other itemsize on one buffer: conservatively shared
+
+
+def test_a_reference_returning_split_views_of_one_buffer_is_correct(tmp_path):
+    d = {
+        "name": "split_outputs",
+        "axes": {"M": {"type": "var"}, "N": {"type": "const", "value": 32}, "H": {"type": "const", "value": 16}},
+        "inputs": {"x": {"shape": ["M", "N"], "dtype": "float32"}},
+        "outputs": {"lo": {"shape": ["M", "H"], "dtype": "float32"}, "hi": {"shape": ["M", "H"], "dtype": "float32"}},
+        "reference": "import torch\n\ndef run(x):\n    return (x * 2.0).chunk(2, dim=1)\n",
+    }
+    (tmp_path / "definition.json").write_text(json.dumps(d))
+    (tmp_path / "workload.jsonl").write_text(
+        json.dumps({"uuid": "a", "axes": {"M": 8}, "inputs": {"x": {"type": "random"}}})
+    )
+    task = load_task(tmp_path)
+    cfg = GuardConfig(timeout_s=60, target_ms=2, min_iters=2, max_iters=4, prestart=1, seeds=2)
+    with Guard(task, None, "cpu", cfg) as g:
+        ref = g.evaluate(reference_candidate(task), trusted=True).verdict
+        assert ref.correct, ref.errors  # the layout contract holds: each chunk has the reference's strides
+        dense = "import torch\n\ndef run(x):\n    y = x * 2.0\n    return y[:, :16].contiguous(), y[:, 16:] + 0\n"
+        v = g.evaluate(Candidate(source=dense, language="pytorch")).verdict
+        assert v.correct, v.errors  # contiguous outputs are always a valid layout
+        same = "import torch\n\ndef run(x):\n    y = x * 2.0\n    return y, y\n"
+        v = g.evaluate(Candidate(source=same.replace("return y, y", "return y[:, :16], y[:, :16]"), language="pytorch"))
+        assert v.verdict.status is Status.incorrect and "overlaps another output" in " ".join(v.verdict.errors)

@@ -14,8 +14,8 @@ and the other way round (``tests/test_compare.py`` runs both on the same tensors
   ``required_matched_ratio`` of its elements pass (counted in integers) and, when ``max_error_cap`` is set,
   no absolute error exceeds it.
 
-One contract of ours comes on top (issue 15, output layout): a tensor output has the reference output's
-device and memory layout (contiguous row-major where the reference is contiguous), so right values in a
+One contract of ours comes on top (issue 15, output layout): a tensor output is on the reference output's
+device and is contiguous row-major or laid out as the reference output is, so right values in a
 column-major buffer are ``incorrect``. The float64 run of the reference (``ref_hp``) only yields the
 ``rel_err`` metric: as a rejection rule it could reject outputs NVIDIA's harness accepts, so it is none.
 """
@@ -45,12 +45,27 @@ class Comparison:
     total: int | None = None  # ... of this many compared
 
 
+def stride_mismatch(strides: list[int] | tuple[int, ...], want: list[int] | tuple[int, ...], shape) -> bool:
+    """False when ``strides`` are contiguous row-major or the reference's ``want`` (dimensions of size 1
+    ignored): the layout rule of ``layout_error`` on stride lists (the judge gets strides as metadata)."""
+    dense, acc = [], 1
+    for n in reversed(list(shape)):
+        dense.append(acc)
+        acc *= max(int(n), 1)
+    dense.reverse()
+
+    def same(a, b) -> bool:
+        return all(x == y for x, y, n in zip(a, b, shape, strict=True) if n != 1)
+
+    return not (same(strides, dense) or same(strides, want))
+
+
 def layout_error(name: str, out: torch.Tensor, ref: torch.Tensor) -> str | None:
     """Why ``out`` breaks the output contract (device, shape, dtype, strides), or None.
 
-    Strides are compared only where they matter: a dimension of size 1 may have any stride (PyTorch's own
-    contiguity ignores it too). A contiguous reference asks for a contiguous (row-major) output; any other
-    reference layout asks for the same strides.
+    A contiguous row-major output is always right (the harness's own outputs are); any other layout must be
+    the reference output's (a reference returning a transposed or split view). A dimension of size 1 may have
+    any stride, as PyTorch's own contiguity allows.
     """
     if out.device != ref.device:
         return f"{name}: on {out.device}, expected {ref.device}"
@@ -58,20 +73,21 @@ def layout_error(name: str, out: torch.Tensor, ref: torch.Tensor) -> str | None:
         return f"{name}: shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
     if out.dtype != ref.dtype:
         return f"{name}: dtype {out.dtype}, expected {ref.dtype}"
-    if out.numel() <= 1:
-        return None
-    if ref.is_contiguous():
-        if not out.is_contiguous():
-            return (
-                f"{name}: strides {tuple(out.stride())} are not contiguous row-major (expected "
-                f"{tuple(ref.stride())}, the reference's): the values may be right, the layout is not"
-            )
+    if out.numel() <= 1 or out.is_contiguous():
         return None
     want = [s for s, n in zip(ref.stride(), ref.shape, strict=True) if n != 1]
     got = [s for s, n in zip(out.stride(), out.shape, strict=True) if n != 1]
-    if want != got:
-        return f"{name}: strides {tuple(out.stride())}, expected the reference's {tuple(ref.stride())}"
-    return None
+    if want == got:
+        return None
+    if ref.is_contiguous():
+        return (
+            f"{name}: strides {tuple(out.stride())} are not contiguous row-major (expected "
+            f"{tuple(ref.stride())}, the reference's): the values may be right, the layout is not"
+        )
+    return (
+        f"{name}: strides {tuple(out.stride())} are neither contiguous row-major nor the reference's "
+        f"{tuple(ref.stride())}"
+    )
 
 
 def matched_ratio(matched: int, total: int) -> float:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from kernelarc.guard.buffers import JudgeBuffer, buffer_bytes, layout
-from kernelarc.guard.compare import compare_output
+from kernelarc.guard.compare import compare_output, stride_mismatch
 from kernelarc.guard.decision import Decision, decide, geomean, median, rel_noise
 from kernelarc.guard.drive import Clock, Driver, Side, Stop
 from kernelarc.guard.memory import memory_plan
@@ -84,8 +84,8 @@ def layout_mismatch(strides: list[int] | None, ref: Any, shape: tuple[int, ...])
         want, acc = [0] * len(shape), 1
         for d in range(len(shape) - 1, -1, -1):
             want[d], acc = acc, acc * max(shape[d], 1)
-    if any(n > 1 and a != b for a, b, n in zip(strides, want, shape, strict=True)):
-        return f"has strides {strides}, the reference's are {want} (outputs must be laid out as the reference's)"
+    if stride_mismatch(strides, want, shape):  # contiguous row-major, or the reference's strides
+        return f"has strides {strides}, the reference's are {want} (outputs must be row-major or as the reference's)"
     return None
 
 
@@ -285,11 +285,7 @@ class Guard:
             drv.finish(sides)
             for s in sides:
                 res["phases"].update({k: v for k, v in s.done.phases.items()} if s is cand else {})
-                notes = [x for x in s.done.warnings if x.startswith("sandbox:")]
-                log.debug("worker %s: %s", s.label, "; ".join(notes))
-                res["warnings"] += (
-                    [x for x in s.done.warnings if x not in res["warnings"] and x not in notes] if s is cand else []
-                )
+                res["warnings"] += [x for x in s.done.warnings if x not in res["warnings"]] if s is cand else []
             res["samples"] = cand.samples
             if champ is not None:
                 res["champion_samples"] = champ.samples

@@ -300,6 +300,22 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
     return bool(probe(t)) if probe is not None and not t.is_contiguous() else False
 
 
+def share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` have an element in the same memory. Views of disjoint parts of one buffer
+    (``torch.split``/``chunk`` of one result, as references return) share none; different storages share
+    none unless their byte ranges overlap (then, conservatively, they do)."""
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    a0, b0 = sa.data_ptr(), sb.data_ptr()
+    if a.numel() == 0 or b.numel() == 0 or not (a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()):
+        return False
+    if a0 != b0 or a.dtype.itemsize != b.dtype.itemsize or sa.nbytes() != sb.nbytes():
+        return True
+    # One storage: mark a's elements, look under b's.
+    mask = torch.zeros(sa.nbytes() // a.dtype.itemsize, dtype=torch.uint8, device=a.device)
+    torch.as_strided(mask, a.shape, a.stride(), a.storage_offset()).fill_(1)
+    return bool(torch.as_strided(mask, b.shape, b.stride(), b.storage_offset()).any())
+
+
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (
         a.dtype == b.dtype
