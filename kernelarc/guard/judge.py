@@ -285,7 +285,11 @@ class Guard:
             drv.finish(sides)
             for s in sides:
                 res["phases"].update({k: v for k, v in s.done.phases.items()} if s is cand else {})
-                res["warnings"] += [x for x in s.done.warnings if x not in res["warnings"]] if s is cand else []
+                notes = [x for x in s.done.warnings if x.startswith("sandbox:")]
+                log.debug("worker %s: %s", s.label, "; ".join(notes))
+                res["warnings"] += (
+                    [x for x in s.done.warnings if x not in res["warnings"] and x not in notes] if s is cand else []
+                )
             res["samples"] = cand.samples
             if champ is not None:
                 res["champion_samples"] = champ.samples
