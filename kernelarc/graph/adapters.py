@@ -50,6 +50,8 @@ SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 _BACKEND_ENUM = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
                  "math": "MATH"}  # fmt: skip
 LOW_DTYPES = ("bfloat16", "float16")
+_SDPB = "torch.nn.attention.SDPBackend"
+_NNF = "torch.nn.functional"
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,8 @@ def rmsnorm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str
     else:
         src = x
     if impl is Impl.library:
-        call = f"F.rms_norm({src}.to(torch.float32), ({src}.shape[-1],), {w}.to(torch.float32), {eps!r})"
+        f32 = "torch.float32"
+        call = f"{_NNF}.rms_norm({src}.to({f32}), ({src}.shape[-1],), {w}.to({f32}), {eps!r})"
         lines.append(f"{out} = {_out(site, call)}")
         if "residual_out" in extra:
             lines.append(f"{extra['residual_out']} = _s.to({_dt(site.params['sum_dtype'])})")
@@ -141,7 +144,7 @@ def layernorm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, s
     b = c.name(site.inputs["bias"]) if site.inputs.get("bias") is not None else "None"
     dims = site.params.get("dims") or 1
     shape = f"tuple({x}.shape[-{dims}:])"
-    return [f"{out} = F.layer_norm({x}, {shape}, {w}, {b}, {float(site.params['eps'])!r})"]
+    return [f"{out} = torch.nn.functional.layer_norm({x}, {shape}, {w}, {b}, {float(site.params['eps'])!r})"]
 
 
 def softmax_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
@@ -164,7 +167,8 @@ def glu_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -
         raise AdapterError("glu: only the family implementation (the graph form is the library one)")
     x = c.name(site.inputs["x"])
     h = f"{x}.shape[-1] // 2"
-    lib = f"{out} = {_out(site, f'(F.silu({x}[..., :{h}].to(torch.float32)) * {x}[..., {h}:].to(torch.float32))')}"
+    act = f"{_NNF}.silu({x}[..., :{h}].to(torch.float32)) * {x}[..., {h}:].to(torch.float32)"
+    lib = f"{out} = {_out(site, f'({act})')}"
     fam = f"{c.part}run({x}.reshape(-1, {x}.shape[-1])).view(*{x}.shape[:-1], {h})"
     return [
         f"if {x}.shape[-1] % 2 == 0 and {x}.numel() > 0:",
@@ -186,9 +190,10 @@ def _epilogue(site: Site, c: Ctx, acc: str) -> list[str]:
         elif e == "residual":
             lines.append(f"{acc} = {acc} + {c.name(site.inputs['residual'])}")
         elif e.startswith("gelu_"):
-            lines.append(f"{acc} = F.gelu({acc}, approximate={e[5:]!r})")
+            lines.append(f"{acc} = torch.nn.functional.gelu({acc}, approximate={e[5:]!r})")
         else:
-            lines.append(f"{acc} = torch.{e}({acc})" if e in ("relu", "sigmoid", "tanh") else f"{acc} = F.{e}({acc})")
+            fn = f"torch.{e}" if e in ("relu", "sigmoid", "tanh") else f"{_NNF}.{e}"
+            lines.append(f"{acc} = {fn}({acc})")
     return lines
 
 
@@ -211,13 +216,13 @@ def gemm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) 
             if epi == "relu":
                 return [f"{out} = torch._addmm_activation({bias}, {a2}, {b}.t()).view({shape})"]
             if epi == "gelu_none":
-                return [f"{out} = F.gelu({mm}).view({shape})"]
+                return [f"{out} = torch.nn.functional.gelu({mm}).view({shape})"]
             # cuBLASLt's GELU epilogue is the tanh form; on the CPU _addmm_activation applies the erf form
             return [
                 f"if {bias}.is_cuda:",
                 f"    {out} = torch._addmm_activation({bias}, {a2}, {b}.t(), use_gelu=True).view({shape})",
                 "else:",
-                f"    {out} = F.gelu({mm}, approximate='tanh').view({shape})",
+                f"    {out} = torch.nn.functional.gelu({mm}, approximate='tanh').view({shape})",
             ]
         if not p["bias"] and epi in ("residual", "scale+residual"):
             res = c.name(site.inputs["residual"])
@@ -266,7 +271,7 @@ def _sdpa_call(site: Site, c: Ctx, q: str, k: str, v: str, cast: str | None) -> 
         args += f", scale={scale}"
     if p.get("gqa"):
         args += ", enable_gqa=True"
-    return f"F.scaled_dot_product_attention({args})"
+    return f"torch.nn.functional.scaled_dot_product_attention({args})"
 
 
 def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
@@ -291,7 +296,7 @@ def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, s
     else:
         enum = _BACKEND_ENUM[backend]
         lib = [
-            f"with sdpa_kernel([SDPBackend.{enum}, SDPBackend.MATH]):",
+            f"with torch.nn.attention.sdpa_kernel([{_SDPB}.{enum}, {_SDPB}.MATH]):",
             f"    {out} = {call}",
         ]
     if impl is Impl.library:

@@ -303,8 +303,8 @@ def emit_module(
             if text not in hoisted:
                 hoisted.append(text)
         bodies += ["", f"# ---- part {prefix}" + "-" * 40, "", part.body]
-    base = ["import math", "import torch", "import torch.nn.functional as F",
-            "from torch.nn.attention import SDPBackend, sdpa_kernel"]  # fmt: skip
+    # library calls are written fully qualified (torch.nn.functional.*), so no alias can clash with a part's
+    base = ["import math", "import torch", "import torch.nn.attention", "import torch.nn.functional"]
     for b in base:
         names = [b.split(" as ")[-1]] if " as " in b else [x.strip() for x in b.split("import")[-1].split(",")]
         for n in names:
