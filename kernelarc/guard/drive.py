@@ -286,7 +286,7 @@ class Driver:
         for r in range(rounds):
             order = sides if r % 2 == 0 else sides[::-1]
             for s in order:
-                n = max(1, n_for[s.label] // rounds)
+                n = -(-n_for[s.label] // rounds)  # ceil: min_iters holds over the rounds
                 seed = secrets.randbits(62) if (s is cand and r in checked) else None
                 msg = self.burst(s, wl, n, seed)
                 s.samples.setdefault(wl, []).extend(msg.samples_ms)

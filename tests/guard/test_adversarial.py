@@ -486,7 +486,8 @@ from kernelarc.guard.sandbox import sandbox
 from kernelarc.models import Candidate
 from kernelarc.tasks import load_builtin
 assert not sandbox().root
-g = Guard(load_builtin("rmsnorm", cpu=True), None, "cpu", GuardConfig(timeout_s=20, target_ms=5, max_iters=20, prestart=1))
+cfg = GuardConfig(timeout_s=20, target_ms=5, max_iters=20, prestart=1)
+g = Guard(load_builtin("rmsnorm", cpu=True), None, "cpu", cfg)
 v = g.evaluate(Candidate(source={cand!r}, language="pytorch"), trusted=True).verdict
 print(v.status.value, v.errors)
 g.close()
