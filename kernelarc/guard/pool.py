@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,6 +32,7 @@ from kernelarc.guard.sandbox import Identity, sandbox
 log = logging.getLogger(__name__)
 
 _BOOT = "from kernelarc.guard.worker import main; main()"
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 
 
 @dataclass
@@ -95,7 +97,9 @@ def _spawn(device: str) -> Worker:
     ident = sb.allocate()
     judge_end, worker_end = socket.socketpair()
     fd, log_path = tempfile.mkstemp(prefix="kernelarc-worker-", suffix=".log")
-    env = dict(os.environ)
+    # Candidate code reads its environment: no credentials of the judge's reach it (nor, through its
+    # log, a verdict).
+    env = {k: v for k, v in os.environ.items() if not _SECRET.search(k)}
     env.update(sb.env(ident))
     # The worker imports kernelarc the way this process does.
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))

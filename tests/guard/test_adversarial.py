@@ -554,3 +554,17 @@ def test_the_channel_bounds_what_a_peer_can_do():
     peer.close()
     with pytest.raises(EOFError):
         judge.recv_message(1.0)
+
+
+def test_the_judges_credentials_do_not_reach_a_candidate(monkeypatch):
+    from kernelarc.guard.pool import _spawn
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-not-for-candidates")
+    w = _spawn("cpu")
+    try:
+        with open(f"/proc/{w.process.pid}/environ", "rb") as f:
+            env = f.read()
+        assert b"sk-not-for-candidates" not in env
+        assert b"KERNELARC_WORKER_TOKEN=" in env  # the sandbox's own marker stays
+    finally:
+        w.kill()
