@@ -24,6 +24,7 @@ import torch
 from kernelarc.guard.buffers import JudgeBuffer, buffer_bytes, layout
 from kernelarc.guard.compare import compare_output, stride_mismatch
 from kernelarc.guard.decision import Decision, decide, geomean, median, rel_noise
+from kernelarc.guard.devlock import DeviceLock
 from kernelarc.guard.drive import Clock, Driver, Side, Stop
 from kernelarc.guard.memory import memory_plan
 from kernelarc.guard.pool import WorkerPool
@@ -127,7 +128,8 @@ class Guard:
         self.seed = seed
         self.workloads = self.cfg.workloads if self.cfg.workloads is not None else list(range(len(task.workloads)))
         self._pool: WorkerPool | None = None
-        self._gpu = threading.Semaphore(1)  # one candidate times on the device at a time
+        # one candidate checks or times on the device at a time, across this process and any other
+        self._gpu = DeviceLock(device)
         self._refs: OrderedDict[tuple[int, int], tuple[list, list | None]] = OrderedDict()
         self._refs_lock = threading.Lock()
         self._ref_mod = load_module(task.definition.reference, f"reference_{task.name}")
