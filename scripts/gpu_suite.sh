@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One device call: the suite over a tree of SOL-ExecBench problems on one GPU, as SHARDS concurrent
+# suite processes (compilation and torch.compile spread over the CPU cores; the guard's DeviceLock
+# serialises every checked or timed phase across the processes, so no two timings overlap), then
+# NVIDIA's harness on the exported champions. The state (.kernelarc, mlflow.db, mlartifacts) is
+# tarred into $OUT/state.tgz; put it at .state/state.tgz and carry .state to resume in a later call.
+#
+# Usage, on the device machine (repo root, wheels carried in .whl and .whl/solx, problems and the
+# harness copied into the ignored folder .shared):
+#   SHARDS=8 bash scripts/gpu_suite.sh .shared/sol-execbench SUITE_SECONDS HARNESS_SECONDS [overrides...]
+set -uo pipefail
+export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
+TREE=$(realpath "$1"); SUITE_S=$2; HARNESS_S=$3; shift 3
+SHARDS=${SHARDS:-8}
+OUT=${OUT:-/tmp/kernelarc-out}
+HARNESS_SRC=${HARNESS_SRC:-$PWD/.shared/sol-execbench-harness/src}
+mkdir -p "$OUT/logs"
+t0=$(date +%s)
+say() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+
+timeout 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/solx .whl/solx/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+if [ -f .state/state.tgz ]; then tar xzf .state/state.tgz && say "restored state of an earlier call"; fi
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+say "installed; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+
+mapfile -t PROBS < <(cd "$TREE" && find . -name definition.json -printf '%h\n' | sed 's|^\./||' | sort)
+say "${#PROBS[@]} problems, $SHARDS shards, suite ${SUITE_S}s, overrides: $*"
+pids=()
+for ((k = 0; k < SHARDS; k++)); do
+  list=""
+  for ((i = k; i < ${#PROBS[@]}; i += SHARDS)); do list+="'${PROBS[$i]}',"; done
+  [ -z "$list" ] && continue
+  timeout -k 10 "$SUITE_S" python3 -m kernelarc.suite dir="$TREE" "suite.problems=[${list%,}]" \
+    suite.out=.kernelarc/suite_shard$k gpu=h200 "$@" >"$OUT/logs/shard$k.log" 2>&1 &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+say "suite shards done"
+
+python3 - "$OUT" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+rows = []
+for t in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/table.json")):
+    data = json.loads(t.read_text())
+    rows += data if isinstance(data, list) else data.get("rows", data.get("results", []))
+rows.sort(key=lambda r: r["problem"])
+(out / "suite_table.json").write_text(json.dumps(rows, indent=1))
+by = {}
+for r in rows:
+    by[r["status"]] = by.get(r["status"], 0) + 1
+print("suite rows:", len(rows), by)
+for r in rows:
+    f = lambda k, s=".2f": format(r[k], s) if isinstance(r.get(k), (int, float)) else "-"
+    print(f"{r['problem'][:58]:58s} {r['status']:9s} {str(r.get('champion_family'))[:28]:28s} "
+          f"ref {f('speedup_vs_reference')} tc {f('speedup_vs_compile')} n={r.get('evaluated')} "
+          f"{(r.get('reason') or '')[:60]}")
+EOF
+
+left=$(( HARNESS_S ))
+for s in .kernelarc/suite_shard*/*/*/; do
+  [ -f "$s/table.json" ] || continue
+  [ "$left" -le 20 ] && break
+  t=$(date +%s)
+  timeout -k 5 "$left" python3 scripts/harness_eval.py --suite "$s" --harness-src "$HARNESS_SRC" \
+    --harness-path /tmp/solx --timeout 90 ${HARNESS_ARGS:-} >>"$OUT/logs/harness.log" 2>&1
+  left=$(( left - ($(date +%s) - t) ))
+done
+say "harness done"
+python3 - "$OUT" <<'EOF'
+import json, pathlib, sys
+rows = []
+for t in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/table.json")):
+    data = json.loads(t.read_text())
+    rows += data if isinstance(data, list) else data.get("rows", data.get("results", []))
+rows.sort(key=lambda r: r["problem"])
+pathlib.Path(sys.argv[1], "suite_table.json").write_text(json.dumps(rows, indent=1))
+ev = [r for r in rows if r.get("harness_verdict")]
+print(f"harness evaluated {len(ev)}:")
+for r in ev:
+    print(f"  {r['problem'][:60]:60s} {r['harness_verdict']:10s} {r.get('harness_passed')} x{r.get('harness_speedup')}")
+EOF
+tar czf "$OUT/state.tgz" .kernelarc mlflow.db* mlartifacts 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+say "end"
