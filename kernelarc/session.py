@@ -219,7 +219,7 @@ class SearchSession:
         self.state = StateLog(state_dir)
         self.board = Board(self.state.dir / "board.jsonl")
         self.plateau = PlateauDetector(cfg.search.plateau_patience,
-                                       families={f.name: f.language for f in families_for(self.task.name)})  # fmt: skip
+                                       families={f.name: f.language for f in families_for(self.task)})  # fmt: skip
         self.lock = threading.RLock()
         self.records: list[Record] = []
         self.champion: Candidate | None = None

@@ -145,7 +145,7 @@ class CostModel:
         self.seed = seed
         self.library_gap = library_gap
         self.incorrect_rate = incorrect_rate
-        self.families = {f.name: f for f in families_for(task.name)}
+        self.families = {f.name: f for f in families_for(task)}
         self.gemm = task.name == "matmul"
         self._generic = {n: GenericModel(f, seed) for n, f in self.families.items()}
 
