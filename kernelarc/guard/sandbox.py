@@ -161,6 +161,19 @@ def find_processes(ident: Identity, leader: int | None, since: int = 0, me: int 
     return found
 
 
+def _own_dir(path: str) -> bool:
+    """``path`` exists or was made here, is ours and nobody else can write to it (no planted caches)."""
+    with contextlib.suppress(OSError):
+        os.makedirs(path, mode=0o711, exist_ok=True)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    import stat
+
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
 class Sandbox:
     """Judge side: identities for workers, their directories, and the cleanup after a job."""
 
@@ -173,8 +186,12 @@ class Sandbox:
         self.base = tempfile.mkdtemp(prefix="kernelarc-sandbox-")
         os.chmod(self.base, 0o711)  # workers traverse it to their own directories, cannot list it
         self.homes: dict[Role, str] = {}
+        # Role homes (Triton, Inductor and CUTLASS caches) persist across sessions where a directory of
+        # this user's can be made safely (a first nvcc build takes a minute); else they live with the run.
+        persist = os.environ.get("KERNELARC_SANDBOX_HOME") or f"/var/tmp/kernelarc-sandbox-{os.geteuid()}"
+        homes_root = persist if _own_dir(persist) else self.base
         for role in Role:
-            home = os.path.join(self.base, f"home-{role.value}")
+            home = os.path.join(homes_root, f"home-{role.value}")
             os.makedirs(home, exist_ok=True)
             if self.root:
                 gid = UID_BASE - 1 - list(Role).index(role)
