@@ -179,6 +179,16 @@ def test_too_big_workloads_are_shrunk_within_the_constraints(tmp_path):
         load_task(tmp_path / "missing")
 
 
+def test_shrinking_that_breaks_the_reference_keeps_the_workload():
+    # the reference ties time_after_conv to time_dim through its convolutions, the definition does not
+    t = load_task(SHARED / "L2" / "015_audio_sinusoidal_position_embedding_with_conv_projection")
+    f = fit_workloads(t, 32 << 20)
+    kept = [w for w in f.warnings if "cannot be shrunk" in w and "not the definition's" in w]
+    assert kept
+    i = int(kept[0].split("workload ")[1].split()[0])
+    assert f.workloads[i].axes == t.workloads[i].axes
+
+
 def test_share_elements_tells_split_views_from_overlap():
     t = torch.randn(4, 10)
     a, b = t.chunk(2, dim=1)

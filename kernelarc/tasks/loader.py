@@ -314,6 +314,25 @@ def _shrunk_axes(task: Task, index: int, max_io_bytes: int) -> tuple[dict[str, i
     return given, size
 
 
+def _reference_disagrees(task: Task, wl: Workload) -> str | None:
+    """Why the reference does not produce the definition's outputs on workload ``wl`` (run once on the CPU),
+    or None."""
+    from kernelarc.tasks.inputs import load_module, make_inputs
+
+    t = Task(task.name, task.path, task.definition, [wl], task.metadata, [], task.workload_file)
+    try:
+        out = load_module(task.definition.reference, f"reference_{task.name}").run(*make_inputs(t, 0, 0, "cpu"))
+    except Exception as e:  # noqa: BLE001 - a reference that fails on the smaller shapes keeps its workload
+        return f"make the reference fail ({type(e).__name__}: {str(e)[:200]})"
+    outs = list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, tuple | list) else [out]
+    for name, o in zip(t.output_names, outs, strict=False):
+        want = t.shape(name, 0)
+        got = tuple(getattr(o, "shape", ()))
+        if want is not None and got != tuple(want):
+            return f"give the reference output {name} the shape {got}, not the definition's {tuple(want)}"
+    return None
+
+
 def fit_workloads(task: Task, max_io_bytes: int = CPU_MAX_IO_BYTES) -> Task:
     """The task with every workload above ``max_io_bytes`` shrunk (var axes halved within the definition's
     constraints), each with a warning; where the const axes alone exceed the bound it is shrunk as far as
@@ -344,13 +363,22 @@ def fit_workloads(task: Task, max_io_bytes: int = CPU_MAX_IO_BYTES) -> Task:
         else:
             was = {k: v for k, v in wl.axes.items() if axes[k] != v}
             now = {k: axes[k] for k in was}
+            trial = wl.model_copy(update={"axes": axes, "uuid": f"{wl.uuid}~cpu"})
+            broken = _reference_disagrees(task, trial)
+            if broken:
+                # Axes tied by the reference itself (a conv's output length, ...) but not by the definition.
+                msg = f"{task.name}: workload {i} ({mb:.0f} MB) cannot be shrunk for the CPU: {was} -> {now} {broken}"
+                warnings.append(msg)
+                log.warning(msg)
+                workloads.append(wl)
+                continue
             msg = (
                 f"{task.name}: workload {i} ({mb:.0f} MB) shrunk for the CPU to {size / 2**20:.1f} MB: "
                 f"axes {was} -> {now}"
             )
             if size > max_io_bytes:
                 msg += f"; still above {max_io_bytes / 2**20:.0f} MB (const axes or constraints)"
-            workloads.append(wl.model_copy(update={"axes": axes, "uuid": f"{wl.uuid}~cpu"}))
+            workloads.append(trial)
             changed = True
         warnings.append(msg)
         log.warning(msg)
