@@ -137,6 +137,10 @@ def result_from_summary(problem: str, summary: dict[str, Any], workloads: list[i
         status = ProblemStatus.failed
     elif summary.get("champion_agent") in (None, "baseline"):
         status = ProblemStatus.baseline
+    elif (summary.get("speedup_vs_compile") or 1.0) < 1.0:
+        # a searched kernel beat the reference but not torch.compile, which then could not be crowned (e.g. it
+        # was measured inconsistently): the table must not call that an improvement
+        status = ProblemStatus.baseline
     else:
         status = ProblemStatus.improved
     reason = summary.get("reason")
@@ -419,8 +423,13 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
         for i, problem in enumerate(problems, 1):
             rel = str(problem.relative_to(root)) if problem != root else problem.name
             rpath = results_dir / f"{slug(rel)}.json"
-            if rpath.is_file():
-                r = ProblemResult.model_validate_json(rpath.read_text())
+            saved = ProblemResult.model_validate_json(rpath.read_text()) if rpath.is_file() else None
+            if saved is not None and saved.status is ProblemStatus.crashed:
+                # a crash is a bug or a transient fault (a killed process, a store error), not a result: run it
+                # again, from its session state where it got that far
+                saved = None
+            if saved is not None:
+                r = saved
                 results.append(r)
                 if not child:
                     print(_progress(i, len(problems), r, None, " [saved result]"), flush=True)

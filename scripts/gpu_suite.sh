@@ -21,7 +21,12 @@ say() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 timeout 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/solx .whl/solx/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
-if [ -f .state/state.tgz ]; then tar xzf .state/state.tgz && say "restored state of an earlier call"; fi
+# One MLflow store per shard, on the machine's own disk: SQLite's WAL shared memory does not hold across
+# processes on the device machine's copy of the checkout (10 shards on one mlflow.db there: "database disk
+# image is malformed"), and one store per process never needs it.
+STORES=/tmp/kernelarc-stores
+mkdir -p "$STORES"
+if [ -f .state/state.tgz ]; then tar xzf .state/state.tgz -C / && say "restored state of an earlier call"; fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 say "installed; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
@@ -33,7 +38,8 @@ for ((k = 0; k < SHARDS; k++)); do
   for ((i = k; i < ${#PROBS[@]}; i += SHARDS)); do list+="'${PROBS[$i]}',"; done
   [ -z "$list" ] && continue
   timeout -k 10 "$SUITE_S" python3 -m kernelarc.suite dir="$TREE" "suite.problems=[${list%,}]" \
-    suite.out=.kernelarc/suite_shard$k gpu=h200 "$@" >"$OUT/logs/shard$k.log" 2>&1 &
+    suite.out=.kernelarc/suite_shard$k gpu=h200 tracking.uri=sqlite:///$STORES/shard$k/mlflow.db "$@" \
+    >"$OUT/logs/shard$k.log" 2>&1 &
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
@@ -64,8 +70,10 @@ for s in .kernelarc/suite_shard*/*/*/; do
   [ -f "$s/table.json" ] || continue
   [ "$left" -le 20 ] && break
   t=$(date +%s)
+  k=$(basename "$(dirname "$(dirname "$s")")"); k=${k#suite_}
   timeout -k 5 "$left" python3 scripts/harness_eval.py --suite "$s" --harness-src "$HARNESS_SRC" \
-    --harness-path /tmp/solx --timeout 90 ${HARNESS_ARGS:-} >>"$OUT/logs/harness.log" 2>&1
+    --harness-path /tmp/solx --timeout 90 --tracking-uri "sqlite:///$STORES/$k/mlflow.db" ${HARNESS_ARGS:-} \
+    >>"$OUT/logs/harness.log" 2>&1
   left=$(( left - ($(date +%s) - t) ))
 done
 say "harness done"
@@ -82,6 +90,6 @@ print(f"harness evaluated {len(ev)}:")
 for r in ev:
     print(f"  {r['problem'][:60]:60s} {r['harness_verdict']:10s} {r.get('harness_passed')} x{r.get('harness_speedup')}")
 EOF
-tar czf "$OUT/state.tgz" .kernelarc mlflow.db* mlartifacts 2>/dev/null
+tar czf "$OUT/state.tgz" -P "$PWD/.kernelarc" "$STORES" 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 say "end"
