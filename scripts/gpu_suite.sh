@@ -66,15 +66,18 @@ for r in rows:
 EOF
 
 left=$(( HARNESS_S ))
+# searched kernels first, then (time permitting) the problems whose champion is a baseline
+for pass in "" "--all"; do
 for s in .kernelarc/suite_shard*/*/*/; do
   [ -f "$s/table.json" ] || continue
   [ "$left" -le 20 ] && break
   t=$(date +%s)
   k=$(basename "$(dirname "$(dirname "$s")")"); k=${k#suite_}
   timeout -k 5 "$left" python3 scripts/harness_eval.py --suite "$s" --harness-src "$HARNESS_SRC" \
-    --harness-path /tmp/solx --timeout 90 --tracking-uri "sqlite:///$STORES/$k/mlflow.db" ${HARNESS_ARGS:-} \
+    --harness-path /tmp/solx --timeout 60 --tracking-uri "sqlite:///$STORES/$k/mlflow.db" $pass \
     >>"$OUT/logs/harness.log" 2>&1
   left=$(( left - ($(date +%s) - t) ))
+done
 done
 say "harness done"
 python3 - "$OUT" <<'EOF'

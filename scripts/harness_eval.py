@@ -100,6 +100,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=900, help="seconds per harness call (bounded by `timeout`)")
     ap.add_argument("--workloads", choices=("searched", "all"), default="searched")
     ap.add_argument("--all", action="store_true", help="also problems whose champion is a baseline")
+    ap.add_argument("--again", action="store_true", help="judge again problems that already have a verdict")
     ap.add_argument("--problems", nargs="*", help="only these problems (as in the table)")
     ap.add_argument("--tracking-uri", default=None)
     ap.add_argument("--out", type=Path, default=None, help="exports and traces (default: <suite>/harness)")
@@ -119,6 +120,8 @@ def main() -> int:
     wanted = {ProblemStatus.improved} | ({ProblemStatus.baseline} if args.all else set())
     for r in rows:
         if r.status not in wanted or (args.problems and r.problem not in args.problems):
+            continue
+        if r.harness_verdict and not args.again:  # judged by an earlier pass (e.g. searched kernels first)
             continue
         problem = root / r.problem
         sol_dir = out / slug(r.problem)
