@@ -30,7 +30,8 @@ if [ -f .state/state.tgz ]; then tar xzf .state/state.tgz -C / && say "restored 
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 say "installed; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
-mapfile -t PROBS < <(cd "$TREE" && find . -name definition.json -printf '%h\n' | sed 's|^\./||' | sort)
+if [ -n "${PROBLEMS:-}" ]; then read -r -a PROBS <<<"$PROBLEMS"  # a chosen subset, in this order
+else mapfile -t PROBS < <(cd "$TREE" && find . -name definition.json -printf '%h\n' | sed 's|^\./||' | sort); fi
 say "${#PROBS[@]} problems, $SHARDS shards, suite ${SUITE_S}s, overrides: $*"
 pids=()
 for ((k = 0; k < SHARDS; k++)); do
