@@ -90,7 +90,6 @@ def check_limits(c: KernelArcConfig) -> None:
         raise UsageError(f"suite.isolation must be inline or process, not {c.suite.isolation!r}")
 
 
-
 def resolve_gpu(cfg: KernelArcConfig):
     from kernelarc.hardware import HardwareMismatch, resolve_target
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 LANGUAGES = ("triton", "cutlass", "pytorch")
 
 
-class Status(str, Enum):
+class Status(str, Enum):  # noqa: UP042 - str() and format() of a status stay "Status.x" as before
     """Verdict status (DESIGN.md, Guard)."""
 
     champion = "champion"

@@ -220,7 +220,7 @@ def main() -> None:
             f"+task={task_name}", f"gpu={target.name}", f"budget.candidates={args.candidates}",
             f"budget.minutes={args.minutes}", f"agents.count={n_agents or args.agents}", "agents.backend=search",
             f"executor.parallel={args.parallel}", "executor.prestart=3", f"search.state_dir={state}/state",
-            f"tracking.uri=sqlite:///{state}/mlflow.db", f"task.workloads=[{','.join(map(str, wls))}]" if on_gpu else "task.workloads=null",
+            f"tracking.uri=sqlite:///{state}/mlflow.db", f"task.workloads=[{','.join(map(str, wls))}]" if on_gpu else "task.workloads=null",  # noqa: E501
             f"guard.compile_baseline={'false' if args.no_compile_baseline else 'true'}",
         ]  # fmt: skip
         for extra in args.set:  # a --set replaces the default for its key
@@ -280,7 +280,7 @@ def main() -> None:
                 for r in cands:
                     v = r.verdict
                     fh.write(json.dumps({"index": r.index + 1, "agent": r.candidate.agent, "family": r.candidate.family,
-                                         "knobs": r.candidate.knobs, "status": v.status.value, "latency_ms": v.latency_ms,
+                                         "knobs": r.candidate.knobs, "status": v.status.value, "latency_ms": v.latency_ms,  # noqa: E501
                                          "speedup_vs_champion": v.speedup_vs_champion,
                                          "per_workload_ms": [w.latency_ms for w in v.workloads],
                                          "rationale": r.candidate.rationale}, default=str) + "\n")  # fmt: skip
@@ -314,7 +314,7 @@ def main() -> None:
             continue
         lines.append(f"champion {s['champion_family']} by {s['champion_agent']}; {s['evaluated']} candidates "
                      f"{json.dumps(s['by_status'])}; {s['candidates_per_min']:.1f} candidates/min; "
-                     f"GPU timing {s['gpu_timing_min']:.2f} min of {s['elapsed_min']:.2f} min; plateau events {s['plateau_events']}")  # fmt: skip
+                     f"GPU timing {s['gpu_timing_min']:.2f} min of {s['elapsed_min']:.2f} min; plateau events {s['plateau_events']}")  # fmt: skip  # noqa: E501
         lines.append(
             f"champion found at candidate {s.get('champion_found_at')} (0 = a baseline or the registry champion)"
         )
@@ -328,8 +328,8 @@ def main() -> None:
             def f(x, p=3):
                 return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{p}f}"
 
-            lines.append(f"| {w['index']} | {w['axes']} | {f(w['baseline_ms'], 4)} | {f(w['compile_ms'], 4)} | {f(w['latency_ms'], 4)} | {f(w['tflops'], 1)} | {f(w['tbps'], 2)} | "
-                         f"{f(w['sol_fraction'], 2)} | {w['sol_bound']} | {f(w['speedup_vs_baseline'], 2)}x | {f(w.get('vs_reference_corrected'), 2)}x | {f(w['speedup_vs_compile'], 2)}x | {f(w.get('copy_tbps'), 2)} |")  # fmt: skip
+            lines.append(f"| {w['index']} | {w['axes']} | {f(w['baseline_ms'], 4)} | {f(w['compile_ms'], 4)} | {f(w['latency_ms'], 4)} | {f(w['tflops'], 1)} | {f(w['tbps'], 2)} | "  # noqa: E501
+                         f"{f(w['sol_fraction'], 2)} | {w['sol_bound']} | {f(w['speedup_vs_baseline'], 2)}x | {f(w.get('vs_reference_corrected'), 2)}x | {f(w['speedup_vs_compile'], 2)}x | {f(w.get('copy_tbps'), 2)} |")  # fmt: skip  # noqa: E501
         for t in s.get("top", [])[:3]:
             per = ", ".join(f"{x:.2f}x" for x in t["per_workload_vs_reference"] if x)
             cor = ", ".join(f"{x:.2f}x" for x in t.get("per_workload_vs_reference_corrected") or [] if x)

@@ -138,8 +138,12 @@ def test_cutlass_fmha_residual_epilogue_on_partial_tiles_on_the_gpu():
     if not available():
         pytest.skip("needs nvcc and the CUTLASS headers with examples")
     gen = torch.Generator(device="cuda").manual_seed(11)
-    for residual, extra in (("epilogue", {}), ("prefetch", {"SCHEDULE": "pingpong", "STAGES_KV": 4}), ("stage", {}),
-                            ("stage", {"SCHEDULE": "pingpong", "STAGES_KV": 4})):
+    for residual, extra in (
+        ("epilogue", {}),
+        ("prefetch", {"SCHEDULE": "pingpong", "STAGES_KV": 4}),
+        ("stage", {}),
+        ("stage", {"SCHEDULE": "pingpong", "STAGES_KV": 4}),
+    ):
         knobs = CUTLASS_FMHA_RESIDUAL.check_point({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": residual, **extra})
         mod = load_module(CUTLASS_FMHA_RESIDUAL.render(knobs), f"fmha_partial_{residual}_{len(extra)}")
         for b, h, s in ((2, 3, 200), (1, 2, 72), (1, 1, 136)):
@@ -170,8 +174,16 @@ def test_cutlass_softmax_points_are_correct_on_the_gpu():
         dict(THREADS=1024, STAGES=3, STORE="bulk", EXP="exp2", NORMALIZE="mul_rcp", LOAD_HINT="evict_first"),
         dict(THREADS=512, STAGES=3, STAGE_KB=32, CTAS_PER_SM=2, STORE="st_cs", ELEMS_PER_THREAD=8),
         dict(THREADS=256, STAGES=6, STAGE_KB=16, ELEMS_PER_THREAD=128, STORE="bulk"),
-        dict(THREADS=512, STAGES=1, CTAS_PER_SM=3, UNROLL=4, STATS="online", EXP="exp2", NORMALIZE="mul_rcp",
-             STORE="bulk"),  # fmt: skip
+        dict(
+            THREADS=512,
+            STAGES=1,
+            CTAS_PER_SM=3,
+            UNROLL=4,
+            STATS="online",
+            EXP="exp2",
+            NORMALIZE="mul_rcp",
+            STORE="bulk",
+        ),  # fmt: skip
         dict(THREADS=1024, UNROLL=2, STATS="online", STAGE_KB=96, ELEMS_PER_THREAD=16),
         dict(EXP_CACHE="fp16", EXP="exp2", NORMALIZE="mul_rcp", UNROLL=4, STAGES=3),
         dict(EXP_CACHE="fp16", STORE="bulk", THREADS=1024, STAGE_KB=32),

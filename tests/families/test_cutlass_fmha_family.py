@@ -127,8 +127,10 @@ def test_residual_in_the_epilogue_renders_its_own_kernel():
     assert "#define KERNELARC_RESIDUAL_PREFETCH 1" in stage and "#define KERNELARC_RESIDUAL_STAGE 1" in stage
     # the staged residual's slots (a BLOCK_Q x D bf16 tile) count against shared memory: 5 K/V stages fit
     # a non-persistent kernel, not a persistent one (its epilogue buffers sit beside the mainloop's)
-    assert smem_bytes(CUTLASS_FMHA_RESIDUAL.check_point({"RESIDUAL": "stage"})) == smem_bytes(
-        CUTLASS_FMHA_RESIDUAL.start) + 128 * 128 * 2
+    assert (
+        smem_bytes(CUTLASS_FMHA_RESIDUAL.check_point({"RESIDUAL": "stage"}))
+        == smem_bytes(CUTLASS_FMHA_RESIDUAL.start) + 128 * 128 * 2
+    )
     assert CUTLASS_FMHA_RESIDUAL.valid(CUTLASS_FMHA_RESIDUAL.check_point({"RESIDUAL": "stage"}))
     assert not CUTLASS_FMHA_RESIDUAL.valid(CUTLASS_FMHA_RESIDUAL.check_point({"RESIDUAL": "stage", "PERSISTENT": True}))
     for residual in ("after", "epilogue", "prefetch", "stage"):

@@ -88,6 +88,12 @@ def test_honest_kernels_pass_with_cupti_or_events(guard):
 )
 def test_gpu_cheats_are_rejected(guard, src, trusted):
     v = guard.evaluate(Candidate(source=src, language="pytorch"), reference_candidate(guard.task), trusted=trusted)
+    if src is CACHE_PTR_VERSION:
+        # On the H200 (2026-12-01) the memo already failed the correctness phase: a checked call's fresh inputs
+        # land in a buffer whose pointer and version the memo had seen, so its stale output is `incorrect`
+        # before the in-place rewrite test can call it a hack. Either way it is never accepted.
+        assert v.verdict.status in (Status.incorrect, Status.rejected_hack), (v.verdict.status, v.verdict.errors)
+        return
     assert v.verdict.status is Status.rejected_hack, (v.verdict.status, v.verdict.errors)
 
 
