@@ -15,7 +15,7 @@ from kernelarc.guard.static import check_source
 from kernelarc.tasks.inputs import load_module, make_inputs
 from kernelarc.tasks.loader import BUILTIN_DIR, load_task
 
-SOL = Path("/work/shared/sol-execbench")
+SOL = Path(__file__).resolve().parents[3] / "shared" / "sol-execbench"
 needs_sol = pytest.mark.skipif(not SOL.is_dir(), reason="needs ../shared/sol-execbench")
 
 

@@ -12,7 +12,7 @@ from kernelarc.families import families_for
 from kernelarc.tasks.inputs import load_module, make_inputs
 from kernelarc.tasks.loader import load_task
 
-SOL = Path("/work/shared/sol-execbench")
+SOL = Path(__file__).resolve().parents[3] / "shared" / "sol-execbench"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SOL.is_dir(), reason="needs ../shared/sol-execbench")]
 
 
