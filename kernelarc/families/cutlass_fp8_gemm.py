@@ -20,13 +20,13 @@ shared memory next to the epilogue. Only offered where nvcc and the CUTLASS head
 
 from __future__ import annotations
 
-import string
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from kernelarc.cutlass import available
 from kernelarc.families.base import SM90_SMEM_PER_BLOCK, Family, Knob, cutlass_candidate_head, offered_on_gpu
+from kernelarc.families.cutlass_gemm import gemm_cpp
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "cutlass" / "gemm_fp8_sm90.cu.in"
 SCALE_BLOCK = 128
@@ -41,35 +41,10 @@ _SCHEDULES = {  # knob value -> (mainloop kernel schedule, epilogue schedule)
         "cutlass::epilogue::TmaWarpSpecialized",
     ),
 }
-_SCHEDULERS = {"persistent": "cutlass::gemm::PersistentScheduler", "stream_k": "cutlass::gemm::StreamKScheduler"}
-_RASTER = "cutlass::gemm::kernel::detail::RasterOrderOptions::"
-_RASTERS = {"heuristic": _RASTER + "Heuristic", "along_m": _RASTER + "AlongM", "along_n": _RASTER + "AlongN"}
-
-
-def _stages_expr(stages: int) -> str:
-    if stages == 0:  # as many as fit next to the epilogue's shared storage
-        return (
-            "cutlass::gemm::collective::StageCountAutoCarveout<"
-            "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"
-        )
-    return f"cutlass::gemm::collective::StageCount<{stages}>"
 
 
 def render_cpp(k: Mapping[str, Any]) -> str:
-    kernel_schedule, epilogue_schedule = _SCHEDULES[k["SCHEDULE"]]
-    return string.Template(TEMPLATE.read_text()).substitute(
-        TILE_M=k["BLOCK_M"],
-        TILE_N=k["BLOCK_N"],
-        TILE_K=k["BLOCK_K"],
-        CLUSTER_M=k["CLUSTER_M"],
-        CLUSTER_N=k["CLUSTER_N"],
-        KERNEL_SCHEDULE=kernel_schedule,
-        EPILOGUE_SCHEDULE=epilogue_schedule,
-        STAGES=_stages_expr(k["STAGES"]),
-        TILE_SCHEDULER=_SCHEDULERS[k["TILE_SCHEDULER"]],
-        SWIZZLE=k["SWIZZLE"],
-        RASTER=_RASTERS[k["RASTER"]],
-    )
+    return gemm_cpp(TEMPLATE, _SCHEDULES, k)
 
 
 _RUN = '''

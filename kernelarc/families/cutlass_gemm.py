@@ -49,9 +49,11 @@ def _stages_expr(stages: int) -> str:
     return f"cutlass::gemm::collective::StageCount<{stages}>"
 
 
-def render_cpp(k: Mapping[str, Any]) -> str:
-    kernel_schedule, epilogue_schedule = _SCHEDULES[k["SCHEDULE"]]
-    return string.Template(TEMPLATE.read_text()).substitute(
+def gemm_cpp(template: Path, schedules: Mapping[str, tuple[str, str]], k: Mapping[str, Any]) -> str:
+    """A Hopper GEMM template's C++ for knob point ``k``; ``schedules`` maps the SCHEDULE knob to the
+    (mainloop kernel, epilogue) schedules, the one thing the bf16 and fp8 blockwise kernels name differently."""
+    kernel_schedule, epilogue_schedule = schedules[k["SCHEDULE"]]
+    return string.Template(template.read_text()).substitute(
         TILE_M=k["BLOCK_M"],
         TILE_N=k["BLOCK_N"],
         TILE_K=k["BLOCK_K"],
@@ -64,6 +66,10 @@ def render_cpp(k: Mapping[str, Any]) -> str:
         SWIZZLE=k["SWIZZLE"],
         RASTER=_RASTERS[k["RASTER"]],
     )
+
+
+def render_cpp(k: Mapping[str, Any]) -> str:
+    return gemm_cpp(TEMPLATE, _SCHEDULES, k)
 
 
 def render(knobs: Mapping[str, Any]) -> str:

@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kernelarc.families.base import SM90_SMEM_PER_BLOCK, Family, Knob
+from kernelarc.families.matmul import _GROUPED_PID, _reg_cap, _uses_wgmma, pad_k_source  # the bf16 GEMM's
 
 SMEM_LIMIT = SM90_SMEM_PER_BLOCK
 SMEM_SLACK = 1024  # Triton's barriers
@@ -60,11 +61,6 @@ REG_OVERHEAD = 32  # addresses, scales, loop state (AOT sweep of the bf16 famili
 # ---------------------------------------------------------------------------------------
 # resource model
 # ---------------------------------------------------------------------------------------
-
-
-def _uses_wgmma(bm: int, warps: int) -> bool:
-    # as for bf16: a warpgroup owns 64-row slabs of the tile
-    return bm >= 64 and warps >= 4
 
 
 def _mainloop_smem(k: Mapping[str, Any]) -> int:
@@ -80,10 +76,6 @@ def _regs_estimate(k: Mapping[str, Any], warps: int) -> float:
     if not _uses_wgmma(k["BLOCK_M"], warps) or k["num_stages"] == 1:
         regs += (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] / (4 * threads)  # fp8 quads in registers
     return regs
-
-
-def _reg_cap(warps: int) -> int:
-    return min(255, 65536 // (32 * warps))
 
 
 def _common_valid(k: Mapping[str, Any], epilogue_smem: int = 0, reg_warps: int | None = None) -> bool:
@@ -164,36 +156,9 @@ def _check_operands(A, B):
         raise ValueError(f"float8_e4m3fn operands expected, got {A.dtype} and {B.dtype}")
 '''
 
-_PAD_K = '''
-
-def _aligned_k(A, B):
-    """TMA needs 16-byte row strides (16 fp8 elements): pad K with zeros when it is not a multiple.
-    Zeros add nothing to the product, and the scale blocks (ceil(K/128)) are unchanged."""
-    M, K = A.shape
-    N = B.shape[0]
-    if K % 16 == 0 and A.data_ptr() % 16 == 0 and B.data_ptr() % 16 == 0:
-        return A, B, K
-    Kp = (K + 15) // 16 * 16
-    Ap = torch.zeros((M, Kp), device=A.device, dtype=A.dtype)
-    Bp = torch.zeros((N, Kp), device=B.device, dtype=B.dtype)
-    Ap[:, :K] = A
-    Bp[:, :K] = B
-    return Ap, Bp, Kp
-'''
-
-_GROUPED_PID = """
-
-@triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    # GROUP_M row-blocks share each column sweep, so the B tiles they read stay in L2
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = tile_id // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
-    pid_n = (tile_id % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
-"""
+# TMA needs 16-byte row strides, 16 fp8 elements; padding K with zeros adds nothing to the product and
+# leaves the scale blocks (ceil(K/128)) unchanged.
+_PAD_K = pad_k_source(16)
 
 # Per K tile, blockwise: the tile's product times its scales, added to the accumulator. With
 # BLOCK_N <= 128 a tile's columns share one weight-block scale, folded into the row scales (one

@@ -108,21 +108,26 @@ def _consts(knobs: Mapping[str, Any], names: list[str]) -> str:
     return "".join(f"{n} = {knobs[n]!r}\n" for n in names)
 
 
-_PAD_K = '''
+def pad_k_source(multiple: int) -> str:
+    """The rendered ``_aligned_k``: K padded with zeros to ``multiple`` elements (16 bytes of the operand dtype)."""
+    return f'''
 
 def _aligned_k(A, B):
-    """TMA needs 16-byte row strides: pad K with zeros to a multiple of 8 when it is not."""
+    """TMA needs 16-byte row strides: pad K with zeros to a multiple of {multiple} when it is not."""
     M, K = A.shape
     N = B.shape[0]
-    if K % 8 == 0 and A.data_ptr() % 16 == 0 and B.data_ptr() % 16 == 0:
+    if K % {multiple} == 0 and A.data_ptr() % 16 == 0 and B.data_ptr() % 16 == 0:
         return A, B, K
-    Kp = (K + 7) // 8 * 8
+    Kp = (K + {multiple - 1}) // {multiple} * {multiple}
     Ap = torch.zeros((M, Kp), device=A.device, dtype=A.dtype)
     Bp = torch.zeros((N, Kp), device=B.device, dtype=B.dtype)
     Ap[:, :K] = A
     Bp[:, :K] = B
     return Ap, Bp, Kp
 '''
+
+
+_PAD_K = pad_k_source(8)  # bf16
 
 _GROUPED_PID = """
 
