@@ -31,6 +31,7 @@ from kernelarc.board import Board, Conditions
 from kernelarc.config import KernelArcConfig
 from kernelarc.families import families_for
 from kernelarc.guard.judge import Evaluation, Guard, GuardConfig, compiled_candidate, reference_candidate
+from kernelarc.guard.memory import max_parallel
 from kernelarc.models import Candidate, Finding, Status, Verdict
 from kernelarc.plateau import PlateauDetector, PlateauEvent
 from kernelarc.tasks.loader import Task, TaskError, fit_workloads, load_builtin, load_task
@@ -680,7 +681,10 @@ class SearchSession:
         return final
 
     def _search(self) -> None:
-        parallel = max(1, self.cfg.executor.parallel) * len(self.guards)
+        # In flight per device: executor.parallel, or fewer where the judge's memory plan says that many workers
+        # do not fit beside the reference (its note says so; test doubles and Ray guards have no plan here).
+        per = max(1, self.cfg.executor.parallel)
+        parallel = sum(max_parallel(g, per) if isinstance(g, Guard) else per for g in self.guards)
         queue: list[Candidate] = []
         rematch: list[Candidate] = []
         inflight: dict[Future, tuple[Candidate, str | None]] = {}
