@@ -141,6 +141,8 @@ class Harness:
         self.threading = threading
         self.threads0 = {t.ident for t in threading.enumerate()}
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+        # per rotated buffer (data_ptr): its cumulative roll and every cumulative roll it has shown
+        self._rolls: dict[int, tuple[int, set[int]]] = {}
         self.sets: dict[int, list[list[Any]]] = {}
         self.held: dict[int, list[Any]] = {}
         self.staged: dict[int, list[Any]] = {}
@@ -436,11 +438,29 @@ class Harness:
             if not ok:
                 continue
             n, last = x.numel(), x.shape[-1] if x.dim() else 1
-            s = self.rng.randrange(1, n)
-            if last > 1 and s % last == 0:
-                s += 1
+            # Rolls compose in place: the content is the original rolled by the sum of the offsets, so the
+            # new offset is chosen so that this sum is one the buffer has not shown yet (independent draws
+            # collide after about sqrt(n) calls on small tensors) and not a whole number of rows.
+            cum, seen = self._rolls.get(x.data_ptr(), (0, {0}))
+            pos = self._unseen_roll(n, last, seen)
+            if pos is None:  # fewer positions than calls: a repeat is unavoidable, start a new cycle
+                seen = {cum}
+                pos = self._unseen_roll(n, last, seen) or (cum + 1) % n
+            seen.add(pos)
+            self._rolls[x.data_ptr()] = (pos, seen)
             flat = x.view(-1)
-            flat.copy_(torch.roll(flat, s))
+            flat.copy_(torch.roll(flat, (pos - cum) % n))
+
+    def _unseen_roll(self, n: int, last: int, seen: set[int]) -> int | None:
+        """A random cumulative roll in [1, n) not in ``seen`` and, where there is more than one column, not a
+        multiple of the row length; None when there is none."""
+        ok = lambda p: p not in seen and (last <= 1 or p % last != 0)  # noqa: E731
+        for _ in range(32):
+            p = self.rng.randrange(1, n)
+            if ok(p):
+                return p
+        start = self.rng.randrange(1, n)  # small or crowded tensors: scan from a random point
+        return next((p for p in (*range(start, n), *range(1, start)) if ok(p)), None)
 
     def do_time(self, wl: int, n: int, warm: bool = False, check: bool = False, warm_ms: float | None = None) -> Timing:
         tcfg = self.job["timing"]
