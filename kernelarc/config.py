@@ -138,6 +138,10 @@ class SuiteConfig:
     isolation: str = "inline"  # inline: sessions in this process; process: one subprocess per problem
     progress: bool = False  # the sessions' own candidate lines (the suite prints one line per problem)
     problem_timeout_s: float | None = None  # isolation=process: kill a problem's session after this long
+    # A folder shared by concurrent suite processes over the same problems (e.g. shards on one GPU): a
+    # process runs a problem only once it has created <claims>/<problem>.claim, so shards take problems
+    # from one queue instead of fixed slices, and no problem runs twice. null: run every selected problem.
+    claims: str | None = None
 
 
 @dataclass

@@ -119,6 +119,18 @@ def slug(problem: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in problem)
 
 
+def claim(claims: Path, problem: str) -> bool:
+    """Take ``problem`` from the queue shared through the folder ``claims``: true for exactly one of the
+    processes that ask (the file is created atomically, ``O_EXCL``; it holds the claimant's pid)."""
+    try:
+        fd = os.open(claims / f"{slug(problem)}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    return True
+
+
 def suite_key(cfg: Any, root: Path, gpu: str) -> str:
     """Same results folder for the same suite: dir, per-problem workloads and the session settings
     that change a result (not the problem filter, isolation or progress)."""
@@ -418,6 +430,9 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
     if not child:
         print(f"suite: {len(problems)} problems under {root} on {target.name}; results in {out}", flush=True)
     results: list[ProblemResult] = []
+    claims = Path(hydra.utils.to_absolute_path(c.suite.claims)) if c.suite.claims and not child else None
+    if claims is not None:
+        claims.mkdir(parents=True, exist_ok=True)
     status = "FAILED"
     try:
         for i, problem in enumerate(problems, 1):
@@ -434,6 +449,8 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
                 if not child:
                     print(_progress(i, len(problems), r, None, " [saved result]"), flush=True)
                 continue
+            if claims is not None and not claim(claims, rel):
+                continue  # another process of the same queue runs (or ran) it: its row is in that table
             if not child:
                 print(f"[{i}/{len(problems)}] {rel} ...", flush=True)
             t = time.monotonic()

@@ -169,3 +169,43 @@ def test_harness_eval_reads_nvidias_trace_format():
     out = "\n".join([trace("PASSED", 2.0), trace("INCORRECT_NUMERICAL"), trace("INCORRECT_NUMERICAL")])
     verdict, passed, speedup = harness_eval.summarize(harness_eval.parse_traces(out))
     assert (verdict, passed, speedup) == ("INCORRECT_NUMERICAL", "1/3", pytest.approx(2.0))
+
+
+def test_concurrent_suites_share_one_queue_through_claims(tmp_path):
+    """Two suite processes over the same problems and one claims folder: every problem runs exactly
+    once, in one of the two tables (shards on one GPU take problems from one queue)."""
+    tree = tmp_path / "tree"
+    for k in range(4):  # references that fail fast: the test is about the queue, not the search
+        _problem(
+            tree, f"L1/00{k}_broken", f"broken{k}", "import torch\n\ndef run(x, weight):\n    raise RuntimeError('x')\n"
+        )
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kernelarc.suite",
+                f"dir={tree}",
+                *ARGS,
+                f"suite.out=.kernelarc/shard{k}",
+                f"suite.claims={tmp_path / 'claims'}",
+                f"tracking.uri=sqlite:///{tmp_path}/shard{k}.db",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for k in range(2)
+    ]
+    for p in procs:
+        _out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    seen: list[str] = []
+    for k in range(2):
+        for t in (tmp_path / f".kernelarc/shard{k}").glob("*/*/table.json"):
+            seen += [row["problem"] for row in json.loads(t.read_text())]
+    assert sorted(seen) == [f"L1/00{k}_broken" for k in range(4)]
+    assert len(list((tmp_path / "claims").glob("*.claim"))) == 4
