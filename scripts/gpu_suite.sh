@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the suite over a tree of SOL-ExecBench problems on one GPU, as SHARDS concurrent
-# suite processes (compilation and torch.compile spread over the CPU cores; the guard's DeviceLock
+# suite processes sharing one queue of problems (compilation and torch.compile spread over the CPU cores; the guard's DeviceLock
 # serialises every checked or timed phase across the processes, so no two timings overlap), then
 # NVIDIA's harness on the exported champions. The state (.kernelarc, mlflow.db, mlartifacts) is
 # tarred into $OUT/state.tgz; put it at .state/state.tgz and carry .state to resume in a later call.
@@ -8,6 +8,7 @@
 # Usage, on the device machine (repo root, wheels carried in .whl and .whl/solx, problems and the
 # harness copied into the ignored folder .shared):
 #   SHARDS=8 bash scripts/gpu_suite.sh .shared/sol-execbench SUITE_SECONDS HARNESS_SECONDS [overrides...]
+# (HARNESS_PAR=4 harness runs at a time, HARNESS_CALL_S=90 s per harness call; PROBLEMS="a b" for a subset)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 TREE=$(realpath "$1"); SUITE_S=$2; HARNESS_S=$3; shift 3
@@ -18,8 +19,8 @@ mkdir -p "$OUT/logs"
 t0=$(date +%s)
 say() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 
-timeout 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/solx .whl/solx/*.whl || exit 1
+[ -n "${SKIP_INSTALL:-}" ] || timeout 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+[ -n "${SKIP_INSTALL:-}" ] || timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/solx .whl/solx/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 # One MLflow store per shard, on the machine's own disk: SQLite's WAL shared memory does not hold across
 # processes on the device machine's copy of the checkout (10 shards on one mlflow.db there: "database disk
@@ -33,21 +34,30 @@ say "installed; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 if [ -n "${PROBLEMS:-}" ]; then read -r -a PROBS <<<"$PROBLEMS"  # a chosen subset, in this order
 else mapfile -t PROBS < <(cd "$TREE" && find . -name definition.json -printf '%h\n' | sed 's|^\./||' | sort); fi
 say "${#PROBS[@]} problems, $SHARDS shards, suite ${SUITE_S}s, overrides: $*"
+# Every shard gets the whole list and takes problems from one queue (suite.claims): a shard that drew
+# quick problems goes on with the next one instead of idling while another works through slow ones.
+CLAIMS=/tmp/kernelarc-claims; rm -rf "$CLAIMS"; mkdir -p "$CLAIMS"
+# after a restore, problems with a saved (non-crashed) row in any shard are taken already
+python3 - "$CLAIMS" <<'EOF2'
+import json, pathlib, sys
+for r in pathlib.Path(".kernelarc").glob("suite_shard*/*/*/results/*.json"):
+    if json.loads(r.read_text()).get("status") != "crashed":
+        (pathlib.Path(sys.argv[1]) / (r.stem + ".claim")).write_text("restored\n")
+EOF2
+list=""; for p in "${PROBS[@]}"; do list+="'$p',"; done
 pids=()
 for ((k = 0; k < SHARDS; k++)); do
-  list=""
-  for ((i = k; i < ${#PROBS[@]}; i += SHARDS)); do list+="'${PROBS[$i]}',"; done
-  [ -z "$list" ] && continue
-  timeout -k 10 "$SUITE_S" python3 -m kernelarc.suite dir="$TREE" "suite.problems=[${list%,}]" \
-    suite.out=.kernelarc/suite_shard$k gpu=h200 tracking.uri=sqlite:///$STORES/shard$k/mlflow.db "$@" \
+  timeout -k 10 "$SUITE_S" python3 -m kernelarc.suite dir="$TREE" "suite.problems=[${list%,}]" suite.claims="$CLAIMS" \
+    suite.out=.kernelarc/suite_shard$k gpu=${GPU:-h200} tracking.uri=sqlite:///$STORES/shard$k/mlflow.db "$@" \
     >"$OUT/logs/shard$k.log" 2>&1 &
   pids+=($!)
+  sleep 2  # staggered starts: ten imports of torch at once only slow each other
 done
 for p in "${pids[@]}"; do wait "$p"; done
 say "suite shards done"
 
-python3 - "$OUT" <<'EOF'
-import json, pathlib, sys
+PROBLIST="${PROBS[*]}" python3 - "$OUT" <<'EOF'
+import json, os, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 rows = []
 for t in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/table.json")):
@@ -59,6 +69,8 @@ by = {}
 for r in rows:
     by[r["status"]] = by.get(r["status"], 0) + 1
 print("suite rows:", len(rows), by)
+missing = sorted(set(os.environ.get("PROBLIST", "").split()) - {r["problem"] for r in rows})
+print(f"problems without a row ({len(missing)}):", " ".join(missing) or "none")
 for r in rows:
     f = lambda k, s=".2f": format(r[k], s) if isinstance(r.get(k), (int, float)) else "-"
     print(f"{r['problem'][:58]:58s} {r['status']:9s} {str(r.get('champion_family'))[:28]:28s} "
@@ -66,20 +78,23 @@ for r in rows:
           f"{(r.get('reason') or '')[:60]}")
 EOF
 
-left=$(( HARNESS_S ))
-# searched kernels first, then (time permitting) the problems whose champion is a baseline
-for pass in "" "--all"; do
-for s in .kernelarc/suite_shard*/*/*/; do
-  [ -f "$s/table.json" ] || continue
-  [ "$left" -le 20 ] && break
-  t=$(date +%s)
-  k=$(basename "$(dirname "$(dirname "$s")")"); k=${k#suite_}
-  timeout -k 5 "$left" python3 scripts/harness_eval.py --suite "$s" --harness-src "$HARNESS_SRC" \
-    --harness-path /tmp/solx --timeout 60 --tracking-uri "sqlite:///$STORES/$k/mlflow.db" $pass \
-    >>"$OUT/logs/harness.log" 2>&1
-  left=$(( left - ($(date +%s) - t) ))
-done
-done
+# NVIDIA's harness on every shard's champions, HARNESS_PAR shards at a time (searched kernels first,
+# then the problems whose champion is a baseline). Concurrent harness runs share the GPU: their
+# verdicts stand, their speedups are noisier than a lone run's.
+HARNESS_PAR=${HARNESS_PAR:-4}
+hdeadline=$(( $(date +%s) + HARNESS_S ))
+harness_shard() {
+  local s=$1 k; k=$(basename "$(dirname "$(dirname "$s")")"); k=${k#suite_}
+  for pass in "" "--all"; do
+    local left=$(( hdeadline - $(date +%s) )); [ "$left" -le 15 ] && return
+    timeout -k 5 "$left" python3 scripts/harness_eval.py --suite "$s" --harness-src "$HARNESS_SRC" \
+      --harness-path /tmp/solx --timeout "${HARNESS_CALL_S:-90}" --tracking-uri "sqlite:///$STORES/$k/mlflow.db" $pass \
+      >>"$OUT/logs/harness_$k.log" 2>&1
+  done
+}
+export -f harness_shard; export hdeadline HARNESS_SRC STORES OUT
+ls -d .kernelarc/suite_shard*/*/*/ | while read -r s; do [ -f "$s/table.json" ] && echo "$s"; done |
+  xargs -P "$HARNESS_PAR" -I{} bash -c 'harness_shard "$1"' _ {}
 say "harness done"
 python3 - "$OUT" <<'EOF'
 import json, pathlib, sys
