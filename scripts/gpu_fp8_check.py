@@ -1,6 +1,9 @@
 """GPU check of the fp8 GEMM families and the softmax start points (H200, one process, < 4 minutes).
 
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
   PYTHONPATH=/tmp/site:$PWD timeout -k 5 235 python3 scripts/gpu_fp8_check.py --out $OUT
+(the wheels from scripts/build_wheels.sh, nvidia-cutlass's headers among them; exit status 1 with "Timeout" in
+the output means the watchdog ended it: the files under $OUT are still complete up to the last step.)
 
 Steps (each bounded; progress on stdout with flush; results.json, table.md and log.txt rewritten under
 $OUT/gpu_fp8_check/ after every step and every timed shape, so a kill or the watchdog keeps what was measured):
@@ -715,7 +718,10 @@ def main() -> None:
     results["cutlass_softmax_build"] = "built" if "mod" in box else box.get("error", "not finished")
     save(results)
     log(f"wrote {OUT_DIR}/results.json, table.md, log.txt")
-    print(table(results), flush=True)
+    try:
+        print(table(results), flush=True)
+    except Exception as e:  # noqa: BLE001 - the files are written; the raw results are in results.json
+        log(f"table failed: {type(e).__name__}: {short(e, 300)}")
 
 
 if __name__ == "__main__":
