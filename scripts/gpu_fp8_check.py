@@ -325,14 +325,21 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def errors_of(out, ref) -> tuple[float, float, bool]:
+# error-norm bounds against float64: blockwise promotes every 128-deep K block to fp32; per-row / per-tensor
+# accumulate the whole K loop in the tensor cores (Triton's default on sm_90, max_num_imprecise_acc 2^30, like
+# use_fast_accum=True), whose fp8 sums keep about 14 bits (DeepSeek-V3 report), never measured here: a looser
+# bound, still far below the O(1) error of a wrong scale
+TOL_NORM = {"blockwise": 1e-2, "rowwise": 2e-2, "tensorwise": 2e-2}
+
+
+def errors_of(out, ref, mode: str) -> tuple[float, float, bool]:
     """(relative error norm, worst element error over max |ref|, ok) of an output against float64."""
     import torch
 
     o = out.double()
     e = ((o - ref).norm() / ref.norm()).item()
     elem = ((o - ref).abs().max() / ref.abs().max()).item()
-    return e, elem, bool(torch.isfinite(o).all()) and e < 1e-2 and elem < 3e-2
+    return e, elem, bool(torch.isfinite(o).all()) and e < TOL_NORM[mode] and elem < 3e-2
 
 
 def check_point(rows: list, label: str, run, A, B, sa, sb, ref, shape, mode) -> bool:
@@ -340,7 +347,7 @@ def check_point(rows: list, label: str, run, A, B, sa, sb, ref, shape, mode) -> 
     try:
         out = run(A, B, sa, sb)
         sync()
-        e, elem, ok = errors_of(out, ref)
+        e, elem, ok = errors_of(out, ref, mode)
         err = None if ok else f"rel err {e:.2e}, worst element {elem:.2e} of max |ref|"
     except Exception as ex:  # noqa: BLE001 - one point's failure is a row, not the end of the step
         e, elem, ok, err = float("nan"), float("nan"), False, f"{type(ex).__name__}: {short(ex, 300)}"
@@ -609,10 +616,11 @@ def table(results: dict) -> str:
     corr = results.get("correctness", [])
     if corr:
         bad = [r for r in corr if not r["ok"]]
-        worst = max((r["rel_err"] for r in corr if r["ok"]), default=float("nan"))
-        lines.append(f"\ncorrectness: {len(corr) - len(bad)}/{len(corr)} point x shape x scaling cases within 1e-2 "
-                     f"(error norm) and 3e-2 (worst element / max |ref|) of float64; worst passing error norm "
-                     f"{worst:.2e}")  # fmt: skip
+        worst = {m: max((r["rel_err"] for r in corr if r["ok"] and r["mode"] == m), default=float("nan"))
+                 for m in MODES}  # fmt: skip
+        lines.append(f"\ncorrectness: {len(corr) - len(bad)}/{len(corr)} point x shape x scaling cases within "
+                     f"{TOL_NORM} (error norm) and 3e-2 (worst element / max |ref|) of float64; worst passing "
+                     f"error norm per scaling {json.dumps({m: f'{w:.2e}' for m, w in worst.items()})}")  # fmt: skip
         for r in bad:
             lines.append(f"- FAILED {r['point']} {r['shape']} {r['mode']}: {r.get('error')}")
     sm = results.get("softmax")

@@ -266,7 +266,9 @@ def _fp8_points_are_correct(points: list[tuple[str, dict]]) -> None:
                        (torch.tensor(0.02, device="cuda"), torch.tensor(0.03, device="cuda"))):  # fmt: skip
             ref = (A.double() * sa.double().reshape(-1, 1)) @ (B.double() * sb.double().reshape(-1, 1)).T
             rel = ((mod.run(A, B, sa, sb).double() - ref).norm() / ref.norm()).item()
-            assert rel < 1e-2, (name, knobs, "per-row / per-tensor", rel)
+            # per-row / per-tensor accumulate the whole K loop in the tensor cores (Triton's sm_90 default, like
+            # use_fast_accum=True: about 14 bits kept), so a looser bound than blockwise; a wrong scale is O(1)
+            assert rel < 2e-2, (name, knobs, "per-row / per-tensor", rel)
 
 
 def test_cutlass_fp8_matmul_start_is_correct_on_the_gpu():
