@@ -10,7 +10,7 @@ $OUT/gpu_fp8_check/ after every step and every timed shape, so a kill or the wat
 1. correctness: the Triton fp8 points on an odd shape (1000x1160x1000: partial tiles, K padded for TMA),
    blockwise for every point, per-row / per-tensor for a few, against a float64 reference of the scaled
    product on the GPU (the CUTLASS fp8 points and the CUTLASS softmax start build in nvcc threads meanwhile);
-2. timing at 8192^3 then 4096^3, per-row, per-tensor, then blockwise (with the CUTLASS points built by then):
+2. timing, per-row and per-tensor at 8192^3 and 4096^3, then blockwise at both (with the CUTLASS points):
    family points vs torch._scaled_mm with the same scaling, side by side in one process, every point checked
    against float64 at that shape first: interleaved rounds (order reversed every other round), L2 flushed by
    do_bench before every call, median of the round medians and the spread (max - min) / median;
@@ -434,78 +434,78 @@ def library_fns(A, B, sa, sb, mode, ref, notes: dict) -> dict:
 
 def step_timing(results: dict, shapes, rounds: int, budget_s: float, points: dict, cutlass_box: dict,
                 outer_points: dict, tag: str = "", before_blockwise=None) -> None:  # fmt: skip
-    """Per shape: per-row and per-tensor first (Triton only), then blockwise with the CUTLASS points, so the
-    nvcc builds have that much more time; ``before_blockwise()`` runs once, before the first blockwise shape."""
+    """Per-row and per-tensor at every shape first (Triton only), then blockwise with the CUTLASS points, so
+    the nvcc builds have that much more time; ``before_blockwise()`` runs once, before the first blockwise."""
     import torch
 
     log(f"timing{tag} vs torch._scaled_mm, {rounds} interleaved rounds")
     timing = results.setdefault("timing", {})
     rows = results.setdefault("correctness", [])
-    for shape in shapes:
+    combos = [(shape, mode) for shape in shapes for mode in ("rowwise", "tensorwise")]
+    for shape, mode in combos + [(shape, "blockwise") for shape in shapes]:
         M, N, K = shape
         flops = 2 * M * N * K
-        for mode in ("rowwise", "tensorwise", "blockwise"):
-            if elapsed() > budget_s:
-                log(f"  timing budget spent ({budget_s:.0f} s): {shape} {mode} and later skipped")
-                return
-            if mode == "blockwise" and before_blockwise is not None:
-                before_blockwise()
-                before_blockwise = None
-            t_combo = time.monotonic()
-            A, B, sa, sb = make_problem(M, N, K, mode)
-            ref = ref64(A, B, sa, sb, mode)
-            notes: dict = {}
-            fns = library_fns(A, B, sa, sb, mode, ref, notes)
-            pts = dict(points)
-            if mode != "blockwise":
-                pts.update(outer_points)
-            cands = {}
-            if mode == "blockwise":
-                # the builds' box is live: a build that finished after step 2 is timed too (checked first)
-                for label in cutlass_box.get("labels", ()):
-                    mod = cutlass_box.get(label, "build not finished by then")
-                    if isinstance(mod, str):
-                        notes[label] = mod
-                    else:
-                        cands[label] = mod.run
-            for label, (fam, knobs) in pts.items():
-                try:
-                    cands[label] = load_point(fam, knobs)[0].run
-                except Exception as ex:  # noqa: BLE001
-                    notes[label] = f"render/load: {type(ex).__name__}: {short(ex, 200)}"
-            for label, run in cands.items():
-                if check_point(rows, label, run, A, B, sa, sb, ref, shape, mode):
-                    fns[label] = lambda run=run, A=A, B=B, sa=sa, sb=sb: run(A, B, sa, sb)
+        if elapsed() > budget_s:
+            log(f"  timing budget spent ({budget_s:.0f} s): {shape} {mode} and later skipped")
+            return
+        if mode == "blockwise" and before_blockwise is not None:
+            before_blockwise()
+            before_blockwise = None
+        t_combo = time.monotonic()
+        A, B, sa, sb = make_problem(M, N, K, mode)
+        ref = ref64(A, B, sa, sb, mode)
+        notes: dict = {}
+        fns = library_fns(A, B, sa, sb, mode, ref, notes)
+        pts = dict(points)
+        if mode != "blockwise":
+            pts.update(outer_points)
+        cands = {}
+        if mode == "blockwise":
+            # the builds' box is live: a build that finished after step 2 is timed too (checked first)
+            for label in cutlass_box.get("labels", ()):
+                mod = cutlass_box.get(label, "build not finished by then")
+                if isinstance(mod, str):
+                    notes[label] = mod
                 else:
-                    notes[label] = rows[-1]["error"]
-            del ref
-            if DEVICE == "cuda":
-                torch.cuda.empty_cache()
-            t_bench = time.monotonic()
-            t = interleaved(fns, rounds)
-            for v in t.values():
-                if "ms" in v:
-                    v["tflops"] = flops / (v["ms"] * 1e-3) / 1e12
-            lib = {n: v for n, v in t.items() if n.startswith("lib:") and "ms" in v}
-            best_lib = min(lib, key=lambda n: lib[n]["ms"]) if lib else None
-            ours = {n: v for n, v in t.items() if not n.startswith("lib:") and "ms" in v}
-            best = min(ours, key=lambda n: ours[n]["ms"]) if ours else None
-            if best_lib:
-                for v in ours.values():
-                    v["vs_lib"] = lib[best_lib]["ms"] / v["ms"]
-            key = f"{M}x{N}x{K} {mode}{tag}"
-            timing[key] = {"fns": t, "notes": notes, "best_ours": best, "best_lib": best_lib,
-                           "best_lib_ms": lib[best_lib]["ms"] if best_lib else None}  # fmt: skip
-            took = f"({t_bench - t_combo:.0f} s compile + check, {time.monotonic() - t_bench:.0f} s timing)"
-            if best and best_lib:
-                log(f"  {key}: best ours {best} {ours[best]['ms']:.4f} ms ({ours[best]['tflops']:.0f} TFLOP/s, "
-                    f"spread {ours[best]['spread']:.1%}), best lib {best_lib[5:]} {lib[best_lib]['ms']:.4f} ms "
-                    f"-> {ours[best]['vs_lib']:.3f}x {took}")  # fmt: skip
+                    cands[label] = mod.run
+        for label, (fam, knobs) in pts.items():
+            try:
+                cands[label] = load_point(fam, knobs)[0].run
+            except Exception as ex:  # noqa: BLE001
+                notes[label] = f"render/load: {type(ex).__name__}: {short(ex, 200)}"
+        for label, run in cands.items():
+            if check_point(rows, label, run, A, B, sa, sb, ref, shape, mode):
+                fns[label] = lambda run=run, A=A, B=B, sa=sa, sb=sb: run(A, B, sa, sb)
             else:
-                log(f"  {key}: incomplete {took}")
-            for n, msg in notes.items():
-                log(f"    note {n}: {msg}")
-            save(results)
+                notes[label] = rows[-1]["error"]
+        del ref
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+        t_bench = time.monotonic()
+        t = interleaved(fns, rounds)
+        for v in t.values():
+            if "ms" in v:
+                v["tflops"] = flops / (v["ms"] * 1e-3) / 1e12
+        lib = {n: v for n, v in t.items() if n.startswith("lib:") and "ms" in v}
+        best_lib = min(lib, key=lambda n: lib[n]["ms"]) if lib else None
+        ours = {n: v for n, v in t.items() if not n.startswith("lib:") and "ms" in v}
+        best = min(ours, key=lambda n: ours[n]["ms"]) if ours else None
+        if best_lib:
+            for v in ours.values():
+                v["vs_lib"] = lib[best_lib]["ms"] / v["ms"]
+        key = f"{M}x{N}x{K} {mode}{tag}"
+        timing[key] = {"fns": t, "notes": notes, "best_ours": best, "best_lib": best_lib,
+                       "best_lib_ms": lib[best_lib]["ms"] if best_lib else None}  # fmt: skip
+        took = f"({t_bench - t_combo:.0f} s compile + check, {time.monotonic() - t_bench:.0f} s timing)"
+        if best and best_lib:
+            log(f"  {key}: best ours {best} {ours[best]['ms']:.4f} ms ({ours[best]['tflops']:.0f} TFLOP/s, "
+                f"spread {ours[best]['spread']:.1%}), best lib {best_lib[5:]} {lib[best_lib]['ms']:.4f} ms "
+                f"-> {ours[best]['vs_lib']:.3f}x {took}")  # fmt: skip
+        else:
+            log(f"  {key}: incomplete {took}")
+        for n, msg in notes.items():
+            log(f"    note {n}: {msg}")
+        save(results)
 
 
 def step_softmax(results: dict, cutlass_box: dict, rounds: int, shape) -> None:
@@ -666,7 +666,7 @@ def main() -> None:
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise SystemExit("--cpu-smoke needs TRITON_INTERPRET=1 in the environment")
         DEVICE = "cpu"
-        odd, timing_shapes, softmax_shape = (40, 72, 136), [(128, 128, 256)], (8, 1024)
+        odd, timing_shapes, softmax_shape = (40, 72, 136), [(128, 128, 256), (64, 128, 128)], (8, 1024)
         cutlass_odd = [(40, 200, 136)]
     else:
         if not torch.cuda.is_available():
