@@ -581,7 +581,8 @@ def build_cutlass_softmax(box: dict) -> None:
 
 def table(results: dict) -> str:
     lines = ["", f"== fp8 GEMM vs torch._scaled_mm ({results.get('device')}, torch {results.get('torch')}, triton "
-             f"{results.get('triton')}; median of interleaved rounds; spread = (max-min)/median) =="]  # fmt: skip
+             f"{results.get('triton')}, {results.get('date')}, commit {results.get('commit')}; median of interleaved "
+             f"rounds; spread = (max-min)/median) =="]  # fmt: skip
     lines.append("| shape / scaling | best KernelArc point | ms | TFLOP/s | spread | best library call | ms | ratio |")
     lines.append("|---|---|---|---|---|---|---|---|")
     for key, r in results.get("timing", {}).items():
@@ -642,6 +643,18 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _commit() -> str | None:
+    """The checkout's commit where git and .git are there (the device machine's copy may lack them)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=10)  # fmt: skip
+        return out.stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def main() -> None:
     global OUT_DIR, DEVICE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -679,6 +692,8 @@ def main() -> None:
         "cuda": torch.version.cuda,
         "triton": triton.__version__,
         "budget_s": args.budget_s,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": _commit(),
     }
     log(f"{results}")
     save(results)
