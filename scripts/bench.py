@@ -164,6 +164,37 @@ def same_size_copy(nbytes: float) -> dict:
     return {"copy_ms": ms, "copy_tbps": 4 * n / (ms * 1e-3) / 1e12}
 
 
+def seeds_summary(tasks: dict) -> list[str]:
+    """Per task and workload, each seed's champion: latency, fraction of a same-size copy (memory-bound
+    workloads, measured on the GPU only) and how many seeds reach 90% of it; candidates and where the
+    champion was found, so the budget behind each figure is on the same line."""
+    lines = ["", "## seeds: each seed's champion"]
+    by_task: dict[str, list[tuple[str, dict]]] = {}
+    for key, s in tasks.items():
+        if "@seed=" in key:
+            by_task.setdefault(key.split("@seed=")[0], []).append((key.split("@seed=")[1], s))
+    for task, runs in by_task.items():
+        lines.append(f"### {task}")
+        lines.append("| seed | workload | axes | champion | ms | TB/s | of same-size copy | candidates | found at |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        reached: dict[int, list[bool]] = {}
+        for seed, s in runs:
+            if "error" in s:
+                lines.append(f"| {seed} | - | - | error: {s['error'][:120]} | | | | | |")
+                continue
+            for w in s.get("workloads", []):
+                frac = w["tbps"] / w["copy_tbps"] if w.get("tbps") and w.get("copy_tbps") else None
+                if frac is not None:
+                    reached.setdefault(w["index"], []).append(frac >= 0.9)
+                lines.append(f"| {seed} | {w['index']} | {w['axes']} | {s['champion_family']} | "
+                             f"{w['latency_ms'] or 0:.4f} | {w['tbps'] or 0:.2f} | "
+                             f"{'-' if frac is None else f'{frac:.1%}'} | {s['evaluated']} | "
+                             f"{s.get('champion_found_at')} |")  # fmt: skip
+        for wi, ok in sorted(reached.items()):
+            lines.append(f"workload {wi}: {sum(ok)} of {len(runs)} seeds at >= 90% of a same-size copy")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default="rmsnorm,softmax,matmul")
@@ -181,6 +212,12 @@ def main() -> None:
                     help="config override for every session (repeatable), e.g. agents.backend=sweep "
                     "agents.sweep.family=matmul.cutlass_sm90 'agents.sweep.grid={TILE_N:[128,256]}'")  # fmt: skip
     ap.add_argument("--compare-agents", default="", help="e.g. 1,4: equal-budget sessions per agent count instead")
+    ap.add_argument(
+        "--seeds",
+        default="",
+        help="e.g. 0,1,2: one session per seed (config key seed), one after the other, each with its own state "
+        "and MLflow store: no seed starts from another's champion",
+    )
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -209,12 +246,15 @@ def main() -> None:
     runs = [(t, None) for t in args.tasks.split(",")]
     if args.compare_agents:
         runs = [(t, int(n)) for t in args.tasks.split(",") for n in args.compare_agents.split(",")]
-    for task_name, n_agents in runs:
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()] or [None]
+    for (task_name, n_agents), seed in ((r, sd) for r in runs for sd in seeds):
         if (time.monotonic() - t_start) / 60 > args.deadline_min:
             log(f"deadline reached; skipping {task_name}")
             continue
         key = task_name if n_agents is None else f"{task_name}@agents={n_agents}"
         state = args.state if n_agents is None else f"{args.state}/agents{n_agents}"
+        if seed is not None:  # own state and registry: independent searches
+            key, state = f"{key}@seed={seed}", f"{state}/seed{seed}"
         wls = DEFAULT_WORKLOADS.get(task_name)
         overrides = [
             f"+task={task_name}", f"gpu={target.name}", f"budget.candidates={args.candidates}",
@@ -222,7 +262,7 @@ def main() -> None:
             f"executor.parallel={args.parallel}", "executor.prestart=3", f"search.state_dir={state}/state",
             f"tracking.uri=sqlite:///{state}/mlflow.db", f"task.workloads=[{','.join(map(str, wls))}]" if on_gpu else "task.workloads=null",  # noqa: E501
             f"guard.compile_baseline={'false' if args.no_compile_baseline else 'true'}",
-        ]  # fmt: skip
+        ] + ([f"seed={seed}"] if seed is not None else [])  # fmt: skip
         for extra in args.set:  # a --set replaces the default for its key
             name = extra.split("=", 1)[0].lstrip("+")
             overrides = [o for o in overrides if o.split("=", 1)[0].lstrip("+") != name] + [extra]
@@ -273,7 +313,7 @@ def main() -> None:
                     for k, v in champ_rec.candidate.knobs.items()
                 }
             if champ_rec is not None:
-                (out / f"champion_{task_name}.py").write_text(champ_rec.candidate.source)
+                (out / f"champion_{key.replace('@', '_').replace('=', '')}.py").write_text(champ_rec.candidate.source)
             cands = [r for r in session.records if r.kind == "candidate"]
             # every candidate with its full knobs and verdict, for analysis after the run
             with (out / f"candidates_{key.replace('@', '_').replace('=', '')}.jsonl").open("w") as fh:
@@ -352,6 +392,8 @@ def main() -> None:
             errs = {k: v for k, v in lib.items() if k.endswith("_error")}
             if errs:
                 lines.append(f"library errors, {label}: {json.dumps(errs)}")
+    if len(seeds) > 1:
+        lines += seeds_summary(results["tasks"])
     md = "\n".join(lines)
     (out / "bench.md").write_text(md)
     print(md, flush=True)

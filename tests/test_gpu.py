@@ -230,15 +230,22 @@ def test_fp8_matmul_points_are_correct_on_the_gpu():
     (partial tiles, K not a multiple of 128 or 16), per-row and per-tensor scales at 4096^3; the start
     points also through the guard on the task's 8192^3 and 4096^3 workloads."""
     from kernelarc.families import get_family
-    from kernelarc.tasks.inputs import load_module
 
     points = [
         ("fp8_matmul.tiled", {}),
         ("fp8_matmul.persistent_tma", {}),
         ("fp8_matmul.persistent_tma", dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=4)),
         ("fp8_matmul.tiled", dict(BLOCK_M=64, BLOCK_N=256, GROUP_M=8, num_warps=8, num_stages=4)),
-        ("fp8_matmul.persistent_tma", dict(BLOCK_M=64, BLOCK_N=128, num_stages=4, WARP_SPECIALIZE=True)),
     ]
+    _fp8_points_are_correct(points)
+    for name in ("fp8_matmul.tiled", "fp8_matmul.persistent_tma"):
+        _start_point_is_correct("fp8_matmul", get_family(name), [0, 1])
+
+
+def _fp8_points_are_correct(points: list[tuple[str, dict]]) -> None:
+    from kernelarc.families import get_family
+    from kernelarc.tasks.inputs import load_module
+
     gen = torch.Generator(device="cuda").manual_seed(5)
     cases = [(8192, 8192, 8192), (1000, 1160, 1000), (77, 4096, 520), (4096, 200, 1032)]
     problems = [(shape, _fp8_blockwise(*shape, gen)) for shape in cases]
@@ -259,9 +266,9 @@ def test_fp8_matmul_points_are_correct_on_the_gpu():
                        (torch.tensor(0.02, device="cuda"), torch.tensor(0.03, device="cuda"))):  # fmt: skip
             ref = (A.double() * sa.double().reshape(-1, 1)) @ (B.double() * sb.double().reshape(-1, 1)).T
             rel = ((mod.run(A, B, sa, sb).double() - ref).norm() / ref.norm()).item()
-            assert rel < 1e-2, (name, knobs, "per-row / per-tensor", rel)
-    for name in ("fp8_matmul.tiled", "fp8_matmul.persistent_tma"):
-        _start_point_is_correct("fp8_matmul", get_family(name), [0, 1])
+            # per-row / per-tensor accumulate the whole K loop in the tensor cores (Triton's sm_90 default, like
+            # use_fast_accum=True: about 14 bits kept), so a looser bound than blockwise; a wrong scale is O(1)
+            assert rel < 2e-2, (name, knobs, "per-row / per-tensor", rel)
 
 
 def test_cutlass_fp8_matmul_start_is_correct_on_the_gpu():
@@ -282,3 +289,10 @@ def test_cutlass_fp8_matmul_start_is_correct_on_the_gpu():
         assert rel < 1e-2, (shape, rel)
         assert ((out - ref).abs() > 2e-2 * ref.abs() + 1e-2 * ref.abs().max()).sum().item() == 0, shape
     _start_point_is_correct("fp8_matmul", CUTLASS_FP8_GEMM, [0, 1])
+
+
+def test_fp8_matmul_warp_specialized_point_is_correct_on_the_gpu():
+    """A test of its own, after the others: warp-specialized Triton kernels are what has hung this GPU (the
+    attention points, NOTES_compute.md); run the fp8 tests under ``timeout``."""
+    _fp8_points_are_correct([("fp8_matmul.persistent_tma", dict(BLOCK_M=64, BLOCK_N=128, num_stages=4,
+                                                                  WARP_SPECIALIZE=True))])  # fmt: skip
