@@ -263,6 +263,10 @@ def _table(out: dict) -> str:
 
 
 def compare(before: Path, after: Path, limit: float) -> int:
+    missing = [str(p) for p in (before, after) if not p.is_file()]
+    if missing:
+        print(f"nothing to compare: {', '.join(missing)} missing (see the .log beside it)")
+        return 1
     b, a = json.loads(before.read_text()), json.loads(after.read_text())
     print(f"after ({a['tree']}) / before ({b['tree']}), device {a['device']} / {b['device']}")
     worst = 0.0

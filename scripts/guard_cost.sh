@@ -21,10 +21,12 @@ prepare)
 run)
     out=${2:-${OUT:-/tmp/guard_cost}}
     shift $(($# < 2 ? $# : 2))
+    # default: one PyTorch and one Triton candidate, twice each, per task (fits about 90 s on an H200)
+    [ $# -gt 0 ] || set -- --candidates torch_rsqrt,triton_row --repeats 2
     mkdir -p "$out"
     [ -f .before/kernelarc/guard/judge.py ] || { echo "no .before/: run 'scripts/guard_cost.sh prepare' first" >&2; exit 2; }
-    budget=${GUARD_COST_BUDGET_S:-28}  # seconds per tree in which candidates start; the timeout is the hard stop
-    hard=${GUARD_COST_TIMEOUT_S:-44}
+    budget=${GUARD_COST_BUDGET_S:-30}  # seconds per tree in which candidates start; the timeout is the hard stop
+    hard=${GUARD_COST_TIMEOUT_S:-45}
     PYTHONPATH=$PWD/.before timeout -k 5 "$hard" python3 scripts/guard_cost.py --tree .before \
         --out "$out/before.json" --budget-s "$budget" "$@" 2>"$out/before.log" || echo "before-tree: exit $?"
     PYTHONPATH=$PWD timeout -k 5 "$hard" python3 scripts/guard_cost.py --tree . --commit "$(cat .before/.after_commit)" \
