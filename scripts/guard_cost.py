@@ -227,6 +227,8 @@ def _summarise(rec: dict) -> None:
     rec["by_candidate"] = _by_candidate(rec)
     keys = sorted({k for e in evals for k in e["phases"]})
     rec["phases"] = {k: statistics.median([e["phases"].get(k, 0.0) for e in evals]) for k in keys}
+    # the judge's own time around the worker's phases: waiting for a started worker, references, comparisons
+    rec["phases"]["outside_phases"] = statistics.median([e["wall_s"] - sum(e["phases"].values()) for e in evals])
     rec["statuses"] = sorted({e["status"] for e in evals})
     rec["not_accepted"] = [f"{e['candidate']}#{e['repeat']}: {e['status']}" for e in evals if e["status"] not in
                            ("champion", "correct_slower")]  # fmt: skip
