@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from shared_dirs import SKIP_REASON, shared_path
 
 from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
 from kernelarc.guard.sandbox import sandbox
@@ -428,7 +429,7 @@ def test_honest_kernels_in_unusual_styles_are_accepted(guard, name):
 
 
 # -- NVIDIA's own cheating samples --------------------------------------------------------------
-NVIDIA = Path(__file__).resolve().parents[3] / "shared" / "sol-execbench-harness" / "tests"
+NVIDIA = shared_path("sol-execbench-harness") / "tests"
 
 
 def _nvidia_samples() -> list[tuple[str, str]]:
@@ -443,7 +444,7 @@ def _nvidia_samples() -> list[tuple[str, str]]:
     return out
 
 
-@pytest.mark.skipif(not NVIDIA.is_dir(), reason="NVIDIA's harness is not in ../shared")
+@pytest.mark.skipif(not NVIDIA.is_dir(), reason=f"NVIDIA's harness: {SKIP_REASON}")
 @pytest.mark.parametrize("name, src", _nvidia_samples() or [("none", "")], ids=lambda x: x if len(x) < 40 else "")
 def test_nvidias_cheating_samples_are_rejected(guard, name, src):
     if not src:

@@ -4,7 +4,8 @@ and the CPU classes again on a GPU workload. ``pytest -m gpu tests/guard/test_ad
 from __future__ import annotations
 
 import pytest
-from test_adversarial import CACHE_PTR_VERSION, GOOD, HONEST, SKIP_LATER_CALLS
+from shared_dirs import SKIP_REASON
+from test_adversarial import CACHE_PTR_VERSION, GOOD, HONEST, NVIDIA, SKIP_LATER_CALLS, _nvidia_samples
 
 from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
 from kernelarc.models import Candidate, Status
@@ -101,12 +102,20 @@ def test_nvidias_stream_injection_is_rejected_at_runtime_too(guard):
     """NVIDIA's sample imports `time` and makes a side stream (the static checks reject both); past the
     static checks, the CUPTI/event cross-check or the synchronised-wall check rejects it."""
     import json
-    from pathlib import Path
 
-    f = Path(__file__).resolve().parents[3] / "shared" / "sol-execbench-harness" / "tests" / "samples" / "rmsnorm"
-    f = f / "solution_hack_stream_injection.json"
+    f = NVIDIA / "samples" / "rmsnorm" / "solution_hack_stream_injection.json"
     if not f.is_file():
-        pytest.skip("NVIDIA's harness is not in ../shared")
+        pytest.skip(f"NVIDIA's harness: {SKIP_REASON}")
     src = next(s["content"] for s in json.loads(f.read_text())["sources"] if s["path"].endswith(".py"))
     v = guard.evaluate(Candidate(source=src, language="pytorch"), reference_candidate(guard.task), trusted=True)
     assert v.verdict.status is Status.rejected_hack, (v.verdict.status, v.verdict.errors)
+
+
+@pytest.mark.skipif(not NVIDIA.is_dir(), reason=f"NVIDIA's harness: {SKIP_REASON}")
+@pytest.mark.parametrize("name, src", _nvidia_samples() or [("none", "")], ids=lambda x: x if len(x) < 40 else "")
+def test_nvidias_cheating_samples_are_rejected_on_the_gpu(guard, name, src):
+    """Issue 15's "NVIDIA's samples are rejected", on the device: the CPU test's samples, judged on a GPU workload."""
+    if not src:
+        pytest.skip("no samples found")
+    v = guard.evaluate(Candidate(source=src, language="pytorch"), reference_candidate(guard.task), timeout_s=30)
+    assert v.verdict.status is Status.rejected_hack, (name, v.verdict.status, v.verdict.errors)
