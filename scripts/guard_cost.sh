@@ -27,9 +27,9 @@ run)
     [ -f .before/kernelarc/guard/judge.py ] || { echo "no .before/: run 'scripts/guard_cost.sh prepare' first" >&2; exit 2; }
     budget=${GUARD_COST_BUDGET_S:-30}  # seconds per tree in which candidates start; the timeout is the hard stop
     hard=${GUARD_COST_TIMEOUT_S:-45}
-    PYTHONPATH=$PWD/.before timeout -k 5 "$hard" python3 scripts/guard_cost.py --tree .before \
+    PYTHONPATH=$PWD/.before:${GUARD_COST_SITE:-/tmp/site} timeout -k 5 "$hard" python3 scripts/guard_cost.py --tree .before \
         --out "$out/before.json" --budget-s "$budget" "$@" 2>"$out/before.log" || echo "before-tree: exit $?"
-    PYTHONPATH=$PWD timeout -k 5 "$hard" python3 scripts/guard_cost.py --tree . --commit "$(cat .before/.after_commit)" \
+    PYTHONPATH=$PWD:${GUARD_COST_SITE:-/tmp/site} timeout -k 5 "$hard" python3 scripts/guard_cost.py --tree . --commit "$(cat .before/.after_commit)" \
         --out "$out/after.json" --budget-s "$budget" "$@" 2>"$out/after.log" || echo "after-tree: exit $?"
     python3 scripts/guard_cost.py --compare "$out/before.json" "$out/after.json"
     ;;

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One device call of several bounded GPU steps, chosen by name, in the order given; each step's
+# output goes to $OUT/logs/<step>.log, a one-line result per step is printed as it ends, and the
+# logs and step outputs are tarred into $OUT/round.tgz at the end (a device call brings back at
+# most 8 files). Usage, on the GPU machine, in the repo root with .whl (and .shared, .before) carried:
+#   bash scripts/gpu_round.sh guard cost ablate fp8 softmax
+# Steps:
+#   guard    GPU-marked guard tests (cheats, NVIDIA's samples from .shared/, CUPTI) and the memory model
+#   cost     the guard's time per candidate, this tree and the tree before guard round 2 (.before/)
+#   ablate   team vs single generalist at equal candidate budget, real guard, 3 tasks x 5 seeds
+#   fp8      scripts/gpu_fp8_check.py (fp8 GEMM families vs torch._scaled_mm, softmax start points)
+#   softmax  scripts/bench.py softmax 4096x32768, 3 seeds
+#   fp8tests the GPU-marked fp8 tests of tests/test_gpu.py
+# Each step's time limit can be set as <STEP>_S (e.g. ABLATE_S=240).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
+OUT=${OUT:-/tmp/kernelarc-out}
+mkdir -p "$OUT/logs" "$OUT/steps"
+t0=$(date +%s)
+say() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+[ -n "${SKIP_INSTALL:-}" ] || timeout 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.max.sm --format=csv,noheader
+say "installed"
+
+step_guard() {
+  timeout -k 5 "${GUARD_S:-90}" python3 -m pytest -q -m gpu tests/guard tests/test_memory.py -rA -p no:cacheprovider
+}
+step_cost() {
+  timeout -k 5 "${COST_S:-110}" bash scripts/guard_cost.sh run "$OUT/steps/guard_cost"
+}
+step_ablate() {
+  timeout -k 10 "${ABLATE_S:-240}" python3 -m kernelarc.ablate ablate.guard=real \
+    "ablate.tasks=[${ABLATE_TASKS:-rmsnorm,fused_add_rmsnorm,swiglu}]" ablate.counts=[1,4] ablate.memory=[16] \
+    ablate.plateau=[true] ablate.seeds="${ABLATE_SEEDS:-5}" ablate.budget="${ABLATE_BUDGET:-10}" \
+    ablate.jobs="${ABLATE_JOBS:-8}" ablate.out="$OUT/steps/ablation" guard.target_ms=20 guard.seeds=2
+}
+step_fp8() {
+  timeout -k 5 "${FP8_S:-180}" python3 scripts/gpu_fp8_check.py --out "$OUT/steps" --budget-s "${FP8_BUDGET_S:-140}" \
+    --hard-limit-s "${FP8_HARD_S:-170}"
+}
+step_softmax() {
+  timeout -k 10 "${SOFTMAX_S:-240}" python3 scripts/bench.py --tasks softmax --seeds 0,1,2 --candidates 40 \
+    --minutes "${SOFTMAX_MIN:-0.75}" --set 'task.workloads=[1]' --no-compile-baseline --out "$OUT/steps/softmax_seeds"
+}
+step_fp8tests() {
+  timeout -k 5 "${FP8TESTS_S:-300}" python3 -m pytest -q -m gpu tests/test_gpu.py -k fp8 -rA -p no:cacheprovider
+}
+
+summary=()
+for s in "$@"; do
+  say "step $s ..."
+  ts=$(date +%s)
+  "step_$s" >"$OUT/logs/$s.log" 2>&1
+  rc=$?
+  line="$s rc=$rc $(( $(date +%s) - ts ))s: $(grep -v '^\s*$' "$OUT/logs/$s.log" | tail -1 | cut -c1-150)"
+  summary+=("$line")
+  say "$line"
+done
+tar czf "$OUT/round.tgz" -C "$OUT" logs steps && rm -rf "$OUT/logs" "$OUT/steps"
+echo "== summary"
+printf '%s\n' "${summary[@]}"
