@@ -34,7 +34,7 @@ step_ablate() {
   timeout -k 10 "${ABLATE_S:-240}" python3 -m kernelarc.ablate ablate.guard=real \
     "ablate.tasks=[${ABLATE_TASKS:-rmsnorm,fused_add_rmsnorm,swiglu}]" ablate.counts=[1,4] ablate.memory=[16] \
     ablate.plateau=[true] ablate.seeds="${ABLATE_SEEDS:-5}" ablate.budget="${ABLATE_BUDGET:-10}" \
-    ablate.jobs="${ABLATE_JOBS:-8}" ablate.out="$OUT/steps/ablation" guard.target_ms=20 guard.seeds=2
+    ablate.jobs="${ABLATE_JOBS:-8}" ablate.out="$OUT/steps/ablation" guard.target_ms=20 guard.seeds=2 executor.parallel=2
 }
 step_fp8() {
   timeout -k 5 "${FP8_S:-180}" python3 scripts/gpu_fp8_check.py --out "$OUT/steps" --budget-s "${FP8_BUDGET_S:-140}" \
