@@ -124,6 +124,19 @@ def _spawn(device: str) -> Worker:
     return Worker(p, Channel(judge_end), time.monotonic(), ident, log_path, since=sb.start_ticks(p.pid))
 
 
+def _log_tail(path: str, n: int = 400) -> str:
+    """The end of a worker's own log (its stderr before it could speak the protocol), for a start
+    failure's message: a crash at import or CUDA start-up says why there and nowhere else."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n))
+            text = f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    return f"; worker log: ...{' | '.join(text.splitlines()[-6:])}" if text else ""
+
+
 class WorkerPool:
     """Keeps ``size`` workers for one device started and ready."""
 
@@ -149,14 +162,23 @@ class WorkerPool:
             while not w.ready:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not w.alive():
-                    raise RuntimeError(f"guard worker for {self.device} failed to start (exit code {w.process.poll()})")
+                    raise RuntimeError(  # the log is read here, before the handler below kills the worker
+                        f"guard worker for {self.device} failed to start (exit code {w.process.poll()})"
+                        + _log_tail(w.log_path)
+                    )
                 if w.chan.readable(min(remaining, 1.0)):
                     msg = w.chan.recv_message(remaining)
                     if isinstance(msg, Ready):
                         w.ready, w.info = True, {"pid": msg.pid}
         except (EOFError, TimeoutError, OSError, ProtocolError) as e:
+            try:  # a worker that closed its end is usually exiting: its last words are still being written
+                code = w.process.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                code = None
+            tail = _log_tail(w.log_path)  # before kill(): its cleanup removes the log
             w.kill()
-            raise RuntimeError(f"guard worker for {self.device} failed to start: {e}") from None
+            why = "still running" if code is None else f"exit code {code}"
+            raise RuntimeError(f"guard worker for {self.device} failed to start: {e} ({why}){tail}") from None
         except RuntimeError:
             w.kill()
             raise
