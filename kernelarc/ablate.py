@@ -287,9 +287,15 @@ def plots(results: list[RunResult], rows: list[dict[str, Any]], out: Path) -> li
     return paths
 
 
-def _job(args: tuple) -> RunResult:
+def _job(args: tuple) -> RunResult | dict[str, Any]:
+    """One run; a run that fails (a session error, a guard that cannot start) is returned as its arm,
+    seed and error, so one broken run costs its own row, not the whole ablation."""
     ab, over, count, memory, plateau, seed, gpu = args
-    return run_one(ab, over, count, memory, plateau, seed, gpu)
+    try:
+        return run_one(ab, over, count, memory, plateau, seed, gpu)
+    except Exception as e:  # noqa: BLE001 - reported in results.json and the table's note
+        log.error("ablation run %s seed %d failed: %s", arm_key(count, memory, plateau), seed, e)
+        return {"arm": arm_key(count, memory, plateau), "seed": seed, "error": f"{type(e).__name__}: {e}"[:500]}
 
 
 def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResult], list[dict[str, Any]], Path]:
@@ -320,6 +326,10 @@ def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResu
             results = list(pool.map(_job, jobs))
     else:
         results = [_job(j) for j in jobs]
+    failed = [r for r in results if isinstance(r, dict)]
+    results = [r for r in results if isinstance(r, RunResult)]
+    if not results:
+        raise RuntimeError(f"every ablation run failed; the first: {failed[0]['error'] if failed else '?'}")
     out = Path(ab.out)
     out.mkdir(parents=True, exist_ok=True)
     best_known = None if ab.guard == "sim" else min(r.latency_ms for r in results if math.isfinite(r.latency_ms))
@@ -328,9 +338,11 @@ def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResu
             # against the best any run reached
             r.best_ms, r.ratio, r.found = best_known, r.latency_ms / best_known, r.found / best_known
     rows = summarize(results)
-    doc = {"config": asdict(ab), "overrides": session_overrides, "rows": rows, "runs": [asdict(r) for r in results]}
+    doc = {"config": asdict(ab), "overrides": session_overrides, "rows": rows, "runs": [asdict(r) for r in results],
+           "failed_runs": failed}  # fmt: skip
     (out / "results.json").write_text(json.dumps(doc, indent=1))
-    (out / "table.md").write_text(table(rows) + "\n")
+    note = "".join(f"\nfailed run: {f['arm']} seed {f['seed']}: {f['error']}" for f in failed)
+    (out / "table.md").write_text(table(rows) + "\n" + note + ("\n" if note else ""))
     try:
         pngs = plots(results, rows, out)
     except ImportError as e:  # a machine without matplotlib still gets the table and the JSON
@@ -379,14 +391,20 @@ def main(argv: list[str] | None = None) -> int:
     if ab.tasks and any(o.lstrip("+").startswith("task=") for o in rest):
         raise SystemExit("kernelarc.ablate: give either ablate.tasks=[...] or +task=NAME, not both")
     todo = [(f"{ab.out}/{t}", [f"+task={t}", *rest]) for t in ab.tasks] or [(ab.out, rest)]
+    rc = 0
     for out_dir, over in todo:
         t = time.monotonic()
         sub = AblateConfig(**{**asdict(ab), "out": out_dir, "tasks": []})
-        results, rows, out = ablate(sub, over)
+        try:
+            results, rows, out = ablate(sub, over)
+        except RuntimeError as e:  # every run of this task failed: say so, go on with the next task
+            print(f"\n## {' '.join(over)}: {e}", flush=True)
+            rc = 1
+            continue
         print(f"\n## {' '.join(over) or '+task=matmul'}\n")
-        print(table(rows))
-        print(f"\n{len(results)} runs in {time.monotonic() - t:.0f} s; results, table and plots in {out}/")
-    return 0
+        print(table(rows), flush=True)
+        print(f"\n{len(results)} runs in {time.monotonic() - t:.0f} s; results, table and plots in {out}/", flush=True)
+    return rc
 
 
 if __name__ == "__main__":

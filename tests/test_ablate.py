@@ -61,3 +61,25 @@ def test_summary_counts_runs_near_the_best():
     rs = [RunResult(1, 0, True, s, x, x, [x], 8, 0, 0.1, 1.0, x) for s, x in enumerate([1.0, 1.004, 1.03, 1.2])]
     (row,) = summarize(rs)
     assert row["within_1pct"] == 2 and row["within_5pct"] == 3 and abs(row["median"] - 1.017) < 1e-9
+
+
+def test_a_failed_run_costs_its_own_row_not_the_ablation(tmp_path, monkeypatch):
+    import kernelarc.ablate as abl
+
+    real = abl.run_one
+
+    def flaky(ab, over, count, memory, plateau, seed, gpu=None):
+        if count == 4 and seed == 1:
+            raise RuntimeError("guard worker for cuda:0 failed to start (planted)")
+        return real(ab, over, count, memory, plateau, seed, gpu)
+
+    monkeypatch.setattr(abl, "run_one", flaky)
+    out = tmp_path / "abl"
+    argv = ["ablate.seeds=2", "ablate.budget=8", "ablate.memory=[16]", "ablate.plateau=[true]", "ablate.jobs=1",
+            f"ablate.out={out}"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert len(doc["runs"]) == 3
+    (failed,) = doc["failed_runs"]
+    assert failed["arm"] == "agents=4 memory=16 plateau=on" and failed["seed"] == 1 and "planted" in failed["error"]
+    assert "failed run: agents=4 memory=16 plateau=on seed 1" in (out / "table.md").read_text()
