@@ -28,7 +28,10 @@ step_guard() {
   timeout -k 5 "${GUARD_S:-90}" python3 -m pytest -q -m gpu tests/guard tests/test_memory.py -rA -p no:cacheprovider
 }
 step_cost() {
-  timeout -k 5 "${COST_S:-110}" bash scripts/guard_cost.sh run "$OUT/steps/guard_cost"
+  # the before-tree's guard crashes on 024_rmsnorm_h2048 (its mismatch message, fixed by issue 13): rmsnorm only;
+  # the after-tree's set-up (reference, warm workers) takes ~20 s of each tree's budget
+  GUARD_COST_BUDGET_S=${COST_BUDGET_S:-55} GUARD_COST_TIMEOUT_S=${COST_TREE_S:-75} timeout -k 5 "${COST_S:-170}" \
+    bash scripts/guard_cost.sh run "$OUT/steps/guard_cost" --tasks rmsnorm --candidates torch_rsqrt,triton_row --repeats 3
 }
 step_ablate() {
   timeout -k 10 "${ABLATE_S:-240}" python3 -m kernelarc.ablate ablate.guard=real \
