@@ -25,7 +25,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,cloc
 say "installed"
 
 step_guard() {
-  timeout -k 5 "${GUARD_S:-90}" python3 -m pytest -q -m gpu tests/guard tests/test_memory.py -rA -p no:cacheprovider
+  timeout -k 5 "${GUARD_S:-150}" python3 -m pytest -q -m gpu tests/guard tests/test_memory.py -rA -s -p no:cacheprovider
 }
 step_cost() {
   # the before-tree's guard crashes on 024_rmsnorm_h2048 (its mismatch message, fixed by issue 13): rmsnorm only;
@@ -60,7 +60,9 @@ for s in "$@"; do
   line="$s rc=$rc $(( $(date +%s) - ts ))s: $(grep -v '^\s*$' "$OUT/logs/$s.log" | tail -1 | cut -c1-150)"
   summary+=("$line")
   say "$line"
+  printf '%s\n' "${summary[@]}" >"$OUT/logs/summary.txt"
+  tar czf "$OUT/round.tgz.part" -C "$OUT" logs steps && mv "$OUT/round.tgz.part" "$OUT/round.tgz"  # a cut call keeps it
 done
-tar czf "$OUT/round.tgz" -C "$OUT" logs steps && rm -rf "$OUT/logs" "$OUT/steps"
+rm -rf "$OUT/logs" "$OUT/steps"
 echo "== summary"
 printf '%s\n' "${summary[@]}"

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 from shared_dirs import SKIP_REASON
-from test_adversarial import CACHE_PTR_VERSION, GOOD, HONEST, NVIDIA, SKIP_LATER_CALLS, _nvidia_samples
+from test_adversarial import (
+    BAD,
+    CACHE_PTR_VERSION,
+    GOOD,
+    HONEST,
+    HONEST_STYLES,
+    NVIDIA,
+    SKIP_LATER_CALLS,
+    _nvidia_samples,
+)
 
 from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
 from kernelarc.models import Candidate, Status
@@ -119,3 +128,28 @@ def test_nvidias_cheating_samples_are_rejected_on_the_gpu(guard, name, src):
         pytest.skip("no samples found")
     v = guard.evaluate(Candidate(source=src, language="pytorch"), reference_candidate(guard.task), timeout_s=30)
     assert v.verdict.status is Status.rejected_hack, (name, v.verdict.status, v.verdict.errors)
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_every_cpu_class_again_on_the_gpu(guard, name):
+    """Issue 15: each known-bad kernel of tests/guard/test_adversarial.py, judged on a GPU workload by the
+    GPU guard (CUPTI timing, CUDA inputs). Its CPU status is expected; a cheat that returns stale outputs
+    may fail the correctness phase first on the GPU (``incorrect``), which is never an acceptance."""
+    src, trusted, want = BAD[name]
+    v = guard.evaluate(Candidate(source=src, language="pytorch"), reference_candidate(guard.task),
+                       trusted=trusted, timeout_s=30).verdict  # fmt: skip
+    print(name, v.status.value, v.errors[:1])
+    assert not v.correct, (name, v.status)
+    assert v.status is want or (want is Status.rejected_hack and v.status is Status.incorrect), (
+        name,
+        v.status,
+        v.errors,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(HONEST_STYLES))
+def test_honest_styles_are_accepted_on_the_gpu(guard, name):
+    v = guard.evaluate(Candidate(source=HONEST_STYLES[name], language="pytorch"), reference_candidate(guard.task),
+                       timeout_s=60).verdict  # fmt: skip
+    print(name, v.status.value, v.errors[:1])
+    assert v.correct, (name, v.status, v.errors)
