@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,9 @@ from kernelarc.agents.base import AgentContext
 from kernelarc.board import Board, Conditions
 from kernelarc.config import KernelArcConfig
 from kernelarc.families import families_for
-from kernelarc.guard.judge import Evaluation, Guard, GuardConfig, compiled_candidate, reference_candidate
+from kernelarc.guard.judge import Evaluation, Guard, compiled_candidate, reference_candidate
 from kernelarc.guard.memory import max_parallel
+from kernelarc.guard.settings import GuardSettings
 from kernelarc.models import Candidate, Finding, Status, Verdict
 from kernelarc.plateau import PlateauDetector, PlateauEvent
 from kernelarc.tasks.loader import Task, TaskError, fit_workloads, load_builtin, load_task
@@ -80,25 +81,15 @@ def load_task_from_config(cfg: KernelArcConfig, on_cpu: bool) -> Task:
     return fit_workloads(task) if on_cpu else task
 
 
-def guard_config(cfg: KernelArcConfig, task: Task, on_cpu: bool) -> GuardConfig:
-    g = cfg.guard
+def guard_config(cfg: KernelArcConfig, task: Task, on_cpu: bool) -> GuardSettings:
+    """The session's guard settings: ``guard.*`` with the fields derived from other keys resolved."""
     workloads = cfg.task.workloads
     if on_cpu and workloads is None:
         # On the CPU only workloads that fit run (e.g. SOL-ExecBench problems without a CPU set).
         workloads = [i for i in range(len(task.workloads)) if task.io_bytes(i) <= 64 << 20] or [
             min(range(len(task.workloads)), key=task.io_bytes)
         ]
-    # The user-facing settings (conf/guard) and the guard's runtime config share their field names;
-    # only the derived fields are spelled out here, so a new setting cannot be silently dropped.
-    shared = {f.name for f in fields(GuardConfig)} & {f.name for f in fields(g)}
-    kw: dict[str, Any] = {name: getattr(g, name) for name in shared}
-    kw.update(
-        flush_bytes=g.flush_mb << 20,
-        prestart=cfg.executor.prestart,
-        workloads=workloads,
-        consistency=g.consistency if g.consistency is not None else (4.0 if on_cpu else 1.5),
-    )
-    return GuardConfig(**kw)
+    return cfg.guard.resolved(on_cpu=on_cpu, prestart=cfg.executor.prestart, workloads=workloads)
 
 
 def devices_for(target: Any, cfg: KernelArcConfig) -> list[str]:
