@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> dict:
         target = resolve_gpu(c)
         from kernelarc.wiring import build_session  # the task is loaded once, for the agents and the guards
 
-        session = build_session(c, plain(cfg), target, progress=Progress(c.search.progress))
+        session = build_session(c, plain(cfg), target)
         summary = session.run()
     except (UsageError, TaskError) as e:
         fail(str(e))

@@ -129,13 +129,16 @@ def build_tracking(cfg: KernelArcConfig, raw_config: dict, task: Task, target: A
     return tracker, (RegistrySink(tracker, task, target.name, devices[0]) if spec.register else None)
 
 
-def build_session(cfg: KernelArcConfig, raw_config: dict, target: Any, *, progress: Progress,
+def build_session(cfg: KernelArcConfig, raw_config: dict, target: Any, *, progress: Progress | None = None,
                   agents: list | None = None, task: Task | None = None,
                   make_guard: GuardFactory | None = None) -> SearchSession:  # fmt: skip
     """A ready search session. ``raw_config`` is the composed config as plain data (the parent run's
-    params); ``agents`` default to the config's team (kernelarc.app.build_agents) over the session's
-    task; ``task`` an already loaded one (else it is loaded here, once); ``make_guard`` a test double
-    of the guard (kernelarc.simguard: the same loop, another measurement)."""
+    params); ``progress`` defaults to ``search.progress``; ``agents`` to the config's team
+    (kernelarc.app.build_agents) over the session's task; ``task`` an already loaded one (else it is
+    loaded here, once); ``make_guard`` a test double of the guard (kernelarc.simguard: the same loop,
+    another measurement)."""
+    if progress is None:
+        progress = Progress(cfg.search.progress)
     devices = devices_for(target, cfg)
     on_cpu = all(d == "cpu" for d in devices)  # executor=ray may run several CPU guards
     if task is None:
