@@ -20,7 +20,7 @@ import math
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kernelarc import dispatch
@@ -57,6 +57,24 @@ class LoopSettings:
     dispatch_route_margin: float
     dispatch_baselines: bool
     guard: GuardSettings
+
+
+@dataclass
+class _Flight:
+    """Candidates between proposal and verdict: queued, to be measured again, in flight."""
+
+    slots: int  # candidates in flight at most, over all devices
+    queue: list[Candidate] = field(default_factory=list)
+    rematch: list[Candidate] = field(default_factory=list)  # crowned against a champion that has since moved
+    inflight: dict[Future, tuple[Candidate, str | None]] = field(default_factory=dict)  # -> (candidate, champion)
+    submitted: int = 0
+    said_time: bool = False
+
+    def room(self) -> bool:
+        return len(self.inflight) < self.slots
+
+    def pending(self) -> list[Candidate]:
+        return [c for c, _ in self.inflight.values()] + self.queue + self.rematch
 
 
 class SearchSession(SessionPhases):
@@ -351,62 +369,65 @@ class SearchSession(SessionPhases):
         return final
 
     def _search(self) -> None:
+        """The loop: propose, judge, hand each verdict to the sinks, until the budget or the ideas run out."""
         # In flight per device: executor.parallel, or fewer where the judge's memory plan says that many workers
         # do not fit beside the reference (its note says so; test doubles and Ray guards have no plan here).
         per = max(1, self.settings.parallel)
-        parallel = sum(max_parallel(g, per) if isinstance(g, Guard) else per for g in self.guards)
-        queue: list[Candidate] = []
-        rematch: list[Candidate] = []
-        inflight: dict[Future, tuple[Candidate, str | None]] = {}
-        n_submitted = 0
+        flight = _Flight(sum(max_parallel(g, per) if isinstance(g, Guard) else per for g in self.guards))
         with (
-            ThreadPoolExecutor(max_workers=parallel) as epool,
+            ThreadPoolExecutor(max_workers=flight.slots) as epool,
             ThreadPoolExecutor(max_workers=max(1, len(self.agents))) as apool,
         ):
             stalls = 0
-            said_time = False
             while True:
-                out_of_time = self._out_of_time()
-                if out_of_time and inflight and not said_time:
-                    said_time = True
-                    self.ui.line(f"  ⏱ time budget reached; finishing the {len(inflight)} candidate(s) in flight")
-                budget_open = self._budget_left() - len(inflight) > 0 and not out_of_time
-                while budget_open and len(inflight) < parallel and (queue or rematch):
-                    cand = rematch.pop(0) if rematch else queue.pop(0)
-                    champ = self.champion
-                    fut = epool.submit(self._evaluate, cand, champ, False, None, n_submitted)
-                    n_submitted += 1
-                    inflight[fut] = (cand, champ.id if champ else None)
-                    budget_open = self._budget_left() - len(inflight) > 0
-                if budget_open and not queue and len(inflight) < parallel:
+                budget_open = self._submit(flight, epool)
+                if budget_open and not flight.queue and flight.room():
                     new = self._propose_round(apool)
-                    if not new:
-                        stalls += 1
-                        if stalls >= 3 and not inflight:
-                            self.ui.line("agents have nothing new to propose; stopping")
-                            break
-                        if not inflight:
-                            continue
-                    else:
+                    if new:
                         stalls = 0
-                        queue.extend(new)
+                        flight.queue.extend(new)
                         continue
-                if not inflight:
+                    stalls += 1
+                    if stalls >= 3 and not flight.inflight:
+                        self.ui.line("agents have nothing new to propose; stopping")
+                        break
+                    if not flight.inflight:
+                        continue
+                if not flight.inflight:
                     break
-                done, _ = wait(list(inflight), return_when=FIRST_COMPLETED, timeout=5)
-                for fut in done:
-                    cand, champ_id = inflight.pop(fut)
-                    try:
-                        ev = fut.result()
-                    except Exception as e:  # noqa: BLE001 - the guard returns verdicts; this is a bug guard
-                        log.exception("evaluation of %s failed", cand.id)
-                        ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error, errors=[str(e)]))
-                    self._on_verdict(cand, ev, champ_id, rematch)
-                pending = [c for c, _ in inflight.values()] + queue + rematch
-                if done and not any(c.family == dispatch.FAMILY for c in pending):
-                    composite = self._dispatch_candidate()
-                    if composite is not None:
-                        queue.insert(0, composite)
+                self._collect(flight)
+
+    def _submit(self, flight: _Flight, pool: ThreadPoolExecutor) -> bool:
+        """Start queued candidates (rematches first) while budget and slots allow; whether budget is left."""
+        out_of_time = self._out_of_time()
+        if out_of_time and flight.inflight and not flight.said_time:
+            flight.said_time = True
+            self.ui.line(f"  ⏱ time budget reached; finishing the {len(flight.inflight)} candidate(s) in flight")
+        budget_open = self._budget_left() - len(flight.inflight) > 0 and not out_of_time
+        while budget_open and flight.room() and (flight.queue or flight.rematch):
+            cand = flight.rematch.pop(0) if flight.rematch else flight.queue.pop(0)
+            champ = self.champion
+            fut = pool.submit(self._evaluate, cand, champ, False, None, flight.submitted)
+            flight.submitted += 1
+            flight.inflight[fut] = (cand, champ.id if champ else None)
+            budget_open = self._budget_left() - len(flight.inflight) > 0
+        return budget_open
+
+    def _collect(self, flight: _Flight) -> None:
+        """Wait for verdicts and act on them; then, when none is pending, try a shape-dispatch composite."""
+        done, _ = wait(list(flight.inflight), return_when=FIRST_COMPLETED, timeout=5)
+        for fut in done:
+            cand, champ_id = flight.inflight.pop(fut)
+            try:
+                ev = fut.result()
+            except Exception as e:  # noqa: BLE001 - the guard returns verdicts; this is a bug guard
+                log.exception("evaluation of %s failed", cand.id)
+                ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error, errors=[str(e)]))
+            self._on_verdict(cand, ev, champ_id, flight.rematch)
+        if done and not any(c.family == dispatch.FAMILY for c in flight.pending()):
+            composite = self._dispatch_candidate()
+            if composite is not None:
+                flight.queue.insert(0, composite)
 
     def drift_corrected_latencies(self) -> dict[str, dict[int, float]]:
         """Per-workload latency of every correct measurement, on the time base of the session's first
