@@ -15,9 +15,9 @@ register_configs()
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
-    from kernelarc.app import TaskError, UsageError, build_agents, fail, resolve_gpu, typed
+    from kernelarc.app import TaskError, UsageError, fail, resolve_gpu, typed
     from kernelarc.config import plain
-    from kernelarc.session import SearchSession, SessionFailed, load_task_from_config
+    from kernelarc.session import SessionFailed
     from kernelarc.ui import Progress
 
     logging.getLogger("kernelarc").setLevel(logging.INFO)
@@ -29,9 +29,9 @@ def main(cfg: DictConfig) -> dict:
     try:
         c = typed(cfg)
         target = resolve_gpu(c)
-        task = load_task_from_config(c, getattr(target, "is_cpu", True))
-        agents = build_agents(c, task)
-        session = SearchSession(c, plain(cfg), target, agents, progress=Progress(c.search.progress))
+        from kernelarc.wiring import build_session  # the task is loaded once, for the agents and the guards
+
+        session = build_session(c, plain(cfg), target)
         summary = session.run()
     except (UsageError, TaskError) as e:
         fail(str(e))

@@ -106,11 +106,11 @@ def _compose(overrides: list[str]):
 def run_one(ab: AblateConfig, session_overrides: list[str], count: int, memory: int | None, plateau: bool,
             seed: int, gpu: int | None = None) -> RunResult:  # fmt: skip
     """One search session of one arm and seed (in its own fresh state folder)."""
-    from kernelarc.app import build_agents, resolve_gpu, typed
+    from kernelarc.app import resolve_gpu, typed
     from kernelarc.config import plain
-    from kernelarc.session import SearchSession, load_task_from_config
     from kernelarc.simguard import simulated_guard_factory
     from kernelarc.ui import Progress
+    from kernelarc.wiring import build_session
 
     state = tempfile.mkdtemp(prefix="kernelarc-ablate-")
     sim = ab.guard == "sim"
@@ -134,11 +134,10 @@ def run_one(ab: AblateConfig, session_overrides: list[str], count: int, memory: 
         cfg.agents.per_round = max(1, round(cfg.agents.per_round * max(ab.counts) / count))
     c = typed(cfg)
     target = resolve_gpu(c)
-    task = load_task_from_config(c, getattr(target, "is_cpu", True))
-    agents = build_agents(c, task)
     delay = ab.eval_s if ab.mode == "wallclock" else 0.0
     make = simulated_guard_factory(ab.model_seed, ab.library_gap, delay_s=delay) if sim else None
-    session = SearchSession(c, plain(cfg), target, agents, progress=Progress(False), make_guard=make)
+    # every arm is built by the same wiring from its config; only the guard may be the simulated one
+    session = build_session(c, plain(cfg), target, progress=Progress(False), make_guard=make)
     t = time.monotonic()
     summary = session.run()
     dt = time.monotonic() - t

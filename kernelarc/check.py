@@ -28,7 +28,7 @@ def main(cfg: DictConfig) -> None:
     from kernelarc.app import TaskError, UsageError, fail, resolve_gpu, typed
     from kernelarc.guard.judge import Guard, compiled_candidate, detect_language, reference_candidate
     from kernelarc.models import Candidate
-    from kernelarc.session import devices_for, guard_config, load_task_from_config, reference_problem
+    from kernelarc.wiring import devices_for, guard_settings, load_task_from_config, reference_problem
 
     logging.getLogger("kernelarc").setLevel(logging.WARNING)
     try:
@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> None:
     if problem is not None:
         fail(f"cannot judge the kernel: {problem}", code=1)
         return
-    gcfg = guard_config(c, task, device == "cpu")
+    gcfg = guard_settings(c, task, device == "cpu")
     cand = Candidate(source=source, language=language, agent="user", strategy="check")
     with Guard(task, target, device, gcfg, seed=c.seed) as guard:
         ref = guard.evaluate(reference_candidate(task), trusted=True, timeout_s=c.guard.baseline_timeout_s)

@@ -13,6 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from kernelarc.families.base import STRATEGIES
+from kernelarc.guard.settings import GuardSettings  # the guard group's schema is the guard's own settings type
 
 
 @dataclass
@@ -86,26 +87,6 @@ class ExecutorConfig:
     gpus: list[int] | None = None  # null: every visible GPU
     address: str | None = None  # executor=ray: an existing cluster (ray://host:10001 or host:6379); null: local
     actors: int | None = None  # executor=ray: guard actors (null: one per GPU of the cluster; 1 on the CPU)
-
-
-@dataclass
-class GuardSettings:
-    seeds: int = 3
-    seed_pool: int = 8
-    timeout_s: float = 120.0
-    baseline_timeout_s: float = 900.0
-    build_timeout_s: float = 300.0  # extra time for CUTLASS candidates (nvcc build at import)
-    warmup_ms: float = 25.0
-    target_ms: float = 100.0
-    min_iters: int = 5
-    max_iters: int = 200
-    flush_mb: int = 256
-    min_gain: float = 0.01
-    noise_factor: float = 1.0
-    consistency: float | None = None  # null: 1.5 on a GPU, 4 on the CPU (noisy timers)
-    hp_reference: bool = True
-    compile_baseline: bool = True
-    memory_gb: float | None = None  # memory cap per device for the guard's memory plan (null: the device's memory)
 
 
 @dataclass

@@ -21,7 +21,7 @@ def main(cfg: DictConfig) -> None:
     from kernelarc.app import UsageError, fail, typed
     from kernelarc.exporting import export_for_task
     from kernelarc.registry import Registry
-    from kernelarc.session import load_task_from_config
+    from kernelarc.wiring import load_task_from_config
 
     try:
         c = typed(cfg)

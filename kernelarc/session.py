@@ -2,225 +2,96 @@
 
 N agents propose in rounds; candidates are evaluated by the guard (several in flight per
 GPU so compilation overlaps timing; timing itself is serialised per GPU); every verdict
-is appended to a state log, tracked in MLflow, posted on the board as a finding and fed
-back to its agent; the champion moves only on a side-by-side win; a plateau detector
-redirects the team. A session killed at any point and started again with the same
-command resumes from its state log: nothing measured is lost or measured twice.
+is appended to a state log and handed to the sinks (MLflow tracker, registry, board,
+progress: kernelarc.sinks) and fed back to its agent; the champion moves only on a
+side-by-side win; a plateau detector redirects the team. A session killed at any point
+and started again with the same command resumes from its state log: nothing measured is
+lost or measured twice.
+
+The session reads no config: kernelarc.wiring builds it (task, agents, guards, state log,
+board, plateau detector, sinks and the loop's settings) from the config, once.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-import os
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 from kernelarc import dispatch
 from kernelarc.agents.base import AgentContext
-from kernelarc.board import Board, Conditions
-from kernelarc.config import KernelArcConfig
-from kernelarc.families import families_for
-from kernelarc.guard.judge import Evaluation, Guard, GuardConfig, compiled_candidate, reference_candidate
+from kernelarc.guard.judge import Evaluation, Guard
 from kernelarc.guard.memory import max_parallel
-from kernelarc.models import Candidate, Finding, Status, Verdict
+from kernelarc.guard.settings import GuardSettings
+from kernelarc.models import Candidate, Status, Verdict
 from kernelarc.plateau import PlateauDetector, PlateauEvent
-from kernelarc.tasks.loader import Task, TaskError, fit_workloads, load_builtin, load_task
-from kernelarc.ui import Progress
+from kernelarc.session_phases import SessionFailed, SessionPhases, open_tracking, record_early_failure
+from kernelarc.sinks import Judged, Sinks
+from kernelarc.state import Record, StateLog
+from kernelarc.tasks.loader import Task
 
 log = logging.getLogger(__name__)
 
-
-class SessionFailed(Exception):
-    """The session cannot search (the task's reference fails, or cannot be loaded): a recorded
-    outcome with its reason, not a bug. ``reason`` is one line a user can act on; ``summary`` is
-    the session's closing summary (status ``failed``)."""
-
-    def __init__(self, reason: str, summary: dict[str, Any] | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.summary = summary or {}
+__all__ = ["LoopSettings", "Record", "SearchSession", "SessionFailed", "StateLog", "record_early_failure"]
 
 
-def reference_problem(task: Task) -> str | None:
-    """Why the task's reference cannot be the baseline before anything is measured (it does not
-    import, or defines no callable ``run``), or None. Failures while running it are found by the
-    guard, per workload."""
-    from kernelarc.tasks.inputs import load_module
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the loop needs of the config (budget, agents.per_round, memory.limit, executor.parallel,
+    search.*), resolved by kernelarc.wiring; ``guard`` the guards' own settings (timeouts, the rule)."""
 
-    try:
-        mod = load_module(task.definition.reference, f"reference_{task.name}")
-    except BaseException as e:  # noqa: BLE001 - a reference may raise anything at import, SystemExit too
-        first = str(e).splitlines()[0][:300] if str(e) else ""
-        return f"the task's reference does not import: {type(e).__name__}: {first}"
-    if not callable(getattr(mod, "run", None)):
-        return "the task's reference defines no top-level run() (SOL-ExecBench's entry point)"
-    return None
-
-
-def load_task_from_config(cfg: KernelArcConfig, on_cpu: bool) -> Task:
-    name = cfg.task.name
-    cpu = on_cpu if cfg.task.cpu_workloads is None else cfg.task.cpu_workloads
-    if name == "sol_execbench":
-        if not cfg.task.path:
-            raise TaskError("task=sol_execbench needs task.path=DIR (a SOL-ExecBench problem folder)")
-        task = load_task(cfg.task.path, cpu=cpu)
-    else:
-        task = load_builtin(name, cpu=cpu)
-    # On the CPU, workloads too big are shrunk within the definition's constraints, with a warning.
-    return fit_workloads(task) if on_cpu else task
-
-
-def guard_config(cfg: KernelArcConfig, task: Task, on_cpu: bool) -> GuardConfig:
-    g = cfg.guard
-    workloads = cfg.task.workloads
-    if on_cpu and workloads is None:
-        # On the CPU only workloads that fit run (e.g. SOL-ExecBench problems without a CPU set).
-        workloads = [i for i in range(len(task.workloads)) if task.io_bytes(i) <= 64 << 20] or [
-            min(range(len(task.workloads)), key=task.io_bytes)
-        ]
-    # The user-facing settings (conf/guard) and the guard's runtime config share their field names;
-    # only the derived fields are spelled out here, so a new setting cannot be silently dropped.
-    shared = {f.name for f in fields(GuardConfig)} & {f.name for f in fields(g)}
-    kw: dict[str, Any] = {name: getattr(g, name) for name in shared}
-    kw.update(
-        flush_bytes=g.flush_mb << 20,
-        prestart=cfg.executor.prestart,
-        workloads=workloads,
-        consistency=g.consistency if g.consistency is not None else (4.0 if on_cpu else 1.5),
-    )
-    return GuardConfig(**kw)
-
-
-def devices_for(target: Any, cfg: KernelArcConfig) -> list[str]:
-    from kernelarc import executors
-
-    remote = executors.devices(cfg, target)  # executor=ray: the cluster's GPUs, not this machine's
-    if remote is not None:
-        return remote
-    if getattr(target, "is_cpu", False) or not torch.cuda.is_available():
-        return ["cpu"]
-    ids = cfg.executor.gpus if cfg.executor.gpus is not None else list(range(torch.cuda.device_count()))
-    return [f"cuda:{i}" for i in ids]
+    candidates: int  # budget.candidates
+    minutes: float  # budget.minutes
+    usd: float | None  # budget.usd
+    per_round: int  # candidates each agent proposes per round
+    memory_limit: int | None  # board findings an agent sees
+    parallel: int  # candidates in flight per device (fewer where the judge's memory plan says so)
+    calibrate: bool
+    dispatch: bool
+    dispatch_min_gain: float
+    dispatch_route_margin: float
+    dispatch_baselines: bool
+    guard: GuardSettings
 
 
 @dataclass
-class Record:
-    index: int  # 0-based count of evaluated candidates; -1 for baselines
-    kind: str  # candidate | baseline | incumbent | rematch | final
-    candidate: Candidate
-    verdict: Verdict
-    samples: dict[int, list[float]] = field(default_factory=dict)
-    champion_id: str | None = None
-    run_id: str | None = None
-    version: int | None = None
+class _Flight:
+    """Candidates between proposal and verdict: queued, to be measured again, in flight."""
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "index": self.index, "kind": self.kind, "candidate": self.candidate.model_dump(),
-                "verdict": self.verdict.model_dump(mode="json"),
-                "samples": {str(k): v for k, v in self.samples.items()},
-                "champion_id": self.champion_id, "run_id": self.run_id, "version": self.version,
-            }
-        )  # fmt: skip
+    slots: int  # candidates in flight at most, over all devices
+    queue: list[Candidate] = field(default_factory=list)
+    rematch: list[Candidate] = field(default_factory=list)  # crowned against a champion that has since moved
+    inflight: dict[Future, tuple[Candidate, str | None]] = field(default_factory=dict)  # -> (candidate, champion)
+    submitted: int = 0
+    said_time: bool = False
 
-    @classmethod
-    def from_json(cls, line: str) -> Record:
-        d = json.loads(line)
-        return cls(
-            index=d["index"], kind=d["kind"], candidate=Candidate.model_validate(d["candidate"]),
-            verdict=Verdict.model_validate(d["verdict"]), samples={int(k): v for k, v in d["samples"].items()},
-            champion_id=d.get("champion_id"), run_id=d.get("run_id"), version=d.get("version"),
-        )  # fmt: skip
+    def room(self) -> bool:
+        return len(self.inflight) < self.slots
+
+    def pending(self) -> list[Candidate]:
+        return [c for c, _ in self.inflight.values()] + self.queue + self.rematch
 
 
-class StateLog:
-    """Append-only JSONL of every measurement; the source of truth for resume."""
-
-    def __init__(self, directory: Path):
-        self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = directory / "evaluations.jsonl"
-        self.meta_path = directory / "session.json"
-        self._lock = threading.Lock()
-
-    def load(self) -> list[Record]:
-        out = []
-        if self.path.is_file():
-            for line in self.path.read_text().splitlines():
-                try:
-                    out.append(Record.from_json(line))
-                except (ValueError, KeyError):
-                    continue  # torn last line after a kill
-        return out
-
-    def append(self, rec: Record) -> None:
-        with self._lock, self.path.open("a") as f:
-            f.write(rec.to_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def meta(self) -> dict:
-        return json.loads(self.meta_path.read_text()) if self.meta_path.is_file() else {}
-
-    def save_meta(self, meta: dict) -> None:
-        tmp = self.meta_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta, indent=2))
-        tmp.replace(self.meta_path)
-
-
-def session_key(cfg: KernelArcConfig, target_name: str) -> str:
-    ident = {
-        "task": cfg.task.name, "path": cfg.task.path, "workloads": cfg.task.workloads, "gpu": target_name,
-        "agents": [cfg.agents.count, cfg.agents.backend, cfg.agents.model], "memory": cfg.memory.limit,
-        "strategies": cfg.strategies.names, "seed": cfg.seed, "budget": [cfg.budget.candidates, cfg.budget.minutes],
-    }  # fmt: skip
-    if cfg.agents.backend == "sweep":  # another sweep is another session (other keys are unchanged)
-        sw = cfg.agents.sweep
-        ident["sweep"] = [sw.family, sw.grid, sw.points]
-    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-class SearchSession:
-    def __init__(self, cfg: KernelArcConfig, raw_config: dict, target: Any, agents: list, *, progress: Progress,
-                 make_guard: Callable[[Task, str], Any] | None = None):  # fmt: skip
-        self.cfg = cfg
-        self.raw_config = raw_config
+class SearchSession(SessionPhases):
+    def __init__(self, task: Task, target: Any, agents: list, guards: list, *, devices: list[str],
+                 settings: LoopSettings, state: StateLog, plateau: PlateauDetector, sinks: Sinks):  # fmt: skip
+        self.task = task
         self.target = target
-        self.devices = devices_for(target, cfg)
-        self.on_cpu = all(d == "cpu" for d in self.devices)  # executor=ray may run several CPU guards
-        self.task = load_task_from_config(cfg, self.on_cpu)
-        problem = reference_problem(self.task) if make_guard is None else None
-        if problem is not None:
-            raise SessionFailed(problem, self._record_early_failure(problem))
-        if make_guard is not None:
-            # a test double of the guard (kernelarc.simguard): the same loop, another measurement
-            self.guards = [make_guard(self.task, d) for d in self.devices]
-        else:
-            gcfg = guard_config(cfg, self.task, self.on_cpu)
-            from kernelarc.executors import make_guards
-
-            self.guards = make_guards(cfg, self.task, target, self.devices, gcfg)  # local Guards or Ray actors
+        self.devices = devices
+        self.on_cpu = all(d == "cpu" for d in devices)  # executor=ray may run several CPU guards
+        self.guards = guards
         self.agents = agents
-        self.ui = progress
-        key = session_key(cfg, target.name)
-        state_dir = Path(cfg.search.state_dir) / self.task.name / target.name / key
-        if not cfg.search.resume and state_dir.is_dir():  # start fresh; the old log stays beside it
-            state_dir.rename(state_dir.with_name(f"{key}.{time.strftime('%Y%m%d-%H%M%S')}"))
-        self.state = StateLog(state_dir)
-        self.board = Board(self.state.dir / "board.jsonl")
-        self.plateau = PlateauDetector(cfg.search.plateau_patience,
-                                       families={f.name: f.language for f in families_for(self.task)})  # fmt: skip
+        self.settings = settings
+        self.state = state
+        self.plateau = plateau
+        self.sinks = sinks
+        self.board = sinks.board.board
+        self.ui = sinks.progress.ui
         self.lock = threading.RLock()
         self.records: list[Record] = []
         self.champion: Candidate | None = None
@@ -232,8 +103,6 @@ class SearchSession:
         self.redirect: PlateauEvent | None = None  # the last plateau firing, until its agent has proposed
         self.tokens: dict[str, float] = {}
         self.best_history: list[tuple[int, float]] = []
-        self.tracker = None
-        self.registry = None
         self.incumbent: tuple[int, Candidate] | None = None
         self.versions: dict[str, int] = {}
         self.pending_conclusions: dict[str, list[str]] = {}
@@ -248,72 +117,20 @@ class SearchSession:
         self.baseline_notes: dict[str, str] = {}  # baseline -> why it is not a baseline (skipped, failed)
         self._signatures: dict[int, tuple] | None = None
 
-    # -- tracking ------------------------------------------------------------------------
-    def _open_tracking(self, resume_run: str | None) -> None:
-        if not self.cfg.tracking.enabled:
-            return
-        from kernelarc.registry import Registry
-        from kernelarc.tracking import Tracker
-
-        self.tracker = Tracker(self.cfg.tracking.uri, self.task.name, self.target.name)
-        from kernelarc.tracking import session_run_name
-
-        name = session_run_name(self.task.name, self.target.name, self.cfg.agents.count, self.cfg.memory.limit,
-                                self.cfg.agents.backend, self.cfg.seed)  # fmt: skip
-        run_id = self.tracker.start_session(self.raw_config, run_name=name, resume_run_id=resume_run)
-        meta = self.state.meta()
-        meta["parent_run_id"] = run_id
-        self.state.save_meta(meta)
-        if self.cfg.tracking.register:
-            self.registry = Registry(self.tracker, self.task.name, self.target.name, problem=self.task)
-
-    def _close_tracking(self, status: str, summary: dict[str, Any], reason: str | None = None) -> None:
-        """Close the parent run (FINISHED or FAILED); a failure's reason is a tag of its own."""
-        if self.tracker is None or self.tracker.parent_run_id is None:
-            return
-        try:
-            if reason:
-                self.tracker.client.set_tag(self.tracker.parent_run_id, "kernelarc.failure_reason", reason[:4000])
-            self.tracker.end_session(status, {k: v for k, v in summary.items() if not isinstance(v, dict)})
-        except Exception as e:  # noqa: BLE001 - tracking trouble must not hide the outcome
-            log.warning("closing the MLflow run failed: %s", e)
-
-    def _failed_summary(self, reason: str) -> dict[str, Any]:
-        return {
-            "task": self.task.name, "gpu": self.target.name, "status": "failed", "reason": reason,
-            "champion": None, "champion_family": None, "champion_agent": None, "latency_ms": None,
-            "speedup_vs_baseline": None, "speedup_vs_compile": None, "sol_fraction": None, "sol_score": None,
-            "evaluated": getattr(self, "evaluated", 0),
-            "mlflow_run_id": self.tracker.parent_run_id if getattr(self, "tracker", None) else None,
-            "registry_version": None, "alias_moved": False,
-            "state_dir": str(self.state.dir) if getattr(self, "state", None) else None,
-        }  # fmt: skip
-
-    def _record_early_failure(self, reason: str) -> dict[str, Any]:
-        """A session that fails before its guards exist (the reference does not load) still leaves
-        its reason in the state folder and a FAILED MLflow run."""
-        self.state = StateLog(Path(self.cfg.search.state_dir) / self.task.name / self.target.name
-                              / session_key(self.cfg, self.target.name))  # fmt: skip
-        self.tracker = None
-        try:
-            self._open_tracking(None)
-        except Exception as e:  # noqa: BLE001
-            log.warning("MLflow tracking unavailable: %s", e)
-        summary = self._failed_summary(reason)
-        self.state.save_meta({**self.state.meta(), "status": "failed", "reason": reason})
-        self._close_tracking("FAILED", summary, reason)
-        return summary
-
-    def _time_left_s(self) -> float:
-        """Seconds left of budget.minutes; the clock started with the session (baselines, compile
-        warm-ups, calibration and autotuning count)."""
-        return self.cfg.budget.minutes * 60 - (time.monotonic() - self.t0 + self.elapsed_before)
+    @property
+    def tracker(self) -> Any:
+        """The MLflow tracker (kernelarc.tracking.Tracker) once the session has opened it, else None."""
+        return self.sinks.tracker.tracker if self.sinks.tracker is not None else None
 
     def _save_versions(self) -> None:
         """Registry versions go to the state folder as soon as they exist (a resumed session must
         find its champion's version, a baseline's too, to point the alias at it)."""
         if self.versions:
             self.state.save_meta({**self.state.meta(), "versions": self.versions})
+
+    def _close_tracking(self, status: str, summary: dict[str, Any], reason: str | None = None) -> None:
+        if self.sinks.tracker is not None:
+            self.sinks.tracker.close(status, summary, reason)
 
     # -- state ---------------------------------------------------------------------------
     def _replay(self, rec: Record) -> None:
@@ -348,24 +165,19 @@ class SearchSession:
         for g in self.guards:
             g.set_baselines(ev if is_ref else None, None if is_ref else ev)
 
-    def _track(self, rec: Record) -> None:
-        if self.tracker is None:
-            return
-        try:
-            extra = {"index": rec.index, **self.cand_cost.pop(rec.candidate.id, {})}
-            started, ended = self.eval_wall.pop(rec.candidate.id, (None, None))  # the run lasts as its evaluation
-            rec.run_id = self.tracker.log_candidate(rec.candidate, rec.verdict, extra, started, ended)
-        except Exception as e:  # noqa: BLE001 - tracking trouble must not kill the search
-            log.warning("MLflow logging failed for %s: %s", rec.candidate.id, e)
-        if self.registry is not None and rec.verdict.status is Status.champion and rec.run_id:
-            try:
-                from kernelarc.registry import collect_versions_info
-
-                info = collect_versions_info(getattr(self.target, "name", None), device=self.devices[0])
-                rec.version = self.registry.register(rec.candidate, rec.verdict, rec.run_id, info)
-                self.versions[rec.candidate.id] = rec.version
-            except Exception as e:  # noqa: BLE001
-                log.warning("registering %s failed: %s", rec.candidate.id, e)
+    def _to_sinks(self, rec: Record, lessons: list[str] | None = None) -> None:
+        """Hand a measured record to the sinks; a registry version they made goes to the state folder."""
+        cid = rec.candidate.id
+        with self.lock:
+            extra = {"index": rec.index, **self.cand_cost.pop(cid, {})}
+            wall = self.eval_wall.pop(cid, (None, None))  # the child run lasts as its evaluation
+            champ_ms = self.champion_verdict.latency_ms if self.champion_verdict else None
+            judged = Judged(rec, lessons or [], self.evaluated, self.settings.candidates, champ_ms, extra, wall,
+                            self.usd, dict(self.tokens))  # fmt: skip
+        self.sinks.verdict(judged)
+        if rec.version is not None:
+            self.versions[cid] = rec.version
+            self._save_versions()
 
     # -- evaluation ----------------------------------------------------------------------
     def _guard_for(self, i: int) -> Guard:
@@ -394,114 +206,19 @@ class SearchSession:
             self.timing_seconds += ev.verdict.phases.get("timing", 0.0)
         return ev
 
-    def _baselines(self) -> None:
-        done = {(r.kind, r.candidate.strategy) for r in self.records}
-        todo = [("reference", reference_candidate(self.task))]
-        if self.cfg.guard.compile_baseline:
-            todo.append(("torch.compile", compiled_candidate(self.task)))
-        g = self.cfg.guard
-        for label, cand in todo:
-            if ("baseline", label) in done:
-                continue
-            left = self._time_left_s()
-            if label == "reference":
-                # Without the reference nothing can be judged: it may overrun the budget by at most
-                # one candidate's timeout.
-                timeout = min(g.baseline_timeout_s, max(left, 0.0) + g.timeout_s)
-            else:
-                # torch.compile (and max-autotune) gets at most half the budget left, so that a slow
-                # compile leaves the search time to run candidates.
-                timeout = min(g.baseline_timeout_s, 0.5 * left)
-                if timeout < 1.0:
-                    self.baseline_notes[label] = "skipped: no time left in budget.minutes"
-                    self.ui.line(f"  {label}: skipped (no time left in budget.minutes={self.cfg.budget.minutes})")
-                    continue
-            self.ui.line(f"measuring baseline: {label} (at most {timeout:.0f} s) ...")
-            try:
-                ev = self._evaluate(cand, self.champion, True, timeout, 0)
-            except Exception as e:  # noqa: BLE001 - a baseline that cannot be measured is a verdict
-                log.exception("baseline %s failed", label)
-                ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error,
-                                        errors=[f"{type(e).__name__}: {e}"]))  # fmt: skip
-            rec = Record(-1, "baseline", cand, ev.verdict, ev.samples, self.champion.id if self.champion else None)
-            self._apply_baseline(cand, ev)
-            if ev.verdict.correct:
-                self.guards[0].refresh_metrics(ev)  # its own metrics against the baselines known now
-            self.state.append(rec)
-            self._replay(rec)
-            self._track(rec)
-            self._save_versions()
-            v = ev.verdict
-            self.ui.line(
-                f"  {label}: {v.status.value}"
-                + (f", {v.latency_ms:.4f} ms" if v.latency_ms else "")
-                + (f" ({v.errors[0].splitlines()[0][:100]})" if v.errors else "")
-            )
-        for r in self.records:
-            if r.kind == "baseline" and r.candidate.strategy != "reference" and not r.verdict.correct:
-                first = r.verdict.errors[0].splitlines()[0][:200] if r.verdict.errors else ""
-                self.baseline_notes[r.candidate.strategy] = f"{r.verdict.status.value}: {first}".rstrip(": ")
-        ref = next((r for r in self.records if r.kind == "baseline" and r.candidate.strategy == "reference"), None)
-        if ref is None or not ref.verdict.correct:
-            why = "; ".join(e.splitlines()[0][:300] for e in ref.verdict.errors) if ref else "not measured"
-            status = ref.verdict.status.value if ref else "missing"
-            raise SessionFailed(f"the task's reference failed in the guard ({status}): {why}")
-
-    def _calibrate(self) -> None:
-        """Measure the GPU's real ceilings; speed of light is computed over them, and both are recorded."""
-        if self.on_cpu or not self.cfg.search.calibrate or getattr(self.target, "calibrated", None):
-            return
-        from kernelarc.hardware import calibrate
-
-        try:
-            cal = calibrate(self.target, self.devices[0])
-        except Exception as e:  # noqa: BLE001 - datasheet ceilings remain
-            log.warning("calibration failed, using datasheet ceilings: %s", e)
-            return
-        nums = {k: float(v) for k, v in cal.items() if isinstance(v, int | float)}
-        self.ui.line("calibrated: " + ", ".join(f"{k}={v:.4g}" for k, v in nums.items()))
-        if self.tracker is not None:
-            try:
-                self.tracker.log_session_metrics(0, **{f"calibration.{k}": v for k, v in nums.items()})
-            except Exception as e:  # noqa: BLE001
-                log.debug("calibration metrics failed: %s", e)
-
-    def _incumbent(self) -> None:
-        """The registry's champion from earlier sessions, re-measured side by side in this run."""
-        if self.registry is None:
-            return
-        try:
-            found = self.registry.champion()
-        except Exception as e:  # noqa: BLE001
-            log.warning("could not read the registry champion: %s", e)
-            return
-        if not found:
-            return
-        version, cand, _tags = found
-        self.incumbent = (version, cand)
-        if any(r.kind == "incumbent" for r in self.records) or cand.id in self.seen:
-            return
-        self.ui.line(f"re-measuring registry champion v{version} side by side ...")
-        ev = self._evaluate(cand, self.champion, True, self.cfg.guard.timeout_s, 0)
-        rec = Record(-1, "incumbent", cand, ev.verdict, ev.samples, self.champion.id if self.champion else None,
-                     version=version)  # fmt: skip
-        self.state.append(rec)
-        self._replay(rec)
-        self.ui.line(f"  registry champion v{version}: {ev.verdict.status.value}")
-
     # -- main loop -----------------------------------------------------------------------
     @property
     def usd(self) -> float:
         return self.tokens.get("usd", 0.0)
 
     def _budget_left(self) -> int:
-        return self.cfg.budget.candidates - self.evaluated
+        return self.settings.candidates - self.evaluated
 
     def _out_of_time(self) -> bool:
         mins = (time.monotonic() - self.t0 + self.elapsed_before) / 60
-        if mins >= self.cfg.budget.minutes:
+        if mins >= self.settings.minutes:
             return True
-        return self.cfg.budget.usd is not None and self.usd >= self.cfg.budget.usd
+        return self.settings.usd is not None and self.usd >= self.settings.usd
 
     def _context(self, agent) -> AgentContext:
         with self.lock:
@@ -511,7 +228,7 @@ class SearchSession:
                 target=self.target,
                 champion=self.champion,
                 champion_verdict=self.champion_verdict,
-                findings=self.board.view(self.cfg.memory.limit),
+                findings=self.board.view(self.settings.memory_limit),
                 history=list(self.history.get(agent.name, [])),
                 seen=frozenset(self.seen),
                 redirect=redirect.instruction if redirect else None,
@@ -521,7 +238,7 @@ class SearchSession:
             )
 
     def _propose_round(self, pool: ThreadPoolExecutor) -> list[Candidate]:
-        per = self.cfg.agents.per_round
+        per = self.settings.per_round
         # An agent proposes again only once its earlier candidates have verdicts, so that every
         # proposal can learn from the agent's own results.
         ready = [a for a in self.agents if self.busy.get(a.name, 0) == 0]
@@ -559,21 +276,16 @@ class SearchSession:
             # Its verdict has not arrived yet: post the conclusion when it does.
             self.pending_conclusions.setdefault(cid, []).append(lesson)
             return
-        self._post(rec.candidate, rec.verdict, lesson)
+        self.sinks.board.post(rec, lesson)
 
-    def _post(self, cand: Candidate, v: Verdict, lesson: str) -> None:
-        gain = (v.speedup_vs_champion - 1.0) if v.speedup_vs_champion else None
-        rec = next((r for r in reversed(self.records) if r.candidate.id == cand.id), None)
-        shapes = [w.axes for w in v.workloads] or [self.task.axes(i) for i in self.guards[0].workloads]
-        cond = Conditions(workloads=shapes, champion_id=rec.champion_id if rec else None, latency_ms=v.latency_ms)
-        if v.correct:
-            reason = f"{v.speedup_vs_champion:.3f}x the champion" if v.speedup_vs_champion else "first correct kernel"
-        else:
-            first = next((ln.strip() for e in v.errors for ln in e.splitlines() if ln.strip()), "")
-            reason = f"{v.status.value}: {first[:160]}"
-        self.board.post(Finding(agent=cand.agent, strategy=cand.strategy, candidate_id=cand.id, family=cand.family,
-                                knobs=cand.knobs, status=v.status, gain=gain, lesson=lesson.splitlines()[0][:200]),
-                        conditions=cond, reason=reason)  # fmt: skip
+    def _lessons(self, cand: Candidate, v: Verdict) -> list[str]:
+        """What the board learns from a verdict: its agent's conclusion, then any posted before it arrived."""
+        agent = next((a for a in self.agents if a.name == cand.agent), None)
+        lesson = agent.observe(cand, v) if agent is not None else None
+        if cand.family == dispatch.FAMILY:
+            gain = f"{(v.speedup_vs_champion - 1) * 100:+.1f}% vs champion" if v.speedup_vs_champion else v.status.value
+            lesson = f"shape dispatch over {len(set(cand.knobs.values()))} kernels: {v.status.value}, {gain}"
+        return ([lesson] if lesson else []) + self.pending_conclusions.pop(cand.id, [])
 
     def _on_verdict(self, cand: Candidate, ev: Evaluation, champion_id: str | None, pending_rematch: list) -> None:
         v = ev.verdict
@@ -586,33 +298,13 @@ class SearchSession:
             self.state.append(rec)
             self._replay(rec)
             idx = self.evaluated
-        self._track(rec)
-        if rec.version is not None:
-            self.state.save_meta({**self.state.meta(), "versions": self.versions})
-        agent = next((a for a in self.agents if a.name == cand.agent), None)
-        lesson = agent.observe(cand, v) if agent is not None else None
-        if cand.family == dispatch.FAMILY:
-            gain = f"{(v.speedup_vs_champion - 1) * 100:+.1f}% vs champion" if v.speedup_vs_champion else v.status.value
-            lesson = f"shape dispatch over {len(set(cand.knobs.values()))} kernels: {v.status.value}, {gain}"
-        if lesson:
-            self._post(cand, v, lesson)
-        for pending in self.pending_conclusions.pop(cand.id, []):
-            self._post(cand, v, pending)
+        self._to_sinks(rec, self._lessons(cand, v))
         with self.lock:
             self.busy[cand.agent] = max(0, self.busy.get(cand.agent, 0) - 1)
-        self.ui.candidate(idx, self.cfg.budget.candidates, cand, v,
-                          self.champion_verdict.latency_ms if self.champion_verdict else None)  # fmt: skip
         event = self.plateau.update(v.status, idx, tried=self._timed_per_family(),
                                     champion_family=self.champion.family if self.champion else None)  # fmt: skip
         if event is not None:
             self._on_plateau(event)
-        if self.tracker is not None and self.champion_verdict is not None and self.champion_verdict.latency_ms:
-            try:
-                tokens = {f"llm_{k}": v for k, v in self.tokens.items() if k != "usd"}
-                self.tracker.log_session_metrics(idx, best_latency_ms=self.champion_verdict.latency_ms,
-                                                 evaluated=idx, usd=self.usd, **tokens)  # fmt: skip
-            except Exception as e:  # noqa: BLE001
-                log.debug("session metric failed: %s", e)
 
     def _timed_per_family(self) -> dict[str, int]:
         """Benchmarked (correct, timed) candidates per kernel family so far."""
@@ -632,13 +324,8 @@ class SearchSession:
         log.info("plateau: %s", json.dumps(event.to_dict()))
         with (self.state.dir / "plateau.jsonl").open("a") as f:
             f.write(json.dumps(event.to_dict()) + "\n")
-        if self.tracker is not None:
-            try:
-                self.tracker.log_session_metrics(event.at_candidate, plateau=1.0)
-                self.tracker.client.set_tag(self.tracker.parent_run_id, f"kernelarc.plateau.{self.plateau.fired}",
-                                            json.dumps(event.to_dict()))  # fmt: skip
-            except Exception as e:  # noqa: BLE001
-                log.debug("plateau tag failed: %s", e)
+        if self.sinks.tracker is not None:
+            self.sinks.tracker.plateau(event, self.plateau.fired)
 
     def run(self) -> dict[str, Any]:
         meta = self.state.meta()
@@ -654,7 +341,8 @@ class SearchSession:
             self.ui.line(f"resumed session {self.state.dir} with {len(self.records)} measurements{done}; "
                          "to start fresh: search.resume=false (the old log is kept) or another seed=N")  # fmt: skip
         try:
-            self._open_tracking(meta.get("parent_run_id") if resumed else None)
+            open_tracking(self.state, self.sinks.tracker, self.sinks.registry,
+                          meta.get("parent_run_id") if resumed else None)  # fmt: skip
             self.ui.line(f"task {self.task.name} on {self.target.name} ({', '.join(self.devices)}), "
                          f"{len(self.guards[0].workloads)} workloads, {len(self.agents)} agents")  # fmt: skip
             self._calibrate()
@@ -681,62 +369,65 @@ class SearchSession:
         return final
 
     def _search(self) -> None:
+        """The loop: propose, judge, hand each verdict to the sinks, until the budget or the ideas run out."""
         # In flight per device: executor.parallel, or fewer where the judge's memory plan says that many workers
         # do not fit beside the reference (its note says so; test doubles and Ray guards have no plan here).
-        per = max(1, self.cfg.executor.parallel)
-        parallel = sum(max_parallel(g, per) if isinstance(g, Guard) else per for g in self.guards)
-        queue: list[Candidate] = []
-        rematch: list[Candidate] = []
-        inflight: dict[Future, tuple[Candidate, str | None]] = {}
-        n_submitted = 0
+        per = max(1, self.settings.parallel)
+        flight = _Flight(sum(max_parallel(g, per) if isinstance(g, Guard) else per for g in self.guards))
         with (
-            ThreadPoolExecutor(max_workers=parallel) as epool,
+            ThreadPoolExecutor(max_workers=flight.slots) as epool,
             ThreadPoolExecutor(max_workers=max(1, len(self.agents))) as apool,
         ):
             stalls = 0
-            said_time = False
             while True:
-                out_of_time = self._out_of_time()
-                if out_of_time and inflight and not said_time:
-                    said_time = True
-                    self.ui.line(f"  ⏱ time budget reached; finishing the {len(inflight)} candidate(s) in flight")
-                budget_open = self._budget_left() - len(inflight) > 0 and not out_of_time
-                while budget_open and len(inflight) < parallel and (queue or rematch):
-                    cand = rematch.pop(0) if rematch else queue.pop(0)
-                    champ = self.champion
-                    fut = epool.submit(self._evaluate, cand, champ, False, None, n_submitted)
-                    n_submitted += 1
-                    inflight[fut] = (cand, champ.id if champ else None)
-                    budget_open = self._budget_left() - len(inflight) > 0
-                if budget_open and not queue and len(inflight) < parallel:
+                budget_open = self._submit(flight, epool)
+                if budget_open and not flight.queue and flight.room():
                     new = self._propose_round(apool)
-                    if not new:
-                        stalls += 1
-                        if stalls >= 3 and not inflight:
-                            self.ui.line("agents have nothing new to propose; stopping")
-                            break
-                        if not inflight:
-                            continue
-                    else:
+                    if new:
                         stalls = 0
-                        queue.extend(new)
+                        flight.queue.extend(new)
                         continue
-                if not inflight:
+                    stalls += 1
+                    if stalls >= 3 and not flight.inflight:
+                        self.ui.line("agents have nothing new to propose; stopping")
+                        break
+                    if not flight.inflight:
+                        continue
+                if not flight.inflight:
                     break
-                done, _ = wait(list(inflight), return_when=FIRST_COMPLETED, timeout=5)
-                for fut in done:
-                    cand, champ_id = inflight.pop(fut)
-                    try:
-                        ev = fut.result()
-                    except Exception as e:  # noqa: BLE001 - the guard returns verdicts; this is a bug guard
-                        log.exception("evaluation of %s failed", cand.id)
-                        ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error, errors=[str(e)]))
-                    self._on_verdict(cand, ev, champ_id, rematch)
-                pending = [c for c, _ in inflight.values()] + queue + rematch
-                if done and not any(c.family == dispatch.FAMILY for c in pending):
-                    composite = self._dispatch_candidate()
-                    if composite is not None:
-                        queue.insert(0, composite)
+                self._collect(flight)
+
+    def _submit(self, flight: _Flight, pool: ThreadPoolExecutor) -> bool:
+        """Start queued candidates (rematches first) while budget and slots allow; whether budget is left."""
+        out_of_time = self._out_of_time()
+        if out_of_time and flight.inflight and not flight.said_time:
+            flight.said_time = True
+            self.ui.line(f"  ⏱ time budget reached; finishing the {len(flight.inflight)} candidate(s) in flight")
+        budget_open = self._budget_left() - len(flight.inflight) > 0 and not out_of_time
+        while budget_open and flight.room() and (flight.queue or flight.rematch):
+            cand = flight.rematch.pop(0) if flight.rematch else flight.queue.pop(0)
+            champ = self.champion
+            fut = pool.submit(self._evaluate, cand, champ, False, None, flight.submitted)
+            flight.submitted += 1
+            flight.inflight[fut] = (cand, champ.id if champ else None)
+            budget_open = self._budget_left() - len(flight.inflight) > 0
+        return budget_open
+
+    def _collect(self, flight: _Flight) -> None:
+        """Wait for verdicts and act on them; then, when none is pending, try a shape-dispatch composite."""
+        done, _ = wait(list(flight.inflight), return_when=FIRST_COMPLETED, timeout=5)
+        for fut in done:
+            cand, champ_id = flight.inflight.pop(fut)
+            try:
+                ev = fut.result()
+            except Exception as e:  # noqa: BLE001 - the guard returns verdicts; this is a bug guard
+                log.exception("evaluation of %s failed", cand.id)
+                ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error, errors=[str(e)]))
+            self._on_verdict(cand, ev, champ_id, flight.rematch)
+        if done and not any(c.family == dispatch.FAMILY for c in flight.pending()):
+            composite = self._dispatch_candidate()
+            if composite is not None:
+                flight.queue.insert(0, composite)
 
     def drift_corrected_latencies(self) -> dict[str, dict[int, float]]:
         """Per-workload latency of every correct measurement, on the time base of the session's first
@@ -749,24 +440,24 @@ class SearchSession:
     def _dispatch_candidate(self) -> Candidate | None:
         """A shape-dispatch composite of the fastest kernel per workload, when one promises a gain
         over the champion and has not been tried (see kernelarc.dispatch)."""
-        if not self.cfg.search.dispatch or self._budget_left() <= 0 or self._out_of_time():
+        if not self.settings.dispatch or self._budget_left() <= 0 or self._out_of_time():
             return None
         try:
             if self._signatures is None:
                 self._signatures = {i: dispatch.workload_signature(self.task, i) for i in self.guards[0].workloads}
             with self.lock:
                 # the baselines are parts too: the library's kernel may stay the route for some shapes
-                kinds = ("candidate", "baseline") if self.cfg.search.dispatch_baselines else ("candidate",)
+                kinds = ("candidate", "baseline") if self.settings.dispatch_baselines else ("candidate",)
                 candidates = [r.candidate for r in self.records if r.kind in kinds and r.verdict.correct]
                 judged = [(r.candidate, r.verdict, r.champion_id) for r in self.records if r.kind == "candidate"]
                 champ_id = self.champion.id if self.champion else None
             lat = self.drift_corrected_latencies()
             pool = [(c, lat[c.id]) for c in candidates if c.id in lat]
-            g = self.cfg.guard
+            g = self.settings.guard
             failed = dispatch.failed_routes(judged, g.min_gain, g.noise_factor)
             champ_lat = lat.get(champ_id or "")
             champ_ms = dispatch.geomean_over(champ_lat, self._signatures) if champ_lat else None
-            s = self.cfg.search
+            s = self.settings
             p = dispatch.plan(pool, self._signatures, champ_ms, s.dispatch_min_gain, s.dispatch_route_margin, failed,
                               champion_id=champ_id)  # fmt: skip
             if p is None or p.key in self.dispatch_tried:
@@ -783,121 +474,3 @@ class SearchSession:
             self.seen.add(cand.id)
         self.ui.line(f"  ⇉ {cand.rationale}")
         return cand
-
-    def _finalize(self) -> dict[str, Any]:
-        version = None
-        moved = False
-        if self.champion is not None and self.registry is not None:
-            version = self.versions.get(self.champion.id)
-            if version is None:
-                version = self._champion_version()
-            inc = self.incumbent
-            if inc is not None and inc[1].id == self.champion.id:
-                version, moved = inc[0], False
-            elif version is not None:
-                beat = True
-                if inc is not None:
-                    # Side by side, in this run, on this GPU: the alias moves only on a win.
-                    ev = self._evaluate(self.champion, inc[1], True, self.cfg.guard.timeout_s, 0)
-                    beat = ev.verdict.status is Status.champion
-                    rec = Record(-1, "final", self.champion, ev.verdict, ev.samples, inc[1].id)
-                    self.state.append(rec)
-                    why = ev.decision.reason if ev.decision else ev.verdict.status.value
-                    self.ui.line(f"final side-by-side vs registry v{inc[0]}: {why}")
-                moved = self.registry.promote(version, beat)
-        if self.tracker is not None and self.best_history:
-            try:
-                every = [(r.index, r.verdict.latency_ms) for r in self.records if r.kind == "candidate"
-                         and r.verdict.correct and r.verdict.latency_ms]  # fmt: skip
-                self.tracker.log_best_so_far_plot(every, champions=self.best_history)
-            except Exception as e:  # noqa: BLE001
-                log.warning("best-so-far plot failed: %s", e)
-        elapsed = time.monotonic() - self.t0 + self.elapsed_before
-        rec = next((r for r in reversed(self.records) if self.champion and r.candidate.id == self.champion.id
-                    and r.verdict.correct and r.samples), None)  # fmt: skip
-        if rec is not None:
-            # Baselines measured after this champion was crowned (e.g. torch.compile) complete its metrics.
-            self.guards[0].refresh_metrics(Evaluation(rec.verdict, rec.samples))
-            self.champion_verdict = rec.verdict
-        v = self.champion_verdict
-        gpu_min = self.timing_seconds / 60
-        summary = {
-            "task": self.task.name,
-            "gpu": self.target.name,
-            "champion": self.champion.id if self.champion else None,
-            "champion_family": (self.champion.family or self.champion.strategy) if self.champion else None,
-            "champion_agent": self.champion.agent if self.champion else None,
-            "latency_ms": v.latency_ms if v else None,
-            "tflops": v.tflops if v else None,
-            "tbps": v.tbps if v else None,
-            "sol_fraction": v.sol_fraction if v else None,
-            "speedup_vs_baseline": v.speedup_vs_baseline if v else None,
-            "speedup_vs_compile": v.speedup_vs_compile if v else None,
-            "evaluated": self.evaluated,
-            "by_status": self._by_status(),
-            "plateau_events": self.plateau.fired,
-            "phase_mean_s": self._phase_means(),
-            "elapsed_min": elapsed / 60,
-            "candidates_per_min": self.evaluated / (elapsed / 60) if elapsed > 0 else None,
-            "gpu_timing_min": gpu_min,
-            "usd": self.usd,
-            "mlflow_run_id": self.tracker.parent_run_id if self.tracker else None,
-            "registry_version": version,
-            "alias_moved": moved,
-            "state_dir": str(self.state.dir),
-            "status": "finished",
-            "reason": None,
-            "sol_score": v.sol_score if v else None,
-            "baseline_notes": dict(self.baseline_notes),
-        }
-        self._close_tracking("FINISHED", summary)
-        return summary
-
-    def _champion_version(self) -> int | None:
-        """The champion's registry version when the state folder does not have it (a kill between
-        its record and its registration): the version registered for it before, or a new one from
-        its MLflow child run (logged now if the kill came before that too)."""
-        assert self.champion is not None and self.registry is not None
-        cid = self.champion.id
-        try:
-            version = self.registry.version_for(cid)
-            if version is None:
-                rec = next((r for r in reversed(self.records) if r.candidate.id == cid and r.verdict.correct), None)
-                if rec is None:
-                    return None
-                run_id = rec.run_id
-                if run_id is None and self.tracker is not None:
-                    run_id = self.tracker.find_candidate_runs().get(cid)
-                if run_id is None and self.tracker is not None:
-                    run_id = self.tracker.log_candidate(rec.candidate, rec.verdict, {"index": rec.index})
-                if run_id is None:
-                    return None
-                from kernelarc.registry import collect_versions_info
-
-                info = collect_versions_info(getattr(self.target, "name", None), device=self.devices[0])
-                version = self.registry.register(rec.candidate, rec.verdict, run_id, info)
-        except Exception as e:  # noqa: BLE001 - without a version the alias stays where it is
-            log.warning("could not find or register the champion's version: %s", e)
-            return None
-        self.versions[cid] = version
-        self._save_versions()
-        return version
-
-    def _phase_means(self) -> dict[str, float]:
-        """Where a candidate's time goes: mean wall seconds per guard phase over evaluated candidates."""
-        totals: dict[str, float] = {}
-        n = 0
-        for r in self.records:
-            if r.kind != "candidate":
-                continue
-            n += 1
-            for k, v in {**r.verdict.phases, "total": r.verdict.eval_seconds or 0.0}.items():
-                totals[k] = totals.get(k, 0.0) + float(v)
-        return {k: round(v / n, 3) for k, v in totals.items()} if n else {}
-
-    def _by_status(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.records:
-            if r.kind == "candidate":
-                out[r.verdict.status.value] = out.get(r.verdict.status.value, 0) + 1
-        return out

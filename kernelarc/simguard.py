@@ -1,6 +1,6 @@
 """The simulated guard: a supported test double of :class:`kernelarc.guard.judge.Guard`.
 
-``SearchSession(..., make_guard=simulated_guard_factory(...))`` runs the product's own loop (agents,
+``kernelarc.wiring.build_session(..., make_guard=simulated_guard_factory(...))`` runs the product's own loop (agents,
 board, plateau breaker, dedupe, rematches, champion rule) with only the measurement replaced by a
 deterministic cost model, so the search's reach and the team/memory ablation (``kernelarc.ablate``)
 can be measured on a CPU in seconds. The model is deliberately *not* the search's surrogate:
@@ -314,7 +314,7 @@ class SimulatedGuard:
 def simulated_guard_factory(
     model_seed: int = 0, library_gap: float = LIBRARY_GAP, **kw: Any
 ) -> Callable[[Task, str], SimulatedGuard]:
-    """``make_guard`` for :class:`kernelarc.session.SearchSession`: one simulated guard per device,
+    """``make_guard`` for :func:`kernelarc.wiring.build_session`: one simulated guard per device,
     all sharing one cost model of the session's task."""
     models: dict[str, CostModel] = {}
 

@@ -307,37 +307,41 @@ def _problem_cfg(base: DictConfig, problem: Path, workloads: list[int] | None) -
     return cfg
 
 
-def choose_workloads(cfg: DictConfig, problem: Path, on_cpu: bool) -> list[int] | None:
-    """``suite.workloads`` representative workloads of the ones a session would run by default."""
+def choose_workloads(cfg: DictConfig, problem: Path, on_cpu: bool, task: Any = None) -> list[int] | None:
+    """``suite.workloads`` representative workloads of the ones a session would run by default
+    (of ``task``, the problem already loaded, where given)."""
     n = cfg.suite.workloads
     if n is None:
         return None
     from kernelarc.app import typed
-    from kernelarc.session import guard_config, load_task_from_config
+    from kernelarc.wiring import guard_settings, load_task_from_config
 
     c = typed(_problem_cfg(cfg, problem, None))
-    task = load_task_from_config(c, on_cpu)
-    default = guard_config(c, task, on_cpu).workloads
+    if task is None:
+        task = load_task_from_config(c, on_cpu)
+    default = guard_settings(c, task, on_cpu).workloads
     pool = list(default) if default is not None else list(range(len(task.workloads)))
     return representative(pool, int(n), task.io_bytes)
 
 
 def run_inline(cfg: DictConfig, problem: Path, rel: str, target: Any, log_path: Path) -> ProblemResult:
     """One isolated search session in this process: every exception becomes the row's reason."""
-    from kernelarc.app import TaskError, UsageError, build_agents, typed
+    from kernelarc.app import TaskError, UsageError, typed
     from kernelarc.config import plain
-    from kernelarc.session import SearchSession, SessionFailed, load_task_from_config
+    from kernelarc.session import SessionFailed
     from kernelarc.ui import Progress
+    from kernelarc.wiring import build_session, load_task_from_config
 
     on_cpu = bool(getattr(target, "is_cpu", True))
     workloads = None
     try:
-        workloads = choose_workloads(cfg, problem, on_cpu)
+        task = None
+        if cfg.suite.workloads is not None:  # the task that picks the workloads is the session's too: loaded once
+            task = load_task_from_config(typed(_problem_cfg(cfg, problem, None)), on_cpu)
+        workloads = choose_workloads(cfg, problem, on_cpu, task)
         pcfg = _problem_cfg(cfg, problem, workloads)
         c = typed(pcfg)
-        task = load_task_from_config(c, on_cpu)
-        agents = build_agents(c, task)
-        session = SearchSession(c, plain(pcfg), target, agents, progress=Progress(bool(cfg.suite.progress)))
+        session = build_session(c, plain(pcfg), target, progress=Progress(bool(cfg.suite.progress)), task=task)
         summary = session.run()
         return result_from_summary(rel, summary, workloads)
     except SessionFailed as e:

@@ -238,10 +238,10 @@ def main() -> None:
     (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
 
     from kernelarc import dispatch
-    from kernelarc.app import build_agents, typed
+    from kernelarc.app import typed
     from kernelarc.config import plain
-    from kernelarc.session import SearchSession, load_task_from_config
     from kernelarc.ui import Progress
+    from kernelarc.wiring import build_session
 
     runs = [(t, None) for t in args.tasks.split(",")]
     if args.compare_agents:
@@ -272,8 +272,8 @@ def main() -> None:
             cfg = compose(overrides)
             c = typed(cfg)
             c.gpu = target  # calibrated ceilings
-            task = load_task_from_config(c, not on_gpu)
-            session = SearchSession(c, plain(cfg), target, build_agents(c, task), progress=Progress(True))
+            session = build_session(c, plain(cfg), target, progress=Progress(True))
+            task = session.task
             summary = session.run()
             champ_rec = next((r for r in reversed(session.records) if r.candidate.id == summary["champion"]), None)
             per_wl = []

@@ -269,8 +269,8 @@ def test_cpu_session_composes_and_judges_a_dispatch(tmp_path, monkeypatch):
     from kernelarc.app import typed
     from kernelarc.config import plain, register_configs
     from kernelarc.hardware import resolve_target
-    from kernelarc.session import SearchSession
     from kernelarc.ui import Progress
+    from kernelarc.wiring import build_session
 
     register_configs()
     overrides = ["+task=rmsnorm", "gpu=cpu", "budget.candidates=3", "guard.compile_baseline=false",
@@ -281,7 +281,7 @@ def test_cpu_session_composes_and_judges_a_dispatch(tmp_path, monkeypatch):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
     c = typed(cfg)
-    session = SearchSession(c, plain(cfg), resolve_target("cpu"), [_TwoShot()], progress=Progress(False))
+    session = build_session(c, plain(cfg), resolve_target("cpu"), agents=[_TwoShot()], progress=Progress(False))
     session.run()
     cands = [r for r in session.records if r.kind == "candidate"]
     assert len(cands) == 3

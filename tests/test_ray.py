@@ -61,7 +61,8 @@ def test_two_actor_session_tracks_registers_and_resumes(tmp_path):
 @pytest.mark.slow
 def test_a_dead_actor_is_a_verdict_and_the_next_actor_has_the_baselines():
     from kernelarc.executors.ray import RayGuard
-    from kernelarc.guard.judge import GuardConfig, reference_candidate
+    from kernelarc.guard.judge import reference_candidate
+    from kernelarc.guard.settings import GuardSettings
     from kernelarc.hardware import resolve_target
     from kernelarc.models import Candidate, Status
     from kernelarc.tasks.loader import load_builtin
@@ -70,7 +71,7 @@ def test_a_dead_actor_is_a_verdict_and_the_next_actor_has_the_baselines():
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"TRITON_INTERPRET": "1"}})
     try:
         task = load_builtin("rmsnorm", cpu=True)
-        gcfg = GuardConfig(target_ms=5, max_iters=20, workloads=[0], consistency=4.0, prestart=1, seeds=1)
+        gcfg = GuardSettings(target_ms=5, max_iters=20, workloads=[0], consistency=4.0, prestart=1, seeds=1)
         guard = RayGuard(task, resolve_target("cpu"), "cpu", gcfg, seed=0)
         assert guard.workloads == [0]
         ref = guard.evaluate(reference_candidate(task), None, trusted=True, timeout_s=300)
@@ -106,7 +107,8 @@ def test_gpu_actor_judges_on_its_own_gpu():
 
     from kernelarc.config import ExecutorConfig
     from kernelarc.executors.ray import RayGuard, connect, ray_devices
-    from kernelarc.guard.judge import GuardConfig, reference_candidate
+    from kernelarc.guard.judge import reference_candidate
+    from kernelarc.guard.settings import GuardSettings
     from kernelarc.hardware import resolve_target
     from kernelarc.tasks.loader import load_builtin
 
@@ -116,7 +118,7 @@ def test_gpu_actor_judges_on_its_own_gpu():
         devices = ray_devices(ExecutorConfig(name="ray"), target)
         assert devices == ["cuda:0"] * torch.cuda.device_count()
         task = load_builtin("rmsnorm")
-        guard = RayGuard(task, target, devices[0], GuardConfig(workloads=[0], prestart=1), seed=0)
+        guard = RayGuard(task, target, devices[0], GuardSettings(workloads=[0], prestart=1), seed=0)
         node = guard.node()
         assert node["pid"] != os.getpid() and node["cuda"] not in (None, "")
         ev = guard.evaluate(reference_candidate(task), None, trusted=True, timeout_s=600)

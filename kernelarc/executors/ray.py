@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 from kernelarc.executors import ExecutorError
+from kernelarc.guard.settings import GuardSettings
 from kernelarc.models import Status, Verdict
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def ray_devices(ex: Any, target: Any) -> list[str]:
 class _GuardHost:
     """The Ray actor: a Guard on this node (threaded: several candidates in flight, as locally)."""
 
-    def __init__(self, task: Any, target: Any, device: str, gcfg: Any, seed: int):
+    def __init__(self, task: Any, target: Any, device: str, gcfg: GuardSettings, seed: int):
         from kernelarc.guard.judge import Guard
 
         self.guard = Guard(task, target, device, gcfg, seed=seed)
@@ -112,7 +113,7 @@ class _GuardHost:
 class RayGuard:
     """Driver-side Guard whose work runs in a Ray actor (restarted after it dies)."""
 
-    def __init__(self, task: Any, target: Any, device: str, gcfg: Any, seed: int = 0, index: int = 0):
+    def __init__(self, task: Any, target: Any, device: str, gcfg: GuardSettings, seed: int = 0, index: int = 0):
         self.task, self.target, self.device, self.cfg, self.seed, self.index = task, target, device, gcfg, seed, index
         self.workloads: list[int] = []
         self.work: dict[int, Any] = {}

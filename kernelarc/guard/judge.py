@@ -30,6 +30,7 @@ from kernelarc.guard.memory import memory_plan
 from kernelarc.guard.pool import WorkerPool
 from kernelarc.guard.protocol import Outputs
 from kernelarc.guard.sandbox import Role
+from kernelarc.guard.settings import GuardSettings
 from kernelarc.guard.static import check_source
 from kernelarc.models import LANGUAGES, Candidate, Status, Verdict, WorkloadResult
 from kernelarc.tasks.inputs import load_module, make_inputs
@@ -38,31 +39,8 @@ from kernelarc.tasks.loader import Task
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class GuardConfig:
-    seeds: int = 3  # fresh random input sets per workload and candidate
-    seed_pool: int = 8  # seeds are drawn from a pool this large, so references can be cached
-    timeout_s: float = 120.0  # wall limit per candidate, GPU queueing excluded
-    baseline_timeout_s: float = 600.0  # torch.compile of a reference may take minutes
-    build_timeout_s: float = 300.0  # added for CUTLASS candidates: a first nvcc build takes about a minute
-    warmup_ms: float = 25.0
-    target_ms: float = 100.0  # timed time per workload and candidate
-    min_iters: int = 5
-    max_iters: int = 200
-    flush_bytes: int = 256 << 20  # > the 50 MB L2 of an H200, cleared before every timed call
-    min_gain: float = 0.01  # promotion needs at least this speedup ...
-    noise_factor: float = 1.0  # ... and more than this many relative IQRs
-    consistency: float = 1.5  # champion side by side vs alone may differ at most this factor
-    prestart: int = 2  # workers kept started per device
-    timing: bool = True
-    hp_reference: bool = True  # also run the reference in float64 (the rel_err metric), where memory allows
-    memory_gb: float | None = None  # memory cap per device for the guard's memory plan (None: the device's)
-    workloads: list[int] | None = None  # subset of workload indices (None: all)
-    rounds: int = 4  # timing rounds per workload: one burst per side each, alternating order
-    timed_checks: int = 2  # rounds whose challenger burst ends in a checked call on fresh inputs
-    clock_factor: float = 3.0  # unexplained judge wall time per call may be this many times the champion's ...
-    clock_slack_ms: float = 0.2  # ... plus half its median plus this (x25 on the CPU, where clocks are coarse)
-    cupti: bool = True  # CUPTI activity records where cupti-python is importable (else CUDA events)
+# The one settings type of the guard (also the ``guard.*`` config keys); the old name stays an alias.
+GuardConfig = GuardSettings
 
 
 @dataclass
@@ -120,11 +98,11 @@ def compiled_candidate(task: Task) -> Candidate:
 class Guard:
     """Evaluates candidates for one task on one device."""
 
-    def __init__(self, task: Task, target: Any, device: str, cfg: GuardConfig | None = None, seed: int = 0):
+    def __init__(self, task: Task, target: Any, device: str, cfg: GuardSettings | None = None, seed: int = 0):
         self.task = task
         self.target = target
         self.device = device
-        self.cfg = cfg or GuardConfig()
+        self.cfg = cfg or GuardSettings()
         self.seed = seed
         self.workloads = self.cfg.workloads if self.cfg.workloads is not None else list(range(len(task.workloads)))
         self._pool: WorkerPool | None = None
@@ -413,7 +391,7 @@ class Guard:
                     min_gain=self.cfg.min_gain,
                     noise_factor=self.cfg.noise_factor,
                     champion_reference=champ_ref,
-                    consistency=self.cfg.consistency,
+                    consistency=self.cfg.consistency_factor,
                 )
                 status = Status.champion if decision.promote else Status.correct_slower
                 if "inconsistent" in decision.reason:

@@ -1,0 +1,272 @@
+"""The phases of a search session around its loop: calibration, the baselines, the registry's
+incumbent before it; the final side-by-side, the alias and the summary after it.
+
+:class:`SessionPhases` is a mixin of :class:`kernelarc.session.SearchSession` (it works on the
+session's state: records, champion, guards, sinks); the loop itself stays in ``session.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from kernelarc.guard.judge import Evaluation, compiled_candidate, reference_candidate
+from kernelarc.models import Status, Verdict
+from kernelarc.sinks import RegistrySink, TrackerSink
+from kernelarc.state import Record, StateLog
+from kernelarc.tasks.loader import Task
+
+log = logging.getLogger(__name__)
+
+
+class SessionFailed(Exception):
+    """The session cannot search (the task's reference fails, or cannot be loaded): a recorded
+    outcome with its reason, not a bug. ``reason`` is one line a user can act on; ``summary`` is
+    the session's closing summary (status ``failed``)."""
+
+    def __init__(self, reason: str, summary: dict[str, Any] | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.summary = summary or {}
+
+
+def failed_summary(task: str, gpu: str, reason: str, evaluated: int, run_id: str | None,
+                   state_dir: str | None) -> dict[str, Any]:  # fmt: skip
+    return {
+        "task": task, "gpu": gpu, "status": "failed", "reason": reason,
+        "champion": None, "champion_family": None, "champion_agent": None, "latency_ms": None,
+        "speedup_vs_baseline": None, "speedup_vs_compile": None, "sol_fraction": None, "sol_score": None,
+        "evaluated": evaluated, "mlflow_run_id": run_id, "registry_version": None, "alias_moved": False,
+        "state_dir": state_dir,
+    }  # fmt: skip
+
+
+def open_tracking(state: StateLog, tracker: TrackerSink | None, registry: RegistrySink | None,
+                  resume_run: str | None) -> None:  # fmt: skip
+    """Start (or resume) the session's MLflow parent run, note its id in the state folder, open the registry."""
+    if tracker is None:
+        return
+    run_id = tracker.open(resume_run)
+    meta = state.meta()
+    meta["parent_run_id"] = run_id
+    state.save_meta(meta)
+    if registry is not None:
+        registry.open()
+
+
+def record_early_failure(reason: str, task: Task, gpu: str, state: StateLog, tracker: TrackerSink | None,
+                         registry: RegistrySink | None) -> dict[str, Any]:  # fmt: skip
+    """A session that fails before its guards exist (the reference does not load) still leaves
+    its reason in the state folder and a FAILED MLflow run."""
+    try:
+        open_tracking(state, tracker, registry, None)
+    except Exception as e:  # noqa: BLE001
+        log.warning("MLflow tracking unavailable: %s", e)
+    run_id = tracker.parent_run_id if tracker is not None else None
+    summary = failed_summary(task.name, gpu, reason, 0, run_id, str(state.dir))
+    state.save_meta({**state.meta(), "status": "failed", "reason": reason})
+    if tracker is not None:
+        tracker.close("FAILED", summary, reason)
+    return summary
+
+
+class SessionPhases:
+    """Calibration, baselines and incumbent before the loop; the final side-by-side and summary after it."""
+
+    # provided by SearchSession
+    settings: Any
+    sinks: Any
+    records: list[Record]
+
+    def _failed_summary(self, reason: str) -> dict[str, Any]:
+        return failed_summary(self.task.name, self.target.name, reason, self.evaluated, self.sinks.parent_run_id,
+                              str(self.state.dir))  # fmt: skip
+
+    def _time_left_s(self) -> float:
+        """Seconds left of budget.minutes; the clock started with the session (baselines, compile
+        warm-ups, calibration and autotuning count)."""
+        return self.settings.minutes * 60 - (time.monotonic() - self.t0 + self.elapsed_before)
+
+    def _calibrate(self) -> None:
+        """Measure the GPU's real ceilings; speed of light is computed over them, and both are recorded."""
+        if self.on_cpu or not self.settings.calibrate or getattr(self.target, "calibrated", None):
+            return
+        from kernelarc.hardware import calibrate
+
+        try:
+            cal = calibrate(self.target, self.devices[0])
+        except Exception as e:  # noqa: BLE001 - datasheet ceilings remain
+            log.warning("calibration failed, using datasheet ceilings: %s", e)
+            return
+        nums = {k: float(v) for k, v in cal.items() if isinstance(v, int | float)}
+        self.ui.line("calibrated: " + ", ".join(f"{k}={v:.4g}" for k, v in nums.items()))
+        if self.sinks.tracker is not None:
+            self.sinks.tracker.metrics(0, **{f"calibration.{k}": v for k, v in nums.items()})
+
+    def _baselines(self) -> None:
+        done = {(r.kind, r.candidate.strategy) for r in self.records}
+        g = self.settings.guard
+        todo = [("reference", reference_candidate(self.task))]
+        if g.compile_baseline:
+            todo.append(("torch.compile", compiled_candidate(self.task)))
+        for label, cand in todo:
+            if ("baseline", label) in done:
+                continue
+            left = self._time_left_s()
+            if label == "reference":
+                # Without the reference nothing can be judged: it may overrun the budget by at most
+                # one candidate's timeout.
+                timeout = min(g.baseline_timeout_s, max(left, 0.0) + g.timeout_s)
+            else:
+                # torch.compile (and max-autotune) gets at most half the budget left, so that a slow
+                # compile leaves the search time to run candidates.
+                timeout = min(g.baseline_timeout_s, 0.5 * left)
+                if timeout < 1.0:
+                    self.baseline_notes[label] = "skipped: no time left in budget.minutes"
+                    self.ui.line(f"  {label}: skipped (no time left in budget.minutes={self.settings.minutes})")
+                    continue
+            self.ui.line(f"measuring baseline: {label} (at most {timeout:.0f} s) ...")
+            try:
+                ev = self._evaluate(cand, self.champion, True, timeout, 0)
+            except Exception as e:  # noqa: BLE001 - a baseline that cannot be measured is a verdict
+                log.exception("baseline %s failed", label)
+                ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error,
+                                        errors=[f"{type(e).__name__}: {e}"]))  # fmt: skip
+            rec = Record(-1, "baseline", cand, ev.verdict, ev.samples, self.champion.id if self.champion else None)
+            self._apply_baseline(cand, ev)
+            if ev.verdict.correct:
+                self.guards[0].refresh_metrics(ev)  # its own metrics against the baselines known now
+            self.state.append(rec)
+            self._replay(rec)
+            self._to_sinks(rec)
+            v = ev.verdict
+            self.ui.line(
+                f"  {label}: {v.status.value}"
+                + (f", {v.latency_ms:.4f} ms" if v.latency_ms else "")
+                + (f" ({v.errors[0].splitlines()[0][:100]})" if v.errors else "")
+            )
+        for r in self.records:
+            if r.kind == "baseline" and r.candidate.strategy != "reference" and not r.verdict.correct:
+                first = r.verdict.errors[0].splitlines()[0][:200] if r.verdict.errors else ""
+                self.baseline_notes[r.candidate.strategy] = f"{r.verdict.status.value}: {first}".rstrip(": ")
+        ref = next((r for r in self.records if r.kind == "baseline" and r.candidate.strategy == "reference"), None)
+        if ref is None or not ref.verdict.correct:
+            why = "; ".join(e.splitlines()[0][:300] for e in ref.verdict.errors) if ref else "not measured"
+            status = ref.verdict.status.value if ref else "missing"
+            raise SessionFailed(f"the task's reference failed in the guard ({status}): {why}")
+
+    def _incumbent(self) -> None:
+        """The registry's champion from earlier sessions, re-measured side by side in this run."""
+        if self.sinks.registry is None:
+            return
+        found = self.sinks.registry.champion()
+        if not found:
+            return
+        version, cand, _tags = found
+        self.incumbent = (version, cand)
+        if any(r.kind == "incumbent" for r in self.records) or cand.id in self.seen:
+            return
+        self.ui.line(f"re-measuring registry champion v{version} side by side ...")
+        ev = self._evaluate(cand, self.champion, True, self.settings.guard.timeout_s, 0)
+        rec = Record(-1, "incumbent", cand, ev.verdict, ev.samples, self.champion.id if self.champion else None,
+                     version=version)  # fmt: skip
+        self.state.append(rec)
+        self._replay(rec)
+        self.ui.line(f"  registry champion v{version}: {ev.verdict.status.value}")
+
+    def _finalize(self) -> dict[str, Any]:
+        version = None
+        moved = False
+        registry = self.sinks.registry
+        if self.champion is not None and registry is not None:
+            version = self.versions.get(self.champion.id)
+            if version is None:
+                version = self._champion_version()
+            inc = self.incumbent
+            if inc is not None and inc[1].id == self.champion.id:
+                version, moved = inc[0], False
+            elif version is not None:
+                beat = True
+                if inc is not None:
+                    # Side by side, in this run, on this GPU: the alias moves only on a win.
+                    ev = self._evaluate(self.champion, inc[1], True, self.settings.guard.timeout_s, 0)
+                    beat = ev.verdict.status is Status.champion
+                    rec = Record(-1, "final", self.champion, ev.verdict, ev.samples, inc[1].id)
+                    self.state.append(rec)
+                    why = ev.decision.reason if ev.decision else ev.verdict.status.value
+                    self.ui.line(f"final side-by-side vs registry v{inc[0]}: {why}")
+                moved = registry.promote(version, beat)
+        if self.sinks.tracker is not None:
+            self.sinks.tracker.best_so_far(self.records, self.best_history)
+        elapsed = time.monotonic() - self.t0 + self.elapsed_before
+        rec = next((r for r in reversed(self.records) if self.champion and r.candidate.id == self.champion.id
+                    and r.verdict.correct and r.samples), None)  # fmt: skip
+        if rec is not None:
+            # Baselines measured after this champion was crowned (e.g. torch.compile) complete its metrics.
+            self.guards[0].refresh_metrics(Evaluation(rec.verdict, rec.samples))
+            self.champion_verdict = rec.verdict
+        v = self.champion_verdict
+        gpu_min = self.timing_seconds / 60
+        summary = {
+            "task": self.task.name,
+            "gpu": self.target.name,
+            "champion": self.champion.id if self.champion else None,
+            "champion_family": (self.champion.family or self.champion.strategy) if self.champion else None,
+            "champion_agent": self.champion.agent if self.champion else None,
+            "latency_ms": v.latency_ms if v else None,
+            "tflops": v.tflops if v else None,
+            "tbps": v.tbps if v else None,
+            "sol_fraction": v.sol_fraction if v else None,
+            "speedup_vs_baseline": v.speedup_vs_baseline if v else None,
+            "speedup_vs_compile": v.speedup_vs_compile if v else None,
+            "evaluated": self.evaluated,
+            "by_status": self._by_status(),
+            "plateau_events": self.plateau.fired,
+            "phase_mean_s": self._phase_means(),
+            "elapsed_min": elapsed / 60,
+            "candidates_per_min": self.evaluated / (elapsed / 60) if elapsed > 0 else None,
+            "gpu_timing_min": gpu_min,
+            "usd": self.usd,
+            "mlflow_run_id": self.sinks.parent_run_id,
+            "registry_version": version,
+            "alias_moved": moved,
+            "state_dir": str(self.state.dir),
+            "status": "finished",
+            "reason": None,
+            "sol_score": v.sol_score if v else None,
+            "baseline_notes": dict(self.baseline_notes),
+        }
+        if self.sinks.tracker is not None:
+            self.sinks.tracker.close("FINISHED", summary)
+        return summary
+
+    def _champion_version(self) -> int | None:
+        """The champion's registry version when the state folder does not have it (see RegistrySink.version_of)."""
+        assert self.champion is not None and self.sinks.registry is not None
+        cid = self.champion.id
+        version = self.sinks.registry.version_of(cid, self.records)
+        if version is None:
+            return None
+        self.versions[cid] = version
+        self._save_versions()
+        return version
+
+    def _phase_means(self) -> dict[str, float]:
+        """Where a candidate's time goes: mean wall seconds per guard phase over evaluated candidates."""
+        totals: dict[str, float] = {}
+        n = 0
+        for r in self.records:
+            if r.kind != "candidate":
+                continue
+            n += 1
+            for k, v in {**r.verdict.phases, "total": r.verdict.eval_seconds or 0.0}.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+        return {k: round(v / n, 3) for k, v in totals.items()} if n else {}
+
+    def _by_status(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.records:
+            if r.kind == "candidate":
+                out[r.verdict.status.value] = out.get(r.verdict.status.value, 0) + 1
+        return out
