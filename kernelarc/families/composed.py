@@ -16,6 +16,10 @@ SwiGLU, LayerNorm, ...) and offers:
   task's family), plus the graph-level knobs; every site of that kind runs the family kernel.
 
 No family here is static (``FAMILIES`` is empty): they depend on the problem.
+
+``start_points`` orders the first candidates worth measuring on a tiny budget: the KernelArc kernel
+families of the recognised kinds (rest of the graph compiled where it has compute left), the library
+family, then the other variants, instead of re-runs of the reference under other compile settings.
 """
 
 from __future__ import annotations
@@ -237,6 +241,104 @@ def composed_families(task) -> list[Family]:
             other = [k for k in other if k.name not in names]
             out.append(_kernel_family(task, rec, fam, kind, other))
     return [f for f in out if _renders(f)]
+
+
+# Which kernel kind's family is tried first on a tiny budget: kernels that replace what Inductor cannot
+# fuse itself (attention written as matmul-softmax-matmul, fused add + norm) before the memory-bound
+# ones it fuses well, and GEMMs (cuBLAS is the bar) last.
+KIND_PRIORITY = (Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.glu, Kind.rope, Kind.softmax, Kind.gemm)
+# ops that move no data (views and size arithmetic): a graph left with only these has nothing to compile
+_VIEW_OPS = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "unsqueeze", "squeeze", "expand",
+             "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "alias", "detach", "sym_size",
+             "lift_fresh_copy", "_set_grad_enabled", "sym_numel", "sym_stride"}  # fmt: skip
+
+
+def rest_compute_ops(rec: Recognition) -> int:
+    """Compute ops of the first graph case that no substitutable site covers (what torch.compile of the
+    rest of the graph could still fuse)."""
+    from kernelarc.graph.patterns import op
+
+    if rec.capture is None or not rec.sites:
+        return 0
+    covered = {n for s in rec.sites[0] if rec.impls.get(id(s)) for n in s.nodes}
+    count = 0
+    for n in rec.capture.cases[0].gm.graph.nodes:
+        name = op(n)
+        if n.op == "call_function" and name is not None and name not in _VIEW_OPS and n not in covered:
+            count += 1
+    return count
+
+
+def start_points(task, families: list[Family]) -> list[tuple[Family, dict[str, Any]]]:
+    """The first points worth measuring for a composed problem, most promising first.
+
+    Per recognised kind (``KIND_PRIORITY``), its first kernel family (Triton before CUTLASS: nvcc builds
+    take a minute of a tiny budget) with the rest of the graph under torch.compile when the graph has
+    compute left outside the sites (eager otherwise: nothing to fuse, and the compiled wrapper's guards
+    cost a launch-bound call); then the library family the same way; then the other ``rest`` value of
+    those; then the remaining kernel families. Empty when ``families`` holds no composed family."""
+    from kernelarc.families import all_families
+
+    prefix = f"composed.{task.name}."
+    composed = [f for f in families if f.name.startswith(prefix)]
+    if not composed:
+        return []
+    rec = recognise(task)
+    if rec.capture is None:
+        return []
+    registry = list(all_families())
+    by_kind: dict[Kind, list[Family]] = {}
+    library = None
+    for f in composed:
+        base_name = f.name.removeprefix(prefix)
+        if base_name == "library":
+            library = f
+            continue
+        base = all_families().get(base_name)
+        kind = next((k for k, t in FAMILY_TASK.items() if base is not None and t == base.task), None)
+        if kind is not None:
+            by_kind.setdefault(kind, []).append(f)
+    for fams in by_kind.values():
+        fams.sort(key=lambda f: (f.language == "cutlass", registry.index(f.name.removeprefix(prefix))))
+    kinds = sorted(by_kind, key=KIND_PRIORITY.index)
+    rest = "inductor" if rest_compute_ops(rec) > 0 else "eager"
+    other = "eager" if rest == "inductor" else "inductor"
+
+    def at(f: Family | None, r: str, cuda_graph: bool = False) -> tuple[Family, dict[str, Any]] | None:
+        if f is None:
+            return None
+        names = {k.name for k in f.knobs}
+        point = {**f.start, **({"rest": r} if "rest" in names else {})}
+        if cuda_graph and "cuda_graph" in names:
+            point["cuda_graph"] = True
+        try:
+            point = f.check_point(point)
+        except ValueError:
+            return None
+        return (f, point) if f.valid(point) else None
+
+    # the library family only differs from the baselines where it substitutes a site (else, eager it is
+    # the reference and compiled it is torch.compile): then only its CUDA-graph replay is worth a slot
+    lib_sites = any(Impl.library in rec.impls.get(id(s), ()) for s in rec.sites[0])
+    firsts = [by_kind[k][0] for k in kinds]
+    compiled = rest == "inductor"
+    order = [at(f, rest) for f in firsts]
+    order += [at(library, rest)] if lib_sites else []
+    order += [at(firsts[0], other)] if firsts and compiled else []
+    order += [at(firsts[0], rest, cuda_graph=True)] if firsts else []
+    order += [at(library, rest if lib_sites else "inductor", cuda_graph=True)]
+    order += [at(library, other)] if lib_sites and compiled else []
+    order += [at(f, rest) for k in kinds for f in by_kind[k][1:]]
+    out: list[tuple[Family, dict[str, Any]]] = []
+    seen: set[tuple[str, tuple]] = set()
+    for item in order:
+        if item is None:
+            continue
+        key = (item[0].name, tuple(sorted((k, repr(v)) for k, v in item[1].items())))
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out
 
 
 def _renders(fam: Family) -> bool:
