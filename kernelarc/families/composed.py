@@ -31,10 +31,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelarc.families.base import Family, Knob
-from kernelarc.graph.adapters import FAMILY_TASK, LIBRARY_KINDS, SDPA_BACKENDS, AdapterError, Impl, family_ok, patch_eps
+from kernelarc.graph.adapters import (
+    FAMILY_TASK,
+    LIBRARY_KINDS,
+    SDPA_BACKENDS,
+    AdapterError,
+    Impl,
+    family_ok,
+    patch_eps,
+    patch_glu_act,
+)
 from kernelarc.graph.capture import Capture, CaptureError, capture_task
+from kernelarc.graph.catalog import recognize
 from kernelarc.graph.compose import CasePlan, CompositionError, GraphKnobs, SitePlan, check_case, emit_module
-from kernelarc.graph.patterns import Kind, Site, recognize
+from kernelarc.graph.patterns import Kind, Site
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +202,9 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
                 if s.kind in (Kind.rmsnorm, Kind.add_rmsnorm):
                     src = patch_eps(kernel_src, float(s.params["eps"]))
                     pkey = (kernel.name, float(s.params["eps"]))
+                elif s.kind is Kind.glu:
+                    src = patch_glu_act(kernel_src, s.params["act"])
+                    pkey = (kernel.name, s.params["act"])
                 if pkey not in part_of:
                     part_of[pkey] = f"_k{len(part_of)}_"
                     parts[part_of[pkey]] = src

@@ -43,6 +43,7 @@ FAMILY_TASK: dict[Kind, str] = {
     Kind.softmax: "softmax",
     Kind.glu: "swiglu",
     Kind.attention: "attention",
+    Kind.rope: "rope",
 }
 LIBRARY_KINDS = {Kind.rmsnorm, Kind.add_rmsnorm, Kind.layernorm, Kind.gemm, Kind.attention, Kind.softmax}
 
@@ -61,6 +62,7 @@ class Ctx:
     name: Callable[[Any], str]  # graph value -> expression
     part: str | None  # prefix of the family part's module names ("_k0_"), None without a family
     knobs: dict[str, Any]
+    fallback: Callable[[], list[str]] | None = None  # the site's own nodes as lines (computing the outputs)
 
 
 def family_ok(site: Site) -> str | None:
@@ -73,8 +75,10 @@ def family_ok(site: Site) -> str | None:
             return "GEMM family needs A [.., K] @ B[N, K]^T (not batched, B in weight layout)"
         if p["dtype"] not in LOW_DTYPES:
             return f"GEMM family computes in bf16/fp16, the site is {p['dtype']}"
-    if site.kind is Kind.glu and not (p.get("packed") and p["act"] == "silu"):
-        return "SwiGLU family needs silu(x[..., :n]) * x[..., n:] of one tensor"
+    if site.kind is Kind.glu and not (p.get("packed") and p["act"] in GLU_TRITON):
+        return "SwiGLU family needs act(x[..., :n]) * x[..., n:] of one tensor, act one of " + ", ".join(GLU_TRITON)
+    if site.kind is Kind.rope and not (p.get("style") in ("rotate_half", "split_halves") and p.get("dup_halves")):
+        return "RoPE families rotate halves with cos / sin equal on both halves (not interleaved pairs)"
     if site.kind is Kind.attention and (p["mask"] != "none" or p.get("dropout") not in (0.0, None)):
         return "attention family takes no explicit mask and no dropout"
     return None
@@ -162,12 +166,41 @@ def softmax_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str
     ]
 
 
+# the gate activation in the family's Triton (the SwiGLU kernel's ``y = (...) * u`` with g the gate, in
+# fp32) and in torch; the tanh GELU as g * sigmoid(2 k (g + 0.044715 g^3)), the same function
+GLU_TRITON = {
+    "silu": None,  # the family's own (its ``silu`` knob)
+    "gelu_tanh": "g / (1.0 + tl.exp(-1.5957691216057308 * (g + 0.044715 * g * g * g)))",
+    "gelu_none": "0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))",
+    "relu": "tl.maximum(g, 0.0)",
+    "sigmoid": "1.0 / (1.0 + tl.exp(-g))",
+}
+GLU_TORCH = {"silu": f"{_NNF}.silu({{}})", "gelu_tanh": f"{_NNF}.gelu({{}}, approximate='tanh')",
+             "gelu_none": f"{_NNF}.gelu({{}})", "relu": "torch.relu({})", "sigmoid": "torch.sigmoid({})"}  # fmt: skip
+
+
+def patch_glu_act(source: str, act: str) -> str:
+    """A rendered SwiGLU family module computing ``act(gate) * up`` instead of silu."""
+    import re
+
+    expr = GLU_TRITON.get(act, "")
+    if act == "silu":
+        return source
+    if not expr:
+        raise AdapterError(f"no Triton form of the gate activation {act!r}")
+    pat = re.compile(r"^(\s*)y = \((.+)\) \* u$", re.M)
+    if not pat.search(source):
+        raise AdapterError("rendered SwiGLU kernel has no 'y = (silu) * u' line to replace")
+    return pat.sub(lambda m: f"{m.group(1)}y = ({expr}) * u", source)
+
+
 def glu_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
     if impl is not Impl.family or c.part is None:
         raise AdapterError("glu: only the family implementation (the graph form is the library one)")
     x = c.name(site.inputs["x"])
     h = f"{x}.shape[-1] // 2"
-    act = f"{_NNF}.silu({x}[..., :{h}].to(torch.float32)) * {x}[..., {h}:].to(torch.float32)"
+    gate = GLU_TORCH[site.params["act"]].format(f"{x}[..., :{h}].to(torch.float32)")
+    act = f"{gate} * {x}[..., {h}:].to(torch.float32)"
     lib = f"{out} = {_out(site, f'({act})')}"
     fam = f"{c.part}run({x}.reshape(-1, {x}.shape[-1])).view(*{x}.shape[:-1], {h})"
     return [
@@ -314,6 +347,21 @@ def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, s
     return [f"if {cond}:", f"    {out} = {fam}", "else:", *["    " + ln for ln in lib]]
 
 
+def rope_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    if impl is not Impl.family or c.part is None or c.fallback is None:
+        raise AdapterError("rope: only the family implementation (the graph's ops otherwise)")
+    x, cos, sin = (c.name(site.inputs[r]) for r in ("x", "cos", "sin"))
+    half = bool(site.params.get("half_width"))
+    fam = f"{c.part}run(_l[0], _l[0][:, :0], _l[1], _l[2])[0].view({x}.shape)"
+    return [
+        f"_l = _kernelarc_rope_layout({x}, {cos}, {sin}, {half})",
+        "if _l is not None:",
+        f"    {out} = {_out(site, fam)}",
+        "else:",
+        *["    " + ln for ln in c.fallback()],
+    ]
+
+
 LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] = {
     Kind.rmsnorm: rmsnorm_lines,
     Kind.add_rmsnorm: rmsnorm_lines,
@@ -322,6 +370,7 @@ LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] =
     Kind.glu: glu_lines,
     Kind.gemm: gemm_lines,
     Kind.attention: attention_lines,
+    Kind.rope: rope_lines,
 }
 
 
