@@ -116,8 +116,54 @@ def recognise(task) -> Recognition:
                 ok.add(impl)
             if ok:
                 rec.impls[id(s)] = ok
+    _drop_unsafe_baked(rec)
     _CACHE[key] = rec
     return rec
+
+
+def is_varlen(site: Site) -> bool:
+    return site.kind is Kind.attention and site.params.get("style") == "varlen"
+
+
+def _outside(gm, sites: list[Site]) -> list[tuple]:
+    """The ops of ``gm`` outside ``sites`` with their constant arguments (what the traced values decide)."""
+    inside = {n for s in sites for n in s.nodes}
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n not in inside:
+            consts = tuple(repr(a) for a in [*n.args, *n.kwargs.values()] if not hasattr(a, "graph"))
+            out.append((str(n.target), consts))
+    return out
+
+
+def _drop_unsafe_baked(rec: Recognition) -> None:
+    """Keep a graph case with baked host-read inputs only where varlen sites (always substituted) read
+    every baked input and the rest of the graph is the same when traced with other values of them; its
+    workloads run the reference otherwise."""
+    cap = rec.capture
+    assert cap is not None
+    keep_cases, keep_sites = [], []
+    for case, sites in zip(cap.cases, rec.sites, strict=True):
+        if case.baked:
+            varlen = [s for s in sites if is_varlen(s) and Impl.library in rec.impls.get(id(s), ())]
+            baked = {n for n in case.gm.graph.nodes if n.op == "placeholder" and "baked" in n.meta}
+            alt_sites = [s for s in recognize(case.alt) if is_varlen(s)] if case.alt is not None else []
+            safe = (
+                bool(varlen)
+                and baked <= {s.inputs["cu"] for s in varlen}
+                and len(alt_sites) == len(varlen)
+                and _outside(case.gm, varlen) == _outside(case.alt, alt_sites)
+            )
+            if not safe:
+                log.info("%s: graph with host-read inputs not served (no varlen site covers them)", rec.task)
+                cap.uncovered = sorted(set(cap.uncovered) | set(case.workloads))
+                continue
+        keep_cases.append(case)
+        keep_sites.append(sites)
+    cap.cases, rec.sites = keep_cases, keep_sites
+    if not cap.cases:
+        rec.error = "the reference reads inputs on the host and no varlen site covers them"
+        rec.capture = None
 
 
 # ------------------------------------------------------------------------------------------
@@ -209,7 +255,8 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
                     part_of[pkey] = f"_k{len(part_of)}_"
                     parts[part_of[pkey]] = src
                 plan.sites.append(SitePlan(s, Impl.family, part_of[pkey]))
-            elif knobs.get(f"{s.kind.value}_impl", "library") == "library" and Impl.library in impls:
+            elif Impl.library in impls and (knobs.get(f"{s.kind.value}_impl", "library") == "library" or is_varlen(s)):
+                # a varlen site always runs per segment: its graph form holds the traced offsets
                 plan.sites.append(SitePlan(s, Impl.library))
         plans.append(plan)
     title = f"{task.name}" + (f" with {kernel.name} kernels" if kernel else "")

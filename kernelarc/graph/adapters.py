@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import torch
+
 from kernelarc.graph.patterns import Kind, Site
 
 
@@ -79,6 +81,8 @@ def family_ok(site: Site) -> str | None:
         return "SwiGLU family needs act(x[..., :n]) * x[..., n:] of one tensor, act one of " + ", ".join(GLU_TRITON)
     if site.kind is Kind.rope and not (p.get("style") in ("rotate_half", "split_halves") and p.get("dup_halves")):
         return "RoPE families rotate halves with cos / sin equal on both halves (not interleaved pairs)"
+    if site.kind is Kind.attention and p.get("style") == "varlen":
+        return "varlen attention runs per segment on SDPA"
     if site.kind is Kind.attention and (p["mask"] != "none" or p.get("dropout") not in (0.0, None)):
         return "attention family takes no explicit mask and no dropout"
     return None
@@ -307,8 +311,60 @@ def _sdpa_call(site: Site, c: Ctx, q: str, k: str, v: str, cast: str | None) -> 
     return f"torch.nn.functional.scaled_dot_product_attention({args})"
 
 
+def _backend_wrap(c: Ctx, lines: list[str]) -> list[str]:
+    backend = c.knobs.get("sdpa_backend", "auto")
+    if backend == "auto":
+        return lines
+    enum = _BACKEND_ENUM[backend]
+    return [f"with torch.nn.attention.sdpa_kernel([{_SDPB}.{enum}, {_SDPB}.MATH]):", *["    " + ln for ln in lines]]
+
+
+_TORCH_CONSTS = (torch.dtype, torch.memory_format)
+
+
+def _op_call(target: Any, x: str, args: tuple, kwargs: dict) -> str:
+    """A call of an aten op overload on ``x`` with constant further arguments, as source."""
+    ns, packet = getattr(target, "namespace", None), getattr(getattr(target, "overloadpacket", None), "__name__", None)
+    if ns is None or packet is None:
+        raise AdapterError(f"cannot write a call to {target!r}")
+    consts = [*args, *kwargs.values()]
+    if not all(isinstance(a, (int, float, bool, list, tuple, *_TORCH_CONSTS)) or a is None for a in consts):
+        raise AdapterError(f"cannot write the arguments of {target!r}")
+    text = [repr(a) if not isinstance(a, _TORCH_CONSTS) else str(a) for a in args]
+    text += [f"{k}={v!r}" if not isinstance(v, _TORCH_CONSTS) else f"{k}={v}" for k, v in kwargs.items()]
+    return f"torch.ops.{ns}.{packet}.{target._overloadname}({', '.join([x, *text])})"
+
+
+def varlen_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    """One SDPA per segment of the packed dim between consecutive offsets (read on the host, as the
+    reference does), each output through the reference's view ops, concatenated."""
+    if impl is not Impl.library:
+        raise AdapterError("varlen attention: only the per-segment library implementation")
+    p = site.params
+    q, k, v, cu = (c.name(site.inputs[r]) for r in ("q", "k", "v", "cu"))
+    d = int(p["seq_dim"])
+    seg = ["_o = " + _sdpa_call(site, c, "_q", "_k", "_v", None)]
+    for target, args, kwargs in p.get("chain", []):
+        seg.append("_o = " + _op_call(target, "_o", tuple(args), dict(kwargs)))
+    return [
+        f"_b = [int(_x) for _x in {cu}.reshape(-1).tolist()]",
+        "_segs = []",
+        "for _i in range(len(_b) - 1):",
+        "    if _b[_i + 1] <= _b[_i]:",
+        "        continue",
+        f"    _q = {q}.narrow({d}, _b[_i], _b[_i + 1] - _b[_i])",
+        f"    _k = {k}.narrow({d}, _b[_i], _b[_i + 1] - _b[_i])",
+        f"    _v = {v}.narrow({d}, _b[_i], _b[_i + 1] - _b[_i])",
+        *["    " + ln for ln in _backend_wrap(c, seg)],
+        "    _segs.append(_o)",
+        f"{out} = torch.cat(_segs, {int(p['cat_dim'])})",
+    ]
+
+
 def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
     p = site.params
+    if p.get("style") == "varlen":
+        return varlen_lines(site, impl, c, out, extra)
     q, k, v = (c.name(site.inputs[r]) for r in ("q", "k", "v"))
     low = (
         c.knobs.get("attn_precision") == "low" and p.get("q_src_dtype") in LOW_DTYPES and p.get("in_dtype") == "float32"

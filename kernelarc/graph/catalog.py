@@ -16,6 +16,7 @@ from kernelarc.graph.patterns import (
     _softmax_sites,
 )
 from kernelarc.graph.rotary import rope_sites
+from kernelarc.graph.varlen import varlen_sites
 
 
 def recognize(gm: torch.fx.GraphModule) -> list[Site]:
@@ -30,7 +31,9 @@ def recognize(gm: torch.fx.GraphModule) -> list[Site]:
             sites.append(s)
             taken.update(s.nodes)
 
-    add(_attention_sites(gm))
+    attention = _attention_sites(gm)
+    add(varlen_sites(gm, attention))  # per-segment attentions of a packed sequence, as one site
+    add(attention)
     add(_rmsnorm_sites(gm))
     add(_layernorm_sites(gm))
     add(_softmax_sites(gm, taken))
