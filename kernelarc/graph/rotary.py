@@ -44,6 +44,22 @@ def _rotate_half_of(n: Any) -> Node | None:
     return None
 
 
+def _rotate_pairs_of(n: Any) -> Node | None:
+    """x when n is stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2) (GPT-J's rotate_every_two)."""
+    if op(n) not in ("flatten", "view", "reshape", "_unsafe_view"):
+        return None
+    st = strip(n.args[0])
+    if op(st) != "stack" or len(st.args[0]) != 2 or not is_last_dim(arg(st, 1, "dim", 0), node_rank(st)):
+        return None
+    a, b = st.args[0]
+    if op(a) != "neg":
+        return None
+    pa, pb = _pair_of(a.args[0]), _pair_of(b)
+    if pa and pb and strip(pa[0]) is strip(pb[0]) and (pa[1], pb[1]) == (1, 0):
+        return pa[0]
+    return None
+
+
 def dup_halves(n: Any) -> bool:
     """The last dim of ``n`` is provably two equal halves: cat([f, f], -1) (or repeat(.., 2)) behind
     casts, scalar scalings, cos / sin, broadcasts and gathers over the leading dims."""
@@ -112,6 +128,9 @@ def _rotate_half_site(n: Node) -> Site | None:
     for xc, rs in ((m1, m2), (m2, m1)):
         for i in (0, 1):
             rot = _rotate_half_of(rs.args[i])
+            style = "rotate_half"
+            if rot is None:
+                rot, style = _rotate_pairs_of(rs.args[i]), "interleaved"
             if rot is None:
                 continue
             sin = rs.args[1 - i]
@@ -122,8 +141,8 @@ def _rotate_half_site(n: Node) -> Site | None:
             if not (isinstance(cos, Node) and isinstance(sin, Node)):
                 continue
             last = _out_node(n)
-            params = {"style": "rotate_half", "dup_halves": dup_halves(cos) and dup_halves(sin),
-                      "half_width": False, "out_dtype": _dt(last)}  # fmt: skip
+            dup = style == "rotate_half" and dup_halves(cos) and dup_halves(sin)
+            params = {"style": style, "dup_halves": dup, "half_width": False, "out_dtype": _dt(last)}
             return _with_source(last, x, {"cos": cos, "sin": sin}, params)
     return None
 

@@ -212,12 +212,25 @@ def run(x, freqs):
 """
 
 
-@pytest.mark.parametrize(("ref", "style"), [(ROPE_INTERLEAVED, "interleaved"), (ROPE_COMPLEX, "interleaved_complex")])
+ROPE_ROTATE_PAIRS = """
+import torch
+
+@torch.no_grad()
+def run(x, cos, sin):
+    rot = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    return x * cos.repeat_interleave(2, dim=-1) + rot * sin.repeat_interleave(2, dim=-1)
+"""
+
+
+@pytest.mark.parametrize(
+    ("ref", "style"),
+    [(ROPE_INTERLEAVED, "interleaved"), (ROPE_ROTATE_PAIRS, "interleaved"), (ROPE_COMPLEX, "interleaved_complex")],
+)
 def test_interleaved_rope_is_recognised(tmp_path, ref, style):
     ins = {"x": (["T", "D"], "float32"), "cos": (["T", "D2"], "float32"), "sin": (["T", "D2"], "float32")}
     if "freqs" in ref:
         ins = {"x": (["T", "D"], "float32"), "freqs": (["T", "D2"], "float32")}
-    task = make_task(tmp_path, f"p_{style}", ref, ins, {"y": (["T", "D"], "float32")},
+    task = make_task(tmp_path, f"p_{style}_{len(ref)}", ref, ins, {"y": (["T", "D"], "float32")},
                      [{"T": 4, "D": 16, "D2": 8}, {"T": 3, "D": 8, "D2": 4}])  # fmt: skip
     sites, rec = _rope_sites(task)
     assert [s.params["style"] for s in sites] == [style]
