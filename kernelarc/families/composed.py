@@ -179,8 +179,9 @@ def _graph_knobs(rec: Recognition) -> list[Knob]:
         Knob("max_autotune", (False, True), "tiling", "Inductor max_autotune (GEMM templates, tile search)"),
         Knob("coordinate_descent", (False, True), "tiling", "Inductor coordinate-descent tuning of its Triton configs"),
         Knob("epilogue_fusion", (True, False), "fusion", "Inductor fuses pointwise epilogues into its GEMM templates"),
-        Knob("cuda_graph", (False, True), "scheduling", cg_doc),
     ]
+    if not any(case.baked for case in rec.capture.cases):  # host reads of offsets cannot be captured
+        knobs.append(Knob("cuda_graph", (False, True), "scheduling", cg_doc))
     mm_sites = [s for case in rec.sites for s in case if s.kind in (Kind.gemm, Kind.attention)]
     fp32_mm = any((s.params.get("dtype") or s.params.get("in_dtype")) == "float32" for s in mm_sites)
     if fp32_mm:

@@ -76,6 +76,7 @@ def test_varlen_attention_runs_per_segment_for_any_offsets(tmp_path):
     varlen = [s for s in rec.sites[0] if s.params.get("style") == "varlen"]
     assert len(varlen) == 1 and varlen[0].params["segments"] == 3
     fam = next(f for f in families_for(task) if f.name.endswith(".library"))
+    assert "cuda_graph" not in {k.name for k in fam.knobs}  # offsets read on the host: no graph capture
     # even where the knobs ask for the graph's own attention ops, the varlen site runs per segment
     for knobs in ({}, {"attention_impl": "graph"}):
         src = fam.render(fam.check_point(knobs))
