@@ -148,8 +148,10 @@ MAX_BAKED_INT_NUMEL = 1 << 16  # host-read integer inputs (segment offsets) are 
 
 
 def _data_dependent(err: Exception) -> bool:
+    # .item() / .tolist() of a traced tensor (meta tensors recurse in tolist) and guards on unbacked values
     text = str(err)
-    return any(k in text for k in ("item", "data-dependent", "DataDependent", "_local_scalar_dense"))
+    keys = ("item", "tolist", "data-dependent", "DataDependent", "_local_scalar_dense", "RecursionError")
+    return any(k in text for k in keys)
 
 
 class _Baked(torch.Tensor):

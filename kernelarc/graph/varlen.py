@@ -11,6 +11,7 @@ loops over the offsets at run time, so the composed candidate is right for any o
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -27,6 +28,20 @@ _INT_MAX = 2**63 - 1
 def _segment(n: Any) -> tuple[Node, int, int, int] | None:
     """(base, dim, start, end) when ``n`` is base[..., start:end, ...] along one dim with constant bounds."""
     n = strip(n)
+    if n.op == "call_function" and n.target is operator.getitem and op(n.args[0]) in ("split_with_sizes", "split"):
+        # torch.split(Q, lengths.tolist(), dim)[i]
+        src, i = n.args[0], n.args[1]
+        base, sizes = src.args[0], src.args[1]
+        dim = src.args[2] if len(src.args) > 2 else src.kwargs.get("dim", 0)
+        if not (isinstance(base, Node) and isinstance(sizes, list | tuple) and isinstance(i, int)):
+            return None
+        if not all(isinstance(z, int) for z in sizes) or not isinstance(dim, int):
+            return None
+        rank = base.meta["val"].dim() if isinstance(base.meta.get("val"), torch.Tensor) else None
+        if rank is None:
+            return None
+        start = sum(sizes[:i])
+        return base, dim % rank, start, start + sizes[i]
     if op(n) != "slice" or len(n.args) < 4 or (len(n.args) > 4 and n.args[4] != 1):
         return None
     base, dim, start, end = n.args[:4]
@@ -86,7 +101,7 @@ def varlen_sites(gm: torch.fx.GraphModule, attention: list[Site]) -> list[Site]:
             if not isinstance(vals, list) or len(vals) < 2 or not all(isinstance(v, int) for v in vals):
                 continue
             pairs = [(a, b) for a, b in zip(vals, vals[1:], strict=False) if b > a]
-            if [(a, b) for a, b, _ in segs] != pairs:
+            if [(a, b) for a, b, _ in segs if b > a] != pairs:  # an empty segment's attention adds nothing
                 continue
             site = _merge(qb, kb, vb, dim, ph, [s for _, _, s in segs])
             if site is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from kernelarc.families import families_for
@@ -44,6 +45,21 @@ def run(x, w, cu_seqlens):
     return torch.cat(outs, dim=0).reshape(T, 16)
 """
 
+# the torch.split form, with the lengths from the offsets (tensor arithmetic on them, then .tolist())
+VARLEN_SPLIT = VARLEN.replace(
+    """    for i in range(cu_seqlens.shape[0] - 1):
+        s, e = cu_seqlens[i].item(), cu_seqlens[i + 1].item()
+        if e == s:
+            continue
+        a = torch.softmax(q[:, s:e] @ k[:, s:e].transpose(-1, -2) * 8 ** -0.5, dim=-1)
+        outs.append((a @ v[:, s:e]).transpose(0, 1))""",
+    """    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    for qs, ks, vs in zip(q.split(lengths, 1), k.split(lengths, 1), v.split(lengths, 1)):
+        a = torch.softmax(qs @ ks.transpose(-1, -2) * 8 ** -0.5, dim=-1)
+        outs.append((a @ vs).transpose(0, 1))""",
+)
+assert VARLEN_SPLIT != VARLEN
+
 # the offsets also decide an op outside the attention: a graph traced with some offsets is wrong for others
 VARLEN_LEAKS = VARLEN.replace("return torch.cat(outs, dim=0).reshape(T, 16)",
                               "return torch.cat(outs, dim=0).reshape(T, 16) * cu_seqlens[1].item()")  # fmt: skip
@@ -69,8 +85,9 @@ def _task(root: Path, name: str, reference: str) -> object:
     return load_task(folder)
 
 
-def test_varlen_attention_runs_per_segment_for_any_offsets(tmp_path):
-    task = _task(tmp_path, "p_varlen", VARLEN)
+@pytest.mark.parametrize("reference", [VARLEN, VARLEN_SPLIT], ids=["item_slices", "split_lengths"])
+def test_varlen_attention_runs_per_segment_for_any_offsets(tmp_path, reference):
+    task = _task(tmp_path, "p_varlen", reference)
     rec = recognise(task)
     assert rec.capture is not None and all(c.baked for c in rec.capture.cases) and not rec.capture.uncovered
     varlen = [s for s in rec.sites[0] if s.params.get("style") == "varlen"]
