@@ -14,6 +14,7 @@ from kernelarc.agents.search import GENERIC_FAMILY, SearchAgent, offline_team
 from kernelarc.families import STRATEGIES, families_for
 from kernelarc.families.composed import start_points
 from kernelarc.guard.judge import compiled_candidate
+from kernelarc.guard.static import check_source
 from kernelarc.tasks.loader import BUILTIN_DIR, load_task
 
 SOL = Path(__file__).resolve().parents[3] / "shared" / "sol-execbench"
@@ -84,9 +85,19 @@ def test_real_problems_start_with_their_kernel_family(problem, first_kernel):
     assert fams[0].startswith(first_kernel), fams
     assert "library" in fams[:2], fams
     assert all(c.family.startswith(prefix) for c in props), fams
+    assert all(check_source(c.source).ok for c in props)  # each passes the guard's static checks
     # the rest of the graph is compiled exactly where it has compute left outside the kernel's sites
     rest = props[0].knobs["rest"]
     assert rest == ("eager" if "024_rmsnorm" in problem else "inductor")
+
+
+@needs_sol
+def test_a_varlen_problem_starts_with_its_per_segment_composition():
+    task = load_task(SOL / "L1/021_vision_cu_seqlens_variable_length_attention")
+    props = first_proposals(task)[:4]
+    assert props and props[0].family == f"composed.{task.name}.library" and props[0].knobs["rest"] == "inductor"
+    assert all("cuda_graph" not in c.knobs for c in props)
+    assert ".tolist()" in props[0].source and "scaled_dot_product_attention" in props[0].source
 
 
 @needs_sol
