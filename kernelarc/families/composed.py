@@ -213,6 +213,9 @@ def _start(knobs: list[Knob]) -> dict[str, Any]:
 # rendering
 
 
+INDUCTOR_ONLY = {"max_autotune", "coordinate_descent", "epilogue_fusion", "trace_kernels"}  # no-ops when rest=eager
+
+
 def _graph_cfg(k: Mapping[str, Any]) -> GraphKnobs:
     return GraphKnobs(
         rest=k.get("rest", "eager"),
@@ -223,6 +226,7 @@ def _graph_cfg(k: Mapping[str, Any]) -> GraphKnobs:
         matmul_precision=k.get("matmul_precision", "highest"),
         sdpa_backend=k.get("sdpa_backend", "auto"),
         attn_precision=k.get("attn_precision", "reference"),
+        trace_kernels=bool(k.get("trace_kernels", False)),
     )
 
 
@@ -261,7 +265,9 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
                 plan.sites.append(SitePlan(s, Impl.library))
         plans.append(plan)
     title = f"{task.name}" + (f" with {kernel.name} kernels" if kernel else "")
-    return emit_module(title, dict(knobs), rec.capture, plans, parts, task.definition.reference, _graph_cfg(knobs))
+    # knobs that change nothing at this point stay out of the source, so equal code has one candidate id
+    shown = {n: v for n, v in knobs.items() if knobs.get("rest", "eager") != "eager" or n not in INDUCTOR_ONLY}
+    return emit_module(title, shown, rec.capture, plans, parts, task.definition.reference, _graph_cfg(knobs))
 
 
 def composed_families(task) -> list[Family]:
@@ -415,6 +421,8 @@ def _renders(fam: Family) -> bool:
 
 def _kernel_family(task, rec: Recognition, fam: Family, kind: Kind, other: list[Knob]) -> Family:
     kernel_names = [k.name for k in fam.knobs]
+    trace_doc = "rest under Inductor: dynamo traces the kernel calls (one graph) or leaves them out (graph breaks)"
+    other = [*other, Knob("trace_kernels", (False, True), "fusion", trace_doc)]
 
     def valid(k: Mapping[str, Any]) -> bool:
         return fam.valid({n: k[n] for n in kernel_names if n in k})

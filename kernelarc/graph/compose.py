@@ -58,6 +58,9 @@ class GraphKnobs:
     matmul_precision: str = "highest"  # highest | high (TF32 for fp32 matmuls: precision within tolerance)
     sdpa_backend: str = "auto"
     attn_precision: str = "reference"  # reference | low
+    # rest under Inductor: family kernel calls stay outside the compiled graphs (torch.compiler.disable,
+    # a graph break around each) or dynamo traces them (user-defined Triton kernels inside the graph)
+    trace_kernels: bool = False
 
 
 CUDA_GRAPH_MAX_BYTES = 64 * 2**20  # inputs copied into static buffers per call: only small workloads
@@ -361,6 +364,8 @@ def emit_module(
     out.append(f"CUDA_GRAPH_MAX_BYTES = {CUDA_GRAPH_MAX_BYTES}")
     if k.matmul_precision != "highest":
         out.append(f"torch.set_float32_matmul_precision({k.matmul_precision!r})")
+    if k.rest != "eager" and not k.trace_kernels:
+        out += [f"{prefix}run = torch.compiler.disable({prefix}run)" for prefix in parts]
     for i, plan in enumerate(plans):
         out += ["", ""] + emit_case(f"_case{i}", plan, {**knobs_doc, "sdpa_backend": k.sdpa_backend,
                                                           "attn_precision": k.attn_precision})  # fmt: skip

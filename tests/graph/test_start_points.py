@@ -111,3 +111,19 @@ def test_a_library_only_problem_starts_with_the_library_family_not_compile_varia
 def test_a_built_in_task_keeps_its_own_start():
     task = load_task(BUILTIN_DIR / "rmsnorm")
     assert start_points(task, families_for(task)) == []
+
+
+def test_inductor_only_knobs_are_no_source_change_when_the_rest_runs_eager(tmp_path):
+    task = make_task(tmp_path, "p_mlp2", ADD_RMS_MLP,
+                     {"x": (["T", "H"], "bfloat16"), "res": (["T", "H"], "bfloat16"), "w": (["H"], "bfloat16"),
+                      "wg": (["F", "H"], "bfloat16"), "wu": (["F", "H"], "bfloat16")},
+                     {"h": (["T", "F"], "bfloat16"), "s": (["T", "H"], "bfloat16")},
+                     [{"T": 4, "H": 64, "F": 32}])  # fmt: skip
+    fam = next(f for f in families_for(task) if f.name.endswith("fused_add_rmsnorm.rowblock"))
+    eager = {fam.render(fam.check_point({"rest": "eager", "max_autotune": m, "trace_kernels": t}))
+             for m in (False, True) for t in (False, True)}  # fmt: skip
+    assert len(eager) == 1  # one source, one candidate id: the search does not re-measure it
+    opaque = fam.render(fam.check_point({"rest": "inductor"}))
+    traced = fam.render(fam.check_point({"rest": "inductor", "trace_kernels": True}))
+    assert "_k0_run = torch.compiler.disable(_k0_run)" in opaque and "torch.compiler.disable" not in traced
+    assert check_source(opaque).ok and check_source(traced).ok
