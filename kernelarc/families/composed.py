@@ -2,8 +2,8 @@
 sites served by KernelArc's kernels and libraries (``kernelarc.graph``).
 
 For a problem (any SOL-ExecBench folder) ``composed_families(task)`` captures the reference,
-recognises its sites (RMSNorm, fused add + RMSNorm, GEMM with epilogues, attention, softmax,
-SwiGLU, LayerNorm, ...) and offers:
+recognises its sites (RMSNorm, fused add + RMSNorm, GEMM with epilogues, attention incl. varlen,
+softmax, SwiGLU / GeGLU, RoPE, LayerNorm, ...) and offers:
 
 * ``composed.<task>.library``: every site as the graph wrote it or as one fused library call
   (``F.rms_norm``, ``addmm`` / ``_addmm_activation`` cuBLASLt epilogues, SDPA under a chosen
