@@ -339,11 +339,12 @@ def rest_compute_ops(rec: Recognition) -> int:
 def start_points(task, families: list[Family]) -> list[tuple[Family, dict[str, Any]]]:
     """The first points worth measuring for a composed problem, most promising first.
 
-    Per recognised kind (``KIND_PRIORITY``), its first kernel family (Triton before CUTLASS: nvcc builds
-    take a minute of a tiny budget) with the rest of the graph under torch.compile when the graph has
-    compute left outside the sites (eager otherwise: nothing to fuse, and the compiled wrapper's guards
-    cost a launch-bound call); then the library family the same way; then the other ``rest`` value of
-    those; then the remaining kernel families. Empty when ``families`` holds no composed family."""
+    The first kernel family of the leading recognised kind (``KIND_PRIORITY``; Triton before CUTLASS:
+    nvcc builds take a minute of a tiny budget) with the rest of the graph under torch.compile when the
+    graph has compute left outside the sites (eager otherwise: nothing to fuse, and the compiled
+    wrapper's guards cost a launch-bound call); then the library family the same way; then the other
+    kinds' first families; then the other ``rest`` value and CUDA-graph replay of the first; then the
+    remaining kernel families. Empty when ``families`` holds no composed family."""
     from kernelarc.families import all_families
 
     prefix = f"composed.{task.name}."
@@ -389,8 +390,9 @@ def start_points(task, families: list[Family]) -> list[tuple[Family, dict[str, A
     lib_sites = any(Impl.library in rec.impls.get(id(s), ()) for s in rec.sites[0])
     firsts = [by_kind[k][0] for k in kinds]
     compiled = rest == "inductor"
-    order = [at(f, rest) for f in firsts]
+    order = [at(f, rest) for f in firsts[:1]]
     order += [at(library, rest)] if lib_sites else []
+    order += [at(f, rest) for f in firsts[1:]]
     order += [at(firsts[0], other)] if firsts and compiled else []
     order += [at(firsts[0], rest, cuda_graph=True)] if firsts else []
     order += [at(library, rest if lib_sites else "inductor", cuda_graph=True)]
