@@ -28,7 +28,8 @@ from kernelarc.tasks.loader import TaskError, load_task  # noqa: E402
 def report(root: Path) -> int:
     folders = sorted(p.parent for p in root.glob("*/*/definition.json"))
     print(f"{'problem':58} {'cases':9} {'recognised':48} {'subst (lib/fam)':16} families offered")
-    n_rec = n_fam = 0
+    n_rec = n_fam = n_cap = 0
+    kinds_fam: Counter[str] = Counter()
     for folder in folders:
         t0 = time.time()
         name = f"{folder.parent.name}/{folder.name}"
@@ -42,6 +43,7 @@ def report(root: Path) -> int:
             print(f"{name:58} {'-':9} not captured: {rec.error[:90]}")
             continue
         cases = rec.capture.cases
+        n_cap += 1
         sym = sum(c.symbolic for c in cases)
         counts: Counter[str] = Counter()
         lib = fam = 0
@@ -56,10 +58,13 @@ def report(root: Path) -> int:
         fams = [f.name.removeprefix(f"composed.{task.name}.") for f in families_for(task)]
         n_rec += bool(main)
         n_fam += any(f != "library" for f in fams)
+        kinds_fam.update({s.kind.value for c in rec.sites for s in c if Impl.family in rec.impls.get(id(s), set())})
         shown = ", ".join(fams) if fams else "(generic only)"
         print(f"{name:58} {f'{sym}s/{len(cases) - sym}c':9} {' '.join(main + side)[:48]:48} {f'{lib}/{fam}':16} "
               f"{shown}  [{time.time() - t0:.1f}s]")  # fmt: skip
-    print(f"\n{len(folders)} problems; {n_rec} with a recognised pattern; {n_fam} offered a KernelArc kernel family")
+    print(f"\n{len(folders)} problems; {n_cap} captured; {n_rec} with a recognised pattern; "
+          f"{n_fam} offered a KernelArc kernel family")  # fmt: skip
+    print("problems with a family-substitutable site, per kind: " + ", ".join(f"{k} {v}" for k, v in kinds_fam.items()))
     return 0
 
 

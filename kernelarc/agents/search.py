@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ from kernelarc.models import Candidate, Finding, Status, Verdict
 from kernelarc.tasks.loader import Task
 
 FAILED = (Status.compile_error, Status.runtime_error, Status.timeout, Status.incorrect, Status.rejected_hack)
+
+
+GENERIC_FAMILY = "pytorch.compile_variants"
 
 
 def generic_families(task: Task) -> list[Family]:
@@ -61,7 +65,7 @@ def generic_families(task: Task) -> list[Family]:
         Knob("matmul_precision", ("highest", "high"), "precision", "fp32 matmuls on TF32 tensor cores"),
     )
     fam = Family(
-        name="pytorch.compile_variants",
+        name=GENERIC_FAMILY,
         task=task.name,
         description="the reference under torch.compile with different modes and precision",
         knobs=knobs,
@@ -185,7 +189,7 @@ class SearchAgent:
     """One offline agent: a specialist operator, or the generalist that mixes them all."""
 
     def __init__(self, name: str, strategy: str, task: Task, seed: int = 0, families: list[Family] | None = None,
-                 mix: tuple[tuple[Operator, float], ...] = GENERALIST_MIX):  # fmt: skip
+                 mix: tuple[tuple[Operator, float], ...] = GENERALIST_MIX, rank: int | None = None):  # fmt: skip
         self.name = name
         self.strategy = strategy
         self.task = task
@@ -203,6 +207,13 @@ class SearchAgent:
         self._island_best = math.inf
         self._island_stale = 0
         self.extra_families: dict[str, Family] = {}
+        # A composed problem's most promising first points (kernel families, then the library family),
+        # shared out across the team by rank so that a tiny budget measures them before anything else.
+        from kernelarc.families.composed import start_points
+
+        self._seeds: list[tuple[Family, dict[str, Any]]] = start_points(task, fams) if hasattr(task, "path") else []
+        m = re.match(r"agent(\d+)", name)
+        self.rank = rank if rank is not None else int(m.group(1)) if m else 0
 
     # -- operators ---------------------------------------------------------------------
     def _operator(self) -> tuple[Operator, str | None]:
@@ -270,7 +281,38 @@ class SearchAgent:
 
     def _kernel_families(self) -> list[Family]:
         fams = [f for f in self.families.values() if f.language != "pytorch"]
+        if not fams and any(n.startswith("composed.") for n in self.families):
+            # the composed library family's knobs (rest under Inductor, its tuning options) cover what
+            # the reference's compile variants re-run; they stay the fallback of an uncaptured problem
+            fams = [f for f in self.families.values() if f.name != GENERIC_FAMILY]
         return fams or list(self.families.values())
+
+    def _seed_candidates(self, ctx: AgentContext, n: int, seen: set[str]) -> list[Candidate]:
+        """This agent's share of the composed problem's start points not measured yet: all of them for a
+        lone generalist, else the ``rank``-th slice of ``n`` in the agent's first round (the team's first
+        round then measures the list in order)."""
+        if not self._seeds:
+            return []
+        if self.strategy == "generalist":
+            mine = self._seeds
+        elif ctx.history:
+            return []
+        else:
+            mine = self._seeds[self.rank * n : (self.rank + 1) * n]
+        out: list[Candidate] = []
+        for j, (fam, point) in enumerate(mine):
+            if len(out) >= n:
+                break
+            cand = Candidate(source=fam.render(point), language=fam.language, agent=self.name, strategy=self.strategy,
+                             family=fam.name, knobs=dict(point),
+                             rationale=f"{self.strategy}: start point {j + 1} of {fam.name} "
+                                       f"(rest={point.get('rest', '-')})"[:300])  # fmt: skip
+            if cand.id in seen:
+                continue
+            seen.add(cand.id)
+            self._parents[cand.id] = (None, None)
+            out.append(cand)
+        return out
 
     def _best_point(self, info: _Info) -> tuple[Family, dict[str, Any], str | None, str]:
         if info.known:
@@ -494,7 +536,9 @@ class SearchAgent:
         seen = set(ctx.seen)
         models: dict[str, Surrogate] = {}
         redirect = ctx.plateau
-        for _ in range(n):
+        if redirect is None:
+            out += self._seed_candidates(ctx, n, seen)
+        for _ in range(n - len(out)):
             op, lead = self._operator()
             if redirect is None and op in (Operator.exploit, Operator.focus) and self.rng.random() < 0.7:
                 cand = self._continue(seen)

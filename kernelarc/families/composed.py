@@ -2,8 +2,8 @@
 sites served by KernelArc's kernels and libraries (``kernelarc.graph``).
 
 For a problem (any SOL-ExecBench folder) ``composed_families(task)`` captures the reference,
-recognises its sites (RMSNorm, fused add + RMSNorm, GEMM with epilogues, attention, softmax,
-SwiGLU, LayerNorm, ...) and offers:
+recognises its sites (RMSNorm, fused add + RMSNorm, GEMM with epilogues, attention incl. varlen,
+softmax, SwiGLU / GeGLU, RoPE, LayerNorm, ...) and offers:
 
 * ``composed.<task>.library``: every site as the graph wrote it or as one fused library call
   (``F.rms_norm``, ``addmm`` / ``_addmm_activation`` cuBLASLt epilogues, SDPA under a chosen
@@ -16,6 +16,10 @@ SwiGLU, LayerNorm, ...) and offers:
   task's family), plus the graph-level knobs; every site of that kind runs the family kernel.
 
 No family here is static (``FAMILIES`` is empty): they depend on the problem.
+
+``start_points`` orders the first candidates worth measuring on a tiny budget: the KernelArc kernel
+families of the recognised kinds (rest of the graph compiled where it has compute left), the library
+family, then the other variants, instead of re-runs of the reference under other compile settings.
 """
 
 from __future__ import annotations
@@ -27,10 +31,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelarc.families.base import Family, Knob
-from kernelarc.graph.adapters import FAMILY_TASK, LIBRARY_KINDS, SDPA_BACKENDS, AdapterError, Impl, family_ok, patch_eps
+from kernelarc.graph.adapters import (
+    FAMILY_TASK,
+    LIBRARY_KINDS,
+    SDPA_BACKENDS,
+    AdapterError,
+    Impl,
+    family_ok,
+    patch_eps,
+    patch_glu_act,
+)
 from kernelarc.graph.capture import Capture, CaptureError, capture_task
+from kernelarc.graph.catalog import recognize
 from kernelarc.graph.compose import CasePlan, CompositionError, GraphKnobs, SitePlan, check_case, emit_module
-from kernelarc.graph.patterns import Kind, Site, recognize
+from kernelarc.graph.patterns import Kind, Site
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +116,54 @@ def recognise(task) -> Recognition:
                 ok.add(impl)
             if ok:
                 rec.impls[id(s)] = ok
+    _drop_unsafe_baked(rec)
     _CACHE[key] = rec
     return rec
+
+
+def is_varlen(site: Site) -> bool:
+    return site.kind is Kind.attention and site.params.get("style") == "varlen"
+
+
+def _outside(gm, sites: list[Site]) -> list[tuple]:
+    """The ops of ``gm`` outside ``sites`` with their constant arguments (what the traced values decide)."""
+    inside = {n for s in sites for n in s.nodes}
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n not in inside:
+            consts = tuple(repr(a) for a in [*n.args, *n.kwargs.values()] if not hasattr(a, "graph"))
+            out.append((str(n.target), consts))
+    return out
+
+
+def _drop_unsafe_baked(rec: Recognition) -> None:
+    """Keep a graph case with baked host-read inputs only where varlen sites (always substituted) read
+    every baked input and the rest of the graph is the same when traced with other values of them; its
+    workloads run the reference otherwise."""
+    cap = rec.capture
+    assert cap is not None
+    keep_cases, keep_sites = [], []
+    for case, sites in zip(cap.cases, rec.sites, strict=True):
+        if case.baked:
+            varlen = [s for s in sites if is_varlen(s) and Impl.library in rec.impls.get(id(s), ())]
+            baked = {n for n in case.gm.graph.nodes if n.op == "placeholder" and "baked" in n.meta}
+            alt_sites = [s for s in recognize(case.alt) if is_varlen(s)] if case.alt is not None else []
+            safe = (
+                bool(varlen)
+                and baked <= {s.inputs["cu"] for s in varlen}
+                and len(alt_sites) == len(varlen)
+                and _outside(case.gm, varlen) == _outside(case.alt, alt_sites)
+            )
+            if not safe:
+                log.info("%s: graph with host-read inputs not served (no varlen site covers them)", rec.task)
+                cap.uncovered = sorted(set(cap.uncovered) | set(case.workloads))
+                continue
+        keep_cases.append(case)
+        keep_sites.append(sites)
+    cap.cases, rec.sites = keep_cases, keep_sites
+    if not cap.cases:
+        rec.error = "the reference reads inputs on the host and no varlen site covers them"
+        rec.capture = None
 
 
 # ------------------------------------------------------------------------------------------
@@ -119,8 +179,9 @@ def _graph_knobs(rec: Recognition) -> list[Knob]:
         Knob("max_autotune", (False, True), "tiling", "Inductor max_autotune (GEMM templates, tile search)"),
         Knob("coordinate_descent", (False, True), "tiling", "Inductor coordinate-descent tuning of its Triton configs"),
         Knob("epilogue_fusion", (True, False), "fusion", "Inductor fuses pointwise epilogues into its GEMM templates"),
-        Knob("cuda_graph", (False, True), "scheduling", cg_doc),
     ]
+    if not any(case.baked for case in rec.capture.cases):  # host reads of offsets cannot be captured
+        knobs.append(Knob("cuda_graph", (False, True), "scheduling", cg_doc))
     mm_sites = [s for case in rec.sites for s in case if s.kind in (Kind.gemm, Kind.attention)]
     fp32_mm = any((s.params.get("dtype") or s.params.get("in_dtype")) == "float32" for s in mm_sites)
     if fp32_mm:
@@ -152,6 +213,9 @@ def _start(knobs: list[Knob]) -> dict[str, Any]:
 # rendering
 
 
+INDUCTOR_ONLY = {"max_autotune", "coordinate_descent", "epilogue_fusion", "trace_kernels"}  # no-ops when rest=eager
+
+
 def _graph_cfg(k: Mapping[str, Any]) -> GraphKnobs:
     return GraphKnobs(
         rest=k.get("rest", "eager"),
@@ -162,6 +226,7 @@ def _graph_cfg(k: Mapping[str, Any]) -> GraphKnobs:
         matmul_precision=k.get("matmul_precision", "highest"),
         sdpa_backend=k.get("sdpa_backend", "auto"),
         attn_precision=k.get("attn_precision", "reference"),
+        trace_kernels=bool(k.get("trace_kernels", False)),
     )
 
 
@@ -188,15 +253,21 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
                 if s.kind in (Kind.rmsnorm, Kind.add_rmsnorm):
                     src = patch_eps(kernel_src, float(s.params["eps"]))
                     pkey = (kernel.name, float(s.params["eps"]))
+                elif s.kind is Kind.glu:
+                    src = patch_glu_act(kernel_src, s.params["act"])
+                    pkey = (kernel.name, s.params["act"])
                 if pkey not in part_of:
                     part_of[pkey] = f"_k{len(part_of)}_"
                     parts[part_of[pkey]] = src
                 plan.sites.append(SitePlan(s, Impl.family, part_of[pkey]))
-            elif knobs.get(f"{s.kind.value}_impl", "library") == "library" and Impl.library in impls:
+            elif Impl.library in impls and (knobs.get(f"{s.kind.value}_impl", "library") == "library" or is_varlen(s)):
+                # a varlen site always runs per segment: its graph form holds the traced offsets
                 plan.sites.append(SitePlan(s, Impl.library))
         plans.append(plan)
     title = f"{task.name}" + (f" with {kernel.name} kernels" if kernel else "")
-    return emit_module(title, dict(knobs), rec.capture, plans, parts, task.definition.reference, _graph_cfg(knobs))
+    # knobs that change nothing at this point stay out of the source, so equal code has one candidate id
+    shown = {n: v for n, v in knobs.items() if knobs.get("rest", "eager") != "eager" or n not in INDUCTOR_ONLY}
+    return emit_module(title, shown, rec.capture, plans, parts, task.definition.reference, _graph_cfg(knobs))
 
 
 def composed_families(task) -> list[Family]:
@@ -239,6 +310,106 @@ def composed_families(task) -> list[Family]:
     return [f for f in out if _renders(f)]
 
 
+# Which kernel kind's family is tried first on a tiny budget: kernels that replace what Inductor cannot
+# fuse itself (attention written as matmul-softmax-matmul, fused add + norm) before the memory-bound
+# ones it fuses well, and GEMMs (cuBLAS is the bar) last.
+KIND_PRIORITY = (Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.glu, Kind.rope, Kind.softmax, Kind.gemm)
+# ops that move no data (views and size arithmetic): a graph left with only these has nothing to compile
+_VIEW_OPS = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "unsqueeze", "squeeze", "expand",
+             "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "alias", "detach", "sym_size",
+             "lift_fresh_copy", "_set_grad_enabled", "sym_numel", "sym_stride"}  # fmt: skip
+
+
+def rest_compute_ops(rec: Recognition) -> int:
+    """Compute ops of the first graph case that no substitutable site covers (what torch.compile of the
+    rest of the graph could still fuse)."""
+    from kernelarc.graph.patterns import op
+
+    if rec.capture is None or not rec.sites:
+        return 0
+    covered = {n for s in rec.sites[0] if rec.impls.get(id(s)) for n in s.nodes}
+    count = 0
+    for n in rec.capture.cases[0].gm.graph.nodes:
+        name = op(n)
+        if n.op == "call_function" and name is not None and name not in _VIEW_OPS and n not in covered:
+            count += 1
+    return count
+
+
+def start_points(task, families: list[Family]) -> list[tuple[Family, dict[str, Any]]]:
+    """The first points worth measuring for a composed problem, most promising first.
+
+    The first kernel family of the leading recognised kind (``KIND_PRIORITY``; Triton before CUTLASS:
+    nvcc builds take a minute of a tiny budget) with the rest of the graph under torch.compile when the
+    graph has compute left outside the sites (eager otherwise: nothing to fuse, and the compiled
+    wrapper's guards cost a launch-bound call); then the library family the same way; then the other
+    kinds' first families; then the other ``rest`` value and CUDA-graph replay of the first; then the
+    remaining kernel families. Empty when ``families`` holds no composed family."""
+    from kernelarc.families import all_families
+
+    prefix = f"composed.{task.name}."
+    composed = [f for f in families if f.name.startswith(prefix)]
+    if not composed:
+        return []
+    rec = recognise(task)
+    if rec.capture is None:
+        return []
+    registry = list(all_families())
+    by_kind: dict[Kind, list[Family]] = {}
+    library = None
+    for f in composed:
+        base_name = f.name.removeprefix(prefix)
+        if base_name == "library":
+            library = f
+            continue
+        base = all_families().get(base_name)
+        kind = next((k for k, t in FAMILY_TASK.items() if base is not None and t == base.task), None)
+        if kind is not None:
+            by_kind.setdefault(kind, []).append(f)
+    for fams in by_kind.values():
+        fams.sort(key=lambda f: (f.language == "cutlass", registry.index(f.name.removeprefix(prefix))))
+    kinds = sorted(by_kind, key=KIND_PRIORITY.index)
+    rest = "inductor" if rest_compute_ops(rec) > 0 else "eager"
+    other = "eager" if rest == "inductor" else "inductor"
+
+    def at(f: Family | None, r: str, cuda_graph: bool = False) -> tuple[Family, dict[str, Any]] | None:
+        if f is None:
+            return None
+        names = {k.name for k in f.knobs}
+        point = {**f.start, **({"rest": r} if "rest" in names else {})}
+        if cuda_graph and "cuda_graph" in names:
+            point["cuda_graph"] = True
+        try:
+            point = f.check_point(point)
+        except ValueError:
+            return None
+        return (f, point) if f.valid(point) else None
+
+    # the library family only differs from the baselines where it substitutes a site (else, eager it is
+    # the reference and compiled it is torch.compile): then only its CUDA-graph replay is worth a slot
+    lib_sites = any(Impl.library in rec.impls.get(id(s), ()) for s in rec.sites[0])
+    firsts = [by_kind[k][0] for k in kinds]
+    compiled = rest == "inductor"
+    order = [at(f, rest) for f in firsts[:1]]
+    order += [at(library, rest)] if lib_sites else []
+    order += [at(f, rest) for f in firsts[1:]]
+    order += [at(firsts[0], other)] if firsts and compiled else []
+    order += [at(firsts[0], rest, cuda_graph=True)] if firsts else []
+    order += [at(library, rest if lib_sites else "inductor", cuda_graph=True)]
+    order += [at(library, other)] if lib_sites and compiled else []
+    order += [at(f, rest) for k in kinds for f in by_kind[k][1:]]
+    out: list[tuple[Family, dict[str, Any]]] = []
+    seen: set[tuple[str, tuple]] = set()
+    for item in order:
+        if item is None:
+            continue
+        key = (item[0].name, tuple(sorted((k, repr(v)) for k, v in item[1].items())))
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out
+
+
 def _renders(fam: Family) -> bool:
     """The family's start point emits (a graph with a node the emitter cannot write is not offered:
     the search renders points without expecting errors)."""
@@ -252,6 +423,8 @@ def _renders(fam: Family) -> bool:
 
 def _kernel_family(task, rec: Recognition, fam: Family, kind: Kind, other: list[Knob]) -> Family:
     kernel_names = [k.name for k in fam.knobs]
+    trace_doc = "rest under Inductor: dynamo traces the kernel calls (one graph) or leaves them out (graph breaks)"
+    other = [*other, Knob("trace_kernels", (False, True), "fusion", trace_doc)]
 
     def valid(k: Mapping[str, Any]) -> bool:
         return fam.valid({n: k[n] for n in kernel_names if n in k})

@@ -5,10 +5,12 @@ composite ops such as ``linear``, ``matmul``, ``softmax``, ``rms_norm`` and
 ``scaled_dot_product_attention`` stay whole) on meta tensors built from the definition.
 ``patterns`` recognises, by structure rather than by names, the sub-graphs KernelArc's kernel
 families and libraries solve (GEMM with epilogues, attention, RMSNorm / LayerNorm, softmax,
-gated activations, RoPE, elementwise chains, reductions). ``compose`` emits a candidate source
-for the whole problem: the graph as plain ``torch.ops.aten`` calls with recognised sites replaced
-by family kernels or library calls, under graph-level knobs (library backends, Inductor options,
-CUDA graphs, precision).
+elementwise chains, reductions); ``gated`` the gated activations (SwiGLU, GeGLU, ...) by what the
+gate computes; ``rotary`` RoPE in its rotate-half, split-halves and interleaved forms; ``varlen``
+per-segment attention over host-read offsets (cu_seqlens); ``catalog.recognize`` runs them all.
+``compose`` emits a candidate source for the whole problem: the graph as plain ``torch.ops.aten``
+calls with recognised sites replaced by family kernels or library calls, under graph-level knobs
+(library backends, Inductor options, CUDA graphs, precision).
 
 This package imports nothing from ``kernelarc.families``: the family glue lives in
 ``kernelarc.families.composed``, which hands rendered kernel sources in.
@@ -16,4 +18,4 @@ This package imports nothing from ``kernelarc.families``: the family glue lives 
 
 from kernelarc.graph.capture import Capture, CaptureError, capture_task
 
-__all__ = ["Capture", "CaptureError", "Kind", "Site", "capture_task", "recognize"]
+__all__ = ["Capture", "CaptureError", "capture_task"]

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import torch
+
 from kernelarc.graph.patterns import Kind, Site
 
 
@@ -43,6 +45,7 @@ FAMILY_TASK: dict[Kind, str] = {
     Kind.softmax: "softmax",
     Kind.glu: "swiglu",
     Kind.attention: "attention",
+    Kind.rope: "rope",
 }
 LIBRARY_KINDS = {Kind.rmsnorm, Kind.add_rmsnorm, Kind.layernorm, Kind.gemm, Kind.attention, Kind.softmax}
 
@@ -61,6 +64,7 @@ class Ctx:
     name: Callable[[Any], str]  # graph value -> expression
     part: str | None  # prefix of the family part's module names ("_k0_"), None without a family
     knobs: dict[str, Any]
+    fallback: Callable[[], list[str]] | None = None  # the site's own nodes as lines (computing the outputs)
 
 
 def family_ok(site: Site) -> str | None:
@@ -73,8 +77,12 @@ def family_ok(site: Site) -> str | None:
             return "GEMM family needs A [.., K] @ B[N, K]^T (not batched, B in weight layout)"
         if p["dtype"] not in LOW_DTYPES:
             return f"GEMM family computes in bf16/fp16, the site is {p['dtype']}"
-    if site.kind is Kind.glu and not (p.get("packed") and p["act"] == "silu"):
-        return "SwiGLU family needs silu(x[..., :n]) * x[..., n:] of one tensor"
+    if site.kind is Kind.glu and not (p.get("packed") and p["act"] in GLU_TRITON):
+        return "SwiGLU family needs act(x[..., :n]) * x[..., n:] of one tensor, act one of " + ", ".join(GLU_TRITON)
+    if site.kind is Kind.rope and not (p.get("style") in ("rotate_half", "split_halves") and p.get("dup_halves")):
+        return "RoPE families rotate halves with cos / sin equal on both halves (not interleaved pairs)"
+    if site.kind is Kind.attention and p.get("style") == "varlen":
+        return "varlen attention runs per segment on SDPA"
     if site.kind is Kind.attention and (p["mask"] != "none" or p.get("dropout") not in (0.0, None)):
         return "attention family takes no explicit mask and no dropout"
     return None
@@ -162,12 +170,41 @@ def softmax_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str
     ]
 
 
+# the gate activation in the family's Triton (the SwiGLU kernel's ``y = (...) * u`` with g the gate, in
+# fp32) and in torch; the tanh GELU as g * sigmoid(2 k (g + 0.044715 g^3)), the same function
+GLU_TRITON = {
+    "silu": None,  # the family's own (its ``silu`` knob)
+    "gelu_tanh": "g / (1.0 + tl.exp(-1.5957691216057308 * (g + 0.044715 * g * g * g)))",
+    "gelu_none": "0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))",
+    "relu": "tl.maximum(g, 0.0)",
+    "sigmoid": "1.0 / (1.0 + tl.exp(-g))",
+}
+GLU_TORCH = {"silu": f"{_NNF}.silu({{}})", "gelu_tanh": f"{_NNF}.gelu({{}}, approximate='tanh')",
+             "gelu_none": f"{_NNF}.gelu({{}})", "relu": "torch.relu({})", "sigmoid": "torch.sigmoid({})"}  # fmt: skip
+
+
+def patch_glu_act(source: str, act: str) -> str:
+    """A rendered SwiGLU family module computing ``act(gate) * up`` instead of silu."""
+    import re
+
+    expr = GLU_TRITON.get(act, "")
+    if act == "silu":
+        return source
+    if not expr:
+        raise AdapterError(f"no Triton form of the gate activation {act!r}")
+    pat = re.compile(r"^(\s*)y = \((.+)\) \* u$", re.M)
+    if not pat.search(source):
+        raise AdapterError("rendered SwiGLU kernel has no 'y = (silu) * u' line to replace")
+    return pat.sub(lambda m: f"{m.group(1)}y = ({expr}) * u", source)
+
+
 def glu_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
     if impl is not Impl.family or c.part is None:
         raise AdapterError("glu: only the family implementation (the graph form is the library one)")
     x = c.name(site.inputs["x"])
     h = f"{x}.shape[-1] // 2"
-    act = f"{_NNF}.silu({x}[..., :{h}].to(torch.float32)) * {x}[..., {h}:].to(torch.float32)"
+    gate = GLU_TORCH[site.params["act"]].format(f"{x}[..., :{h}].to(torch.float32)")
+    act = f"{gate} * {x}[..., {h}:].to(torch.float32)"
     lib = f"{out} = {_out(site, f'({act})')}"
     fam = f"{c.part}run({x}.reshape(-1, {x}.shape[-1])).view(*{x}.shape[:-1], {h})"
     return [
@@ -274,8 +311,60 @@ def _sdpa_call(site: Site, c: Ctx, q: str, k: str, v: str, cast: str | None) -> 
     return f"torch.nn.functional.scaled_dot_product_attention({args})"
 
 
+def _backend_wrap(c: Ctx, lines: list[str]) -> list[str]:
+    backend = c.knobs.get("sdpa_backend", "auto")
+    if backend == "auto":
+        return lines
+    enum = _BACKEND_ENUM[backend]
+    return [f"with torch.nn.attention.sdpa_kernel([{_SDPB}.{enum}, {_SDPB}.MATH]):", *["    " + ln for ln in lines]]
+
+
+_TORCH_CONSTS = (torch.dtype, torch.memory_format)
+
+
+def _op_call(target: Any, x: str, args: tuple, kwargs: dict) -> str:
+    """A call of an aten op overload on ``x`` with constant further arguments, as source."""
+    ns, packet = getattr(target, "namespace", None), getattr(getattr(target, "overloadpacket", None), "__name__", None)
+    if ns is None or packet is None:
+        raise AdapterError(f"cannot write a call to {target!r}")
+    consts = [*args, *kwargs.values()]
+    if not all(isinstance(a, (int, float, bool, list, tuple, *_TORCH_CONSTS)) or a is None for a in consts):
+        raise AdapterError(f"cannot write the arguments of {target!r}")
+    text = [repr(a) if not isinstance(a, _TORCH_CONSTS) else str(a) for a in args]
+    text += [f"{k}={v!r}" if not isinstance(v, _TORCH_CONSTS) else f"{k}={v}" for k, v in kwargs.items()]
+    return f"torch.ops.{ns}.{packet}.{target._overloadname}({', '.join([x, *text])})"
+
+
+def varlen_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    """One SDPA per segment of the packed dim between consecutive offsets (read on the host, as the
+    reference does), each output through the reference's view ops, concatenated."""
+    if impl is not Impl.library:
+        raise AdapterError("varlen attention: only the per-segment library implementation")
+    p = site.params
+    q, k, v, cu = (c.name(site.inputs[r]) for r in ("q", "k", "v", "cu"))
+    d = int(p["seq_dim"])
+    seg = ["_o = " + _sdpa_call(site, c, "_q", "_k", "_v", None)]
+    for target, args, kwargs in p.get("chain", []):
+        seg.append("_o = " + _op_call(target, "_o", tuple(args), dict(kwargs)))
+    return [
+        f"_b = [int(_x) for _x in {cu}.reshape(-1).tolist()]",
+        "_segs = []",
+        "for _i in range(len(_b) - 1):",
+        "    if _b[_i + 1] <= _b[_i]:",
+        "        continue",
+        f"    _q = {q}.narrow({d}, _b[_i], _b[_i + 1] - _b[_i])",
+        f"    _k = {k}.narrow({d}, _b[_i], _b[_i + 1] - _b[_i])",
+        f"    _v = {v}.narrow({d}, _b[_i], _b[_i + 1] - _b[_i])",
+        *["    " + ln for ln in _backend_wrap(c, seg)],
+        "    _segs.append(_o)",
+        f"{out} = torch.cat(_segs, {int(p['cat_dim'])})",
+    ]
+
+
 def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
     p = site.params
+    if p.get("style") == "varlen":
+        return varlen_lines(site, impl, c, out, extra)
     q, k, v = (c.name(site.inputs[r]) for r in ("q", "k", "v"))
     low = (
         c.knobs.get("attn_precision") == "low" and p.get("q_src_dtype") in LOW_DTYPES and p.get("in_dtype") == "float32"
@@ -314,6 +403,21 @@ def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, s
     return [f"if {cond}:", f"    {out} = {fam}", "else:", *["    " + ln for ln in lib]]
 
 
+def rope_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    if impl is not Impl.family or c.part is None or c.fallback is None:
+        raise AdapterError("rope: only the family implementation (the graph's ops otherwise)")
+    x, cos, sin = (c.name(site.inputs[r]) for r in ("x", "cos", "sin"))
+    half = bool(site.params.get("half_width"))
+    fam = f"{c.part}run(_l[0], _l[0][:, :0], _l[1], _l[2])[0].view({x}.shape)"
+    return [
+        f"_l = _kernelarc_rope_layout({x}, {cos}, {sin}, {half})",
+        "if _l is not None:",
+        f"    {out} = {_out(site, fam)}",
+        "else:",
+        *["    " + ln for ln in c.fallback()],
+    ]
+
+
 LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] = {
     Kind.rmsnorm: rmsnorm_lines,
     Kind.add_rmsnorm: rmsnorm_lines,
@@ -322,6 +426,7 @@ LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] =
     Kind.glu: glu_lines,
     Kind.gemm: gemm_lines,
     Kind.attention: attention_lines,
+    Kind.rope: rope_lines,
 }
 
 

@@ -61,6 +61,12 @@ class GraphCase:
     example: int  # the workload whose shapes were traced
     symbolic: bool  # sizes as symbols (key: scalar values) or concrete (key: full signature)
     signatures: list[tuple] = field(default_factory=list)  # input signatures of the workloads it serves
+    # Integer inputs whose values the reference reads on the host (``.item()`` of cu_seqlens) are baked
+    # into the graph as constants (their placeholders carry meta["baked"] = the values, and no users).
+    # Such a graph is only right for other values where a recognised site recomputes everything they
+    # decide; ``alt`` is the same workload traced with other values, to check that nothing else moved.
+    baked: bool = False
+    alt: torch.fx.GraphModule | None = None
 
 
 @dataclass
@@ -136,6 +142,69 @@ def trace(fn, args: Sequence[Any], symbolic: bool) -> torch.fx.GraphModule:
     if n > MAX_GRAPH_NODES:
         raise GraphTooLarge(f"{mode} trace has {n} nodes (over {MAX_GRAPH_NODES}: a Python loop unrolled per step)")
     return _strip(gm)
+
+
+MAX_BAKED_INT_NUMEL = 1 << 16  # host-read integer inputs (segment offsets) are small
+
+
+def _data_dependent(err: Exception) -> bool:
+    # .item() / .tolist() of a traced tensor (meta tensors recurse in tolist) and guards on unbacked values
+    text = str(err)
+    keys = ("item", "tolist", "data-dependent", "DataDependent", "_local_scalar_dense", "RecursionError")
+    return any(k in text for k in keys)
+
+
+class _Baked(torch.Tensor):
+    """An integer input the reference reads on the host: its own ops (indexing, ``.item()``,
+    ``.tolist()``, sizes) run on its real values outside the trace; with any other tensor it refuses
+    (the graph would lose that op), so only host reads are baked."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206 - torch protocol
+        from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+        kwargs = kwargs or {}
+        flat = [*args, *kwargs.values()]
+        if any(isinstance(a, torch.Tensor) and not isinstance(a, _Baked) for a in flat):
+            raise CaptureError(f"a host-read integer input meets a traced tensor in {getattr(func, '__name__', func)}")
+        plain = [a.as_subclass(torch.Tensor) if isinstance(a, _Baked) else a for a in args]
+        with disable_proxy_modes_tracing(), torch._C.DisableTorchFunctionSubclass():
+            out = func(*plain, **kwargs)
+        return out.as_subclass(_Baked) if isinstance(out, torch.Tensor) else out
+
+
+def _baked_trace(task: Task, fn, meta_args: Sequence[Any], index: int, seed: int) -> torch.fx.GraphModule | None:
+    """Trace with the integer tensor inputs as real CPU constants (values of input seed ``seed``) and
+    everything else on meta tensors, so that host reads of the integers (``.item()``) succeed; None
+    when the workload has no such inputs or its inputs cannot be built on the CPU."""
+    from kernelarc.tasks.inputs import make_inputs
+
+    ints = [i for i, a in enumerate(meta_args) if isinstance(a, torch.Tensor) and not a.dtype.is_floating_point
+            and not a.dtype.is_complex and a.dtype != torch.bool and a.numel() <= MAX_BAKED_INT_NUMEL]  # fmt: skip
+    if not ints or task.io_bytes(index) > MAX_CUSTOM_CPU_BYTES:
+        return None
+    try:
+        real = make_inputs(task, index, seed, "cpu")
+    except Exception:  # noqa: BLE001 - a generator that does not run on the CPU
+        return None
+    consts = {i: real[i].as_subclass(_Baked) for i in ints}
+
+    def baked(*args: Any) -> Any:
+        full = list(args)
+        for i, v in consts.items():
+            full[i] = v
+        return fn(*full)
+
+    try:
+        gm = trace(baked, meta_args, symbolic=False)
+    except CaptureError:
+        return None
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(phs) != len(meta_args) or any(phs[i].users for i in consts):
+        return None
+    for i, v in consts.items():
+        phs[i].meta["baked"] = v.as_subclass(torch.Tensor).flatten().tolist()
+    return gm
 
 
 def _generic_score(task: Task, index: int) -> tuple:
@@ -272,16 +341,31 @@ def capture_task(task: Task) -> Capture:
             if n >= MAX_CONCRETE_CASES:
                 cap.uncovered += members
                 continue
+            baked = alt = None
             try:
                 gm = trace(fn, examples[members[0]], symbolic=False)
             except GraphTooLarge:
                 raise
             except CaptureError as e:
-                errors.append(str(e))
-                cap.uncovered += members
-                continue
+                if _data_dependent(e):
+                    baked = _baked_trace(task, fn, examples[members[0]], members[0], seed=0)
+                    alt = _baked_trace(task, fn, examples[members[0]], members[0], seed=1) if baked else None
+                if baked is None or alt is None:
+                    errors.append(str(e))
+                    cap.uncovered += members
+                    continue
+                gm = baked
             cap.cases.append(
-                GraphCase(key=sig, gm=gm, workloads=members, example=members[0], symbolic=False, signatures=[sig])
+                GraphCase(
+                    key=sig,
+                    gm=gm,
+                    workloads=members,
+                    example=members[0],
+                    symbolic=False,
+                    signatures=[sig],
+                    baked=baked is not None,
+                    alt=alt,
+                )  # fmt: skip
             )
     if not cap.cases:
         raise CaptureError(errors[0] if errors else "no graph")

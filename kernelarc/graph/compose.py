@@ -58,6 +58,9 @@ class GraphKnobs:
     matmul_precision: str = "highest"  # highest | high (TF32 for fp32 matmuls: precision within tolerance)
     sdpa_backend: str = "auto"
     attn_precision: str = "reference"  # reference | low
+    # rest under Inductor: family kernel calls stay outside the compiled graphs (torch.compiler.disable,
+    # a graph break around each) or dynamo traces them (user-defined Triton kernels inside the graph)
+    trace_kernels: bool = False
 
 
 CUDA_GRAPH_MAX_BYTES = 64 * 2**20  # inputs copied into static buffers per call: only small workloads
@@ -179,8 +182,23 @@ def emit_case(fname: str, plan: CasePlan, knobs: Mapping[str, Any]) -> list[str]
         if n is not sp.site.output:
             continue
         extra = {role: _var(node) for role, node in sp.site.extra_outputs.items()}
+
+        def fallback(site: Site = sp.site) -> list[str]:
+            # the site's own nodes, for inputs a family kernel does not cover (read inside the branch only)
+            inner = set(defined) | site.nodes
+
+            def inner_name(a: Any) -> str:
+                if isinstance(a, Node):
+                    if a not in inner:
+                        raise CompositionError(f"value {a.name} is read before it is computed")
+                    return _var(a)
+                return _fmt(a, inner_name)
+
+            return [_node_line(m, inner_name) for m in gm.graph.nodes if m in site.nodes]
+
         try:
-            lines = site_lines(sp.site, sp.impl, Ctx(name=name, part=sp.part, knobs=dict(knobs)), _var(n), extra)
+            ctx = Ctx(name=name, part=sp.part, knobs=dict(knobs), fallback=fallback)
+            lines = site_lines(sp.site, sp.impl, ctx, _var(n), extra)
         except AdapterError as e:
             raise CompositionError(str(e)) from e
         body.append(f"# {sp.site.describe()} -> {sp.impl.value}{f' ({sp.part})' if sp.part else ''}")
@@ -257,6 +275,28 @@ def _graphed(*args):
     return _clone_out(out)
 
 
+def _kernelarc_rope_layout(x, c, s, half):
+    # x [..., D] and cos / sin broadcastable to it (the last dim D, or D / 2 with ``half``): x as
+    # [T, H, D] (H: the trailing leading dims cos / sin do not vary over, T: the others) and cos / sin
+    # as [T, D / 2] (views where the shapes allow); None when they do not fit the RoPE kernels
+    if x.dim() < 2 or x.shape[-1] % 2 or c.shape != s.shape or c.dim() > x.dim() or x.numel() == 0:
+        return None
+    d = x.shape[-1]
+    w = d // 2 if half else d
+    cs = (1,) * (x.dim() - c.dim()) + tuple(c.shape)
+    lead, cl = tuple(x.shape[:-1]), cs[:-1]
+    if cs[-1] != w or any(a != b and a != 1 for a, b in zip(cl, lead)):
+        return None
+    k = len(lead)
+    while k > 0 and cl[k - 1] == 1:
+        k -= 1
+    t, h = math.prod(lead[:k]), math.prod(lead[k:])
+    full = (*lead[:k], *cl[k:], w)
+    c2 = c.reshape(cs).expand(full)[..., : d // 2].reshape(t, d // 2)
+    s2 = s.reshape(cs).expand(full)[..., : d // 2].reshape(t, d // 2)
+    return x.reshape(t, h, d), c2, s2
+
+
 def run(*args):
     if CUDA_GRAPH:
         return _graphed(*args)
@@ -324,6 +364,8 @@ def emit_module(
     out.append(f"CUDA_GRAPH_MAX_BYTES = {CUDA_GRAPH_MAX_BYTES}")
     if k.matmul_precision != "highest":
         out.append(f"torch.set_float32_matmul_precision({k.matmul_precision!r})")
+    if k.rest != "eager" and not k.trace_kernels:
+        out += [f"{prefix}run = torch.compiler.disable({prefix}run)" for prefix in parts]
     for i, plan in enumerate(plans):
         out += ["", ""] + emit_case(f"_case{i}", plan, {**knobs_doc, "sdpa_backend": k.sdpa_backend,
                                                           "attn_precision": k.attn_precision})  # fmt: skip

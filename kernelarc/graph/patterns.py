@@ -619,7 +619,7 @@ def _gemm_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
 
 
 # ------------------------------------------------------------------------------------------
-# gated activations (SwiGLU / GeGLU)
+# halves of a tensor's last dim (gated activations, RoPE)
 
 
 def _half(n: Any) -> tuple[Node, int] | None:
@@ -634,102 +634,18 @@ def _half(n: Any) -> tuple[Node, int] | None:
             return src.args[0], idx
         if op(src) in ("split", "split_with_sizes") and is_last_dim(arg(src, 2, "dim", 0), node_rank(src.args[0])):
             sizes = src.args[1]
-            if isinstance(sizes, list | tuple) and len(sizes) == 2 or not isinstance(sizes, list | tuple):
-                return src.args[0], idx
-    if op(n) == "slice" and is_last_dim(n.args[1], node_rank(n.args[0])):
+            # two equal halves: [h, h], or a chunk size h of a 2h-wide dim
+            if isinstance(sizes, list | tuple):
+                if len(sizes) == 2 and str(sizes[0]) == str(sizes[1]):
+                    return src.args[0], idx
+            else:
+                shape = node_shape(src.args[0])
+                if shape and str(shape[-1]) in (str(2 * sizes), str(sizes * 2)):
+                    return src.args[0], idx
+    if op(n) == "slice" and is_last_dim(n.args[1], node_rank(n.args[0])) and (len(n.args) < 5 or n.args[4] == 1):
         start = n.args[2] if len(n.args) > 2 else 0
         return n.args[0], 0 if start in (0, None) else 1
     return None
-
-
-def _glu_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
-    out = []
-    for n in gm.graph.nodes:
-        if n in taken or op(n) != "mul" or not all(isinstance(a, Node) for a in n.args[:2]):
-            continue
-        for gate_act, lin in ((n.args[0], n.args[1]), (n.args[1], n.args[0])):
-            ao = op(gate_act)
-            act = None
-            if ao == "sigmoid" and same(gate_act.args[0], lin):
-                continue  # x * sigmoid(x) is silu itself, the gate of an outer product
-            if ao in ("silu", "gelu", "relu", "sigmoid"):
-                act, gate = ao, gate_act.args[0]
-                if ao == "gelu":
-                    act = f"gelu_{gate_act.kwargs.get('approximate', arg(gate_act, 1, 'approximate', 'none'))}"
-            elif ao == "mul" and len(gate_act.args) == 2:
-                g0, g1 = gate_act.args
-                if op(g1) == "sigmoid" and g1.args[0] is g0:
-                    act, gate = "silu", g0
-                elif op(g0) == "sigmoid" and g0.args[0] is g1:
-                    act, gate = "silu", g1
-            if act is None:
-                continue
-            last = n
-            user = only_user(n)
-            if op(user) in ("to", "_to_copy"):
-                last = user
-            hg, hl = _half(strip(gate)), _half(strip(lin))
-            if hg and hl and hg[0] is hl[0] and hg[1] == 0 and hl[1] == 1:
-                site = _site(Kind.glu, last, {"x": strip(hg[0])}, {"act": act, "packed": True,
-                             "out_dtype": str(node_dtype(last)).replace("torch.", "")})  # fmt: skip
-            else:
-                site = _site(Kind.glu, last, {"gate": gate, "up": lin}, {"act": act, "packed": False})
-            if site:
-                out.append(site)
-                break
-    return out
-
-
-# ------------------------------------------------------------------------------------------
-# RoPE (rotate-half)
-
-
-def _rotate_half_of(n: Any) -> Node | None:
-    """x when n is cat([-x[..., h:], x[..., :h]], -1)."""
-    if op(n) != "cat" or len(n.args[0]) != 2:
-        return None
-    a, b = n.args[0]
-    if op(a) == "neg":
-        ha, hb = _half(a.args[0]), _half(b)
-        if ha and hb and ha[0] is hb[0] and ha[1] == 1 and hb[1] == 0:
-            return ha[0]
-    return None
-
-
-def _rope_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
-    out = []
-    for n in gm.graph.nodes:
-        if n in taken:
-            continue
-        if op(n) == "add" and all(op(a) == "mul" for a in n.args[:2] if isinstance(a, Node)) and len(n.args) >= 2:
-            m1, m2 = n.args[0], n.args[1]
-            if not (isinstance(m1, Node) and isinstance(m2, Node)):
-                continue
-            for xc, rs in ((m1, m2), (m2, m1)):
-                for i in (0, 1):
-                    rot = _rotate_half_of(rs.args[i])
-                    if rot is None:
-                        continue
-                    sin = rs.args[1 - i]
-                    x = xc.args[0] if same(xc.args[0], rot) else xc.args[1] if same(xc.args[1], rot) else None
-                    if x is None:
-                        continue
-                    cos = xc.args[1] if x is xc.args[0] else xc.args[0]
-                    site = _site(Kind.rope, n, {"x": x, "cos": cos, "sin": sin}, {"style": "rotate_half"})
-                    if site:
-                        out.append(site)
-                    break
-        elif op(n) == "cat" and len(n.args[0]) == 2 and all(op(a) in ("sub", "add") for a in n.args[0]):
-            s, a = n.args[0]
-            if op(s) == "sub" and op(a) == "add":
-                halves = [
-                    _half(strip(t.args[0])) for t in (s.args[0], s.args[1], a.args[0], a.args[1]) if op(t) == "mul"
-                ]
-                if len(halves) == 4 and all(h is not None for h in halves) and len({id(h[0]) for h in halves}) == 1:
-                    site = _site(Kind.rope, n, {"x": halves[0][0]}, {"style": "split_halves"})
-                    if site:
-                        out.append(site)
-    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -767,29 +683,3 @@ def _leftover_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
             order = [m for m in gm.graph.nodes if m in comp]
             out.append(Site(Kind.elementwise, order[-1], comp, {}, {"ops": len(comp)}))
     return out
-
-
-# ------------------------------------------------------------------------------------------
-
-
-def recognize(gm: torch.fx.GraphModule) -> list[Site]:
-    """All replaceable sites of ``gm``, larger patterns first; a node belongs to at most one site."""
-    sites: list[Site] = []
-    taken: set[Node] = set()
-
-    def add(found: list[Site]) -> None:
-        for s in found:
-            if s.nodes & taken:
-                continue
-            sites.append(s)
-            taken.update(s.nodes)
-
-    add(_attention_sites(gm))
-    add(_rmsnorm_sites(gm))
-    add(_layernorm_sites(gm))
-    add(_softmax_sites(gm, taken))
-    add(_glu_sites(gm, taken))
-    add(_rope_sites(gm, taken))
-    add(_gemm_sites(gm, taken))
-    add(_leftover_sites(gm, taken))
-    return sites

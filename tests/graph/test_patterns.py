@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from kernelarc.graph.capture import trace
-from kernelarc.graph.patterns import Kind, Site, recognize
+from kernelarc.graph.catalog import recognize
+from kernelarc.graph.patterns import Kind, Site
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 

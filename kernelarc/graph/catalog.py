@@ -1,0 +1,47 @@
+"""Every recogniser of ``kernelarc.graph``, run in order (larger patterns first)."""
+
+from __future__ import annotations
+
+import torch.fx
+from torch.fx import Node
+
+from kernelarc.graph.gated import glu_sites
+from kernelarc.graph.patterns import (
+    Site,
+    _attention_sites,
+    _gemm_sites,
+    _layernorm_sites,
+    _leftover_sites,
+    _rmsnorm_sites,
+    _softmax_sites,
+)
+from kernelarc.graph.rotary import rope_sites
+from kernelarc.graph.varlen import varlen_sites
+
+
+def recognize(gm: torch.fx.GraphModule) -> list[Site]:
+    """All replaceable sites of ``gm``, larger patterns first; a node belongs to at most one site."""
+    sites: list[Site] = []
+    taken: set[Node] = set()
+
+    def add(found: list[Site]) -> None:
+        for s in found:
+            if s.nodes & taken:
+                continue
+            sites.append(s)
+            taken.update(s.nodes)
+
+    attention = _attention_sites(gm)
+    add(varlen_sites(gm, attention))  # per-segment attentions of a packed sequence, as one site
+    add(attention)
+    add(_rmsnorm_sites(gm))
+    add(_layernorm_sites(gm))
+    add(_softmax_sites(gm, taken))
+    add(glu_sites(gm, taken))
+    add(rope_sites(gm, taken))
+    add(_gemm_sites(gm, taken))
+    add(_leftover_sites(gm, taken))
+    return sites
+
+
+__all__ = ["recognize"]
