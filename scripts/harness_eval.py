@@ -89,6 +89,11 @@ def run_harness(sol_dir: Path, problem: Path, workload_file: Path, harness_src: 
     if not traces:
         last = (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
         return f"HARNESS_ERROR: {last[:200]}", "0/0", None
+    for t in traces:  # the harness's reason for every workload it did not pass, in the log where it is read
+        ev = t.get("evaluation") or {}
+        if ev.get("status") != "PASSED":
+            why = " ".join(str(ev.get("log") or ev.get("extra_msg") or ev).split())[:400]
+            print(f"    {ev.get('status')} on workload {(t.get('workload') or {}).get('uuid', '?')}: {why}", flush=True)
     return summarize(traces)
 
 
