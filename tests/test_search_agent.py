@@ -233,3 +233,27 @@ def test_family_records_on_the_board_are_wins_for_transplant():
     rec.kind = Kind.win
     info = SearchAgent("t", "transplant", task, seed=0)._info(_ctx(task, [rec]))
     assert [w[2] for w in info.wins] == ["rec"]
+
+
+def test_a_plateau_redirect_ports_the_best_design_before_climbing_the_target():
+    """The breaker's target family gets the session's best point ported first (its tile shape, warps,
+    stages); only once that port is measured does the redirect climb the target from its own best."""
+    task = load_builtin("matmul", cpu=True)
+    fams = {f.name: f for f in families_for("matmul")}
+    tiled, other = fams["matmul.tiled"], fams["matmul.persistent_tma"]
+    good = {**tiled.start, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 3}
+    champ = Candidate(source=tiled.render(good), language="triton", family=tiled.name, knobs=good)
+    verdict = Verdict(candidate_id=champ.id, status=Status.champion, latency_ms=1.0)
+    ev = PlateauEvent(10, 10, Action.climb_family, other.name, other.language, tiled.name, ["a1"])
+    found = _entry(other, dict(other.start), Status.correct_slower, 3.0, -0.6, cid="y")
+
+    def first(seen=frozenset()):
+        ctx = AgentContext(task=task, target=None, champion=champ, champion_verdict=verdict, findings=[found],
+                           history=[], seen=seen, redirect=ev.instruction, plateau=ev)  # fmt: skip
+        return SearchAgent("a1", "exploit", task, seed=3, families=[tiled, other]).propose(ctx, 1).candidates[0]
+
+    c = first()
+    assert c.family == other.name and "porting" in c.rationale
+    assert all(c.knobs[k] == good[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages"))
+    again = first(frozenset({c.id}))
+    assert again.family == other.name and again.parent == "y" and "climbing" in again.rationale

@@ -414,6 +414,22 @@ class SearchAgent:
         if fam is None:
             return None
         self._island, self._island_best, self._island_stale = fam.name, math.inf, 0
+        # the best point of the session, ported to the target family, unless that port was measured: a
+        # family climbed from its own (often far slower) best point needs many steps to matter, while the
+        # best design's tile shape usually carries over (the step the breaker exists for)
+        best = next(((k[1], k[2]) for k in info.known if k[1].language != "pytorch"), None)
+        ported = self._port(fam, best[0].name, best[1]) if best is not None else None
+        if (
+            ported is not None
+            and self._render_id(fam, ported) not in ctx.seen
+            and not info.near_duplicate(fam.name, ported)
+        ):
+            return (
+                fam,
+                ported,
+                None,
+                f"plateau ({ev.action.value}): porting the best {best[0].name} point to {fam.name}",
+            )
         own = [k for k in info.known if k[1].name == fam.name]
         if own:
             _, _, point, cid, _ = own[0]
