@@ -116,3 +116,5 @@ def test_a_family_record_is_a_win_while_the_library_leads(tmp_path):
     assert [t.candidate_id for t in b.traps(None)] == ["b1", "a4", "a2"]
     b.post(_f("a3", Status.correct_slower, -0.2, family="f.a"))  # a second lesson on a win stays a win
     assert "a3" not in {t.candidate_id for t in b.traps(None)}
+    assert b.is_win("a3") and b.is_win("a1") and not b.is_win("a2") and not b.is_win("b1")
+    assert not b.is_win("never-posted")
