@@ -131,6 +131,12 @@ class Board:
                     f.flush()
         return entry
 
+    def is_win(self, candidate_id: str) -> bool:
+        """Whether the candidate is on the board as a win (promoted, or a family record): what the
+        plateau breaker counts as progress (``PlateauDetector.update(..., record=...)``)."""
+        with self._lock:
+            return candidate_id in self._win_ids
+
     def all(self) -> list[Entry]:
         with self._lock:
             return list(self._entries)

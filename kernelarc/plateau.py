@@ -1,9 +1,10 @@
 """The plateau breaker: when the champion stops improving, send one agent to untried structure.
 
 Only *benchmarked non-improvements* advance the counter: a candidate that was correct and timed
-but not promoted (``correct_slower``). Compile errors, runtime errors, timeouts, incorrect outputs
-and rejected hacks say nothing about whether the current design has run out of speed (they were
-never timed), so they neither advance nor reset it; a new champion resets it.
+but not promoted (``correct_slower``) and no family record (``record=True``: the board's win).
+Compile errors, runtime errors, timeouts, incorrect outputs and rejected hacks say nothing about
+whether the current design has run out of speed (they were never timed), so they neither advance
+nor reset it; a new champion or a family record resets it.
 
 When it fires, the breaker redirects to structure the session has not measured yet, never to
 variants of the baseline (the reference under other torch.compile settings is not a new design):
@@ -89,12 +90,16 @@ class PlateauDetector:
         *,
         tried: Mapping[str, int] | None = None,
         champion_family: str | None = None,
+        record: bool = False,
     ) -> PlateauEvent | None:
         """``status``: the verdict's status (a bool is read as promoted / not promoted, timed).
-        ``tried``: benchmarked candidates per family so far."""
+        ``tried``: benchmarked candidates per family so far. ``record``: the board took the candidate
+        as a win without a promotion (a family record: faster than anything its family had). While
+        the library leads every family kernel is a non-improvement against the champion, yet a search
+        that keeps setting family records is climbing, not stuck, so a record resets the counter too."""
         if isinstance(status, bool):
             status = Status.champion if status else Status.correct_slower
-        if status is Status.champion:
+        if status is Status.champion or (record and status.correct):
             self.since_gain = 0
             return None
         if status is not Status.correct_slower:

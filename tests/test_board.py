@@ -75,6 +75,18 @@ def test_only_benchmarked_non_improvements_advance_the_plateau():
     assert p.update(Status.champion, 3) is None and p.since_gain == 0
 
 
+def test_a_family_record_is_progress_for_the_plateau_while_the_library_leads():
+    """Family records (the board's wins without a promotion) reset the counter; a record flag on a
+    failed verdict means nothing; without records the breaker still fires after ``patience``."""
+    p = PlateauDetector(patience=3, families={"f.a": "triton", "f.b": "triton"})
+    for i in range(6):
+        assert p.update(Status.correct_slower, i, record=i % 2 == 1) is None
+    assert p.since_gain == 0 and p.fired == 0
+    assert p.update(Status.compile_error, 6, record=True) is None and p.since_gain == 0
+    events = [p.update(Status.correct_slower, 7 + i, tried={"f.a": 5}) for i in range(3)]
+    assert events[:2] == [None, None] and events[2] is not None and events[2].target_family == "f.b"
+
+
 def test_the_plateau_redirects_to_untried_structure_never_to_baseline_variants():
     fams = {"pytorch.compile_variants": "pytorch", "f.tri": "triton", "f.tri2": "triton", "f.cut": "cutlass"}
     p = PlateauDetector(patience=1, families=fams)
@@ -104,3 +116,5 @@ def test_a_family_record_is_a_win_while_the_library_leads(tmp_path):
     assert [t.candidate_id for t in b.traps(None)] == ["b1", "a4", "a2"]
     b.post(_f("a3", Status.correct_slower, -0.2, family="f.a"))  # a second lesson on a win stays a win
     assert "a3" not in {t.candidate_id for t in b.traps(None)}
+    assert b.is_win("a3") and b.is_win("a1") and not b.is_win("a2") and not b.is_win("b1")
+    assert not b.is_win("never-posted")

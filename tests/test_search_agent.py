@@ -174,3 +174,86 @@ def test_a_plateau_redirect_takes_the_first_candidate_to_its_target_family():
     changed = {k for k in first.knobs if first.knobs[k] != best.get(k)}
     assert changed and len(changed) <= 4, changed  # a local step (plus any feasibility repair)
     assert cands[1].family == tiled.name  # the redirect is spent: back to exploiting the champion
+
+
+def _known_ctx(task, fam, points):
+    """A board of correct points of ``fam``: (knobs, latency_ms) each."""
+    entries = [_entry(fam, k, Status.correct_slower, lat, -0.5, cid=f"p{i}") for i, (k, lat) in enumerate(points)]
+    return _ctx(task, entries)
+
+
+def test_a_failure_is_blamed_on_the_move_that_broke_it_not_on_every_value():
+    """A compile error one knob away from a correct point suspects that knob's value only; the failed
+    point's other values (here its good tile width) stay as likely as before."""
+    task = load_builtin("matmul", cpu=True)
+    fam = next(f for f in families_for("matmul") if f.name == "matmul.tiled")
+    ok = {**fam.start, "BLOCK_N": 128, "num_stages": 3}
+    bad = {**ok, "num_stages": 6}
+    ctx = _known_ctx(task, fam, [(ok, 2.0)])
+    ctx.findings.append(_entry(fam, bad, Status.compile_error, None, None, cid="bad"))
+    info = SearchAgent("a", "exploit", task, seed=0, families=[fam])._info(ctx)
+    assert info.fails[(fam.name, "num_stages", repr(6))] == 1.0
+    assert info.fails.get((fam.name, "BLOCK_N", repr(128)), 0.0) == 0.0
+    # with no correct point nearby every value is suspected, weakly
+    lone = SearchAgent("a", "exploit", task, seed=0, families=[fam])._info(_ctx(task, [ctx.findings[-1]]))
+    assert 0 < lone.fails[(fam.name, "BLOCK_N", repr(128))] < 1.0
+
+
+def test_knobs_measured_without_effect_make_near_duplicates():
+    """Two single-knob pairs of SWAP_AB that timed alike make the knob inert: a point differing from a
+    measured one only in SWAP_AB is a near-duplicate, one differing in a tile size is not; flat pairs
+    chain (GROUP_M 4~8 and 8~16 make 4~16), and a steep pair keeps a knob alive."""
+    task = load_builtin("matmul", cpu=True)
+    fam = next(f for f in families_for("matmul") if f.name == "matmul.tiled")
+    a = {**fam.start, "BLOCK_N": 128}
+    b = {**fam.start, "BLOCK_N": 256}
+    pts = [(a, 2.0), ({**a, "SWAP_AB": True}, 2.005), (b, 1.5), ({**b, "SWAP_AB": True}, 1.497),
+           ({**a, "GROUP_M": 4}, 1.8), ({**a, "GROUP_M": 8}, 1.8), ({**a, "GROUP_M": 16}, 1.801)]  # fmt: skip
+    info = SearchAgent("a", "exploit", task, seed=0, families=[fam])._info(_known_ctx(task, fam, pts))
+    assert info.inert(fam.name, "SWAP_AB") and not info.inert(fam.name, "BLOCK_N")
+    assert info.near_duplicate(fam.name, {**b, "SWAP_AB": True, "MEMORY": fam.start["MEMORY"]})
+    assert not info.near_duplicate(fam.name, {**a, "BLOCK_N": 64})
+    assert info.equivalent(fam.name, "GROUP_M", 4, 16) and not info.equivalent(fam.name, "GROUP_M", 1, 4)
+    assert info.near_duplicate(fam.name, {**a, "GROUP_M": 16, "SWAP_AB": True})
+    # the agent's moves from b do not time SWAP_AB again
+    agent = SearchAgent("a", "exploit", task, seed=3, families=[fam])
+    ctx = _known_ctx(task, fam, pts)
+    for _ in range(5):
+        for c in agent.propose(ctx, 4).candidates:
+            assert not info.near_duplicate(fam.name, c.knobs), c.rationale
+
+
+def test_family_records_on_the_board_are_wins_for_transplant():
+    """While the library leads, a family record (kind win, status correct_slower) is a win the
+    transplant operator ports to the other families."""
+    task = load_builtin("matmul", cpu=True)
+    fams = families_for("matmul")
+    tiled = next(f for f in fams if f.name == "matmul.tiled")
+    rec = _entry(tiled, {**tiled.start, "BLOCK_M": 128, "BLOCK_N": 128}, Status.correct_slower, 1.4, -0.2, cid="rec")
+    rec.kind = Kind.win
+    info = SearchAgent("t", "transplant", task, seed=0)._info(_ctx(task, [rec]))
+    assert [w[2] for w in info.wins] == ["rec"]
+
+
+def test_a_plateau_redirect_ports_the_best_design_before_climbing_the_target():
+    """The breaker's target family gets the session's best point ported first (its tile shape, warps,
+    stages); only once that port is measured does the redirect climb the target from its own best."""
+    task = load_builtin("matmul", cpu=True)
+    fams = {f.name: f for f in families_for("matmul")}
+    tiled, other = fams["matmul.tiled"], fams["matmul.persistent_tma"]
+    good = {**tiled.start, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_stages": 3}
+    champ = Candidate(source=tiled.render(good), language="triton", family=tiled.name, knobs=good)
+    verdict = Verdict(candidate_id=champ.id, status=Status.champion, latency_ms=1.0)
+    ev = PlateauEvent(10, 10, Action.climb_family, other.name, other.language, tiled.name, ["a1"])
+    found = _entry(other, dict(other.start), Status.correct_slower, 3.0, -0.6, cid="y")
+
+    def first(seen=frozenset()):
+        ctx = AgentContext(task=task, target=None, champion=champ, champion_verdict=verdict, findings=[found],
+                           history=[], seen=seen, redirect=ev.instruction, plateau=ev)  # fmt: skip
+        return SearchAgent("a1", "exploit", task, seed=3, families=[tiled, other]).propose(ctx, 1).candidates[0]
+
+    c = first()
+    assert c.family == other.name and "porting" in c.rationale
+    assert all(c.knobs[k] == good[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages"))
+    again = first(frozenset({c.id}))
+    assert again.family == other.name and again.parent == "y" and "climbing" in again.rationale

@@ -30,10 +30,14 @@ from typing import Any
 
 from kernelarc.agents.base import AgentContext, Proposal
 from kernelarc.agents.surrogate import Surrogate, repair
+from kernelarc.board import Kind
 from kernelarc.families import STRATEGIES, Family, Knob, families_for
 from kernelarc.models import Candidate, Finding, Status, Verdict
 from kernelarc.tasks.loader import Task
 
+# two points whose latencies differ by less than this (log, ~2%) timed alike: within timing noise and
+# below the guard's promotion margin, so neither would ever be promoted over the other
+FLAT_LOG = 0.02
 FAILED = (Status.compile_error, Status.runtime_error, Status.timeout, Status.incorrect, Status.rejected_hack)
 
 
@@ -138,6 +142,69 @@ class _Info:
     wins: list[tuple[Family, dict[str, Any], str]]  # (family, knobs, id) of the wins, best first
     tried: dict[str, int]  # family -> candidates seen (own history and board)
     sens: dict[str, dict[str, float]] = field(default_factory=dict)  # family -> knob -> how much it mattered
+    # paired evidence: measured points of one family that differ in a single knob. ``flat``: the value pairs
+    # of a knob that timed alike; ``steep``: how many pairs of the knob did not (see ``pair_evidence``)
+    flat: dict[tuple[str, str], set[frozenset[str]]] = field(default_factory=lambda: defaultdict(set))
+    steep: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    flat_n: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))  # flat point pairs
+    by_family: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+
+    def pair_evidence(self, same: float = FLAT_LOG) -> None:
+        """Compare every two measured points of a family that differ in exactly one knob: the knob's two
+        values timed alike (within ``same`` log-latency) or not. Unlike group means (``sensitivity``),
+        a pair is not confounded by the other knobs, so it is the evidence for calling two points
+        equivalent (``near_duplicate``)."""
+        pts: dict[str, dict[str, tuple[dict[str, Any], float]]] = defaultdict(dict)
+        for lat, fam, knobs, cid, _ in self.known:
+            if lat and lat > 0 and math.isfinite(lat):
+                pts[fam.name].setdefault(cid, (knobs, math.log(lat)))
+        for fam_name, by_id in pts.items():
+            rows = list(by_id.values())
+            self.by_family[fam_name] = [k for k, _ in rows]
+            for i, (a, la) in enumerate(rows):
+                for b, lb in rows[i + 1 :]:
+                    diff = [n for n in set(a) | set(b) if a.get(n) != b.get(n)]
+                    if len(diff) != 1:
+                        continue
+                    key = (fam_name, diff[0])
+                    if abs(la - lb) < same:
+                        self.flat[key].add(frozenset((repr(a.get(diff[0])), repr(b.get(diff[0])))))
+                        self.flat_n[key] += 1
+                    else:
+                        self.steep[key] += 1
+
+    def inert(self, family: str, knob: str, pairs: int = 2) -> bool:
+        """No measured effect: at least ``pairs`` single-knob pairs of it timed alike and none did not."""
+        key = (family, knob)
+        return self.steep.get(key, 0) == 0 and self.flat_n.get(key, 0) >= pairs
+
+    def equivalent(self, family: str, knob: str, a: Any, b: Any) -> bool:
+        """Values ``a`` and ``b`` of the knob time alike: equal, the knob is inert, or a chain of flat
+        pairs joins them (4~8 and 8~16 make 4~16)."""
+        if a == b or self.inert(family, knob):
+            return True
+        pairs = self.flat.get((family, knob))
+        if not pairs:
+            return False
+        reach, todo, goal = {repr(a)}, [repr(a)], repr(b)
+        while todo:
+            v = todo.pop()
+            for pair in pairs:
+                if v in pair:
+                    for w in pair - reach:
+                        if w == goal:
+                            return True
+                        reach.add(w)
+                        todo.append(w)
+        return False
+
+    def near_duplicate(self, family: str, point: Mapping[str, Any]) -> bool:
+        """A measured point of the family differs from ``point`` only in knobs the evidence calls
+        equivalent there: timing it again would only time the same kernel speed again."""
+        for known in self.by_family.get(family, ()):
+            if all(self.equivalent(family, n, known.get(n), point.get(n)) for n in set(known) | set(point)):
+                return True
+        return False
 
     def value_effects(self) -> None:
         """``gains[(family, knob, value)]``: log-speed of the measured points with that value over their
@@ -234,24 +301,21 @@ class SearchAgent:
         known: list[tuple[float, Family, dict[str, Any], str, str]] = []
         wins: list[tuple[Family, dict[str, Any], str]] = []
         tried: dict[str, int] = defaultdict(int)
+        failed: list[tuple[str, dict[str, Any]]] = []  # (family, knobs) of the failed points seen
         for f in ctx.findings:
             if not f.family:
                 continue
             tried[f.family] += 1
-            for k, v in f.knobs.items():
-                key = (f.family, k, repr(v))
-                if f.status in FAILED:
-                    fails[key] += 1.0  # a trap: its values are avoided in this family...
-                    for other in self.families:
-                        if other != f.family:
-                            fails[(other, k, repr(v))] += 0.25  # ...and, more weakly, wherever the knob exists
+            if f.status in FAILED and f.knobs:
+                failed.append((f.family, dict(f.knobs)))
             fam = self.families.get(f.family)
             lat = _latency_of(f)
             if fam is not None and f.knobs and f.status.correct:
                 if lat:
                     self._lat.setdefault(f.candidate_id, lat)
                     known.append((lat, fam, dict(f.knobs), f.candidate_id, f"from the board's point ({f.agent})"))
-                if f.status is Status.champion:
+                if f.status is Status.champion or getattr(f, "kind", None) is Kind.win:
+                    # promoted, or a family record (the board's win while the library leads)
                     wins.append((fam, dict(f.knobs), f.candidate_id))
         posted = {f.candidate_id for f in ctx.findings}
         for c, v in ctx.history:
@@ -263,10 +327,10 @@ class SearchAgent:
                 known.append((v.latency_ms, self.families[c.family], dict(c.knobs), c.id, "from my best point"))
                 if v.status is Status.champion and all(w[2] != c.id for w in wins):
                     wins.append((self.families[c.family], dict(c.knobs), c.id))
-            elif not v.correct and c.family:
-                for k, val in c.knobs.items():
-                    fails[(c.family, k, repr(val))] += 1.0
+            elif not v.correct and c.family and c.knobs:
+                failed.append((c.family, dict(c.knobs)))
         known.sort(key=lambda k: k[0])
+        self._blame(failed, known, fails)
         champ = ctx.champion
         if champ is not None and champ.family in self.families and champ.knobs:
             # the champion is a win whatever the board shows (memory.limit=0 included)
@@ -276,8 +340,31 @@ class SearchAgent:
                 wins.insert(0, (self.families[champ.family], dict(champ.knobs), champ.id))
         info = _Info(gains, fails, known, wins, dict(tried))
         info.sensitivity()
+        info.pair_evidence()
         info.value_effects()
         return info
+
+    def _blame(self, failed: list[tuple[str, dict[str, Any]]], known: list, fails: dict) -> None:
+        """``fails[(family, knob, value)]``: how strongly a value is suspected of failing. A failed point is
+        blamed on the knobs in which it differs from its nearest correct point of the family (the move
+        that broke it), not on every value it had: a compile error at a deep pipeline of wide K tiles
+        says nothing against its tile width. With no correct point within three knobs, every value is
+        suspected, weakly. Suspects are avoided more weakly wherever else the knob exists."""
+        correct: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for _, fam, knobs, _, _ in known:
+            correct[fam.name].append(knobs)
+        for fam_name, knobs in failed:
+            best: list[str] | None = None
+            for ok in correct.get(fam_name, ()):
+                diff = [n for n in knobs if ok.get(n) != knobs[n]]
+                if diff and (best is None or len(diff) < len(best)):
+                    best = diff
+            suspects, weight = (best, 1.0) if best is not None and len(best) <= 3 else (list(knobs), 0.3)
+            for k in suspects:
+                fails[(fam_name, k, repr(knobs[k]))] += weight
+                for other in self.families:
+                    if other != fam_name:
+                        fails[(other, k, repr(knobs[k]))] += 0.25 * weight
 
     def _kernel_families(self) -> list[Family]:
         fams = [f for f in self.families.values() if f.language != "pytorch"]
@@ -369,6 +456,22 @@ class SearchAgent:
         if fam is None:
             return None
         self._island, self._island_best, self._island_stale = fam.name, math.inf, 0
+        # the best point of the session, ported to the target family, unless that port was measured: a
+        # family climbed from its own (often far slower) best point needs many steps to matter, while the
+        # best design's tile shape usually carries over (the step the breaker exists for)
+        best = next(((k[1], k[2]) for k in info.known if k[1].language != "pytorch"), None)
+        ported = self._port(fam, best[0].name, best[1]) if best is not None else None
+        if (
+            ported is not None
+            and self._render_id(fam, ported) not in ctx.seen
+            and not info.near_duplicate(fam.name, ported)
+        ):
+            return (
+                fam,
+                ported,
+                None,
+                f"plateau ({ev.action.value}): porting the best {best[0].name} point to {fam.name}",
+            )
         own = [k for k in info.known if k[1].name == fam.name]
         if own:
             _, _, point, cid, _ = own[0]
@@ -404,6 +507,7 @@ class SearchAgent:
         fails: dict,
         lead: str | None = None,
         sens: Mapping[str, float] | None = None,
+        inert: set[str] | frozenset[str] = frozenset(),
     ) -> tuple[dict[str, Any], str]:
         """One or two knob moves (any knob; with ``lead``, the first move is a knob of that class),
         knobs drawn by how much they mattered so far (``sens``), values weighted by the board, then
@@ -413,7 +517,8 @@ class SearchAgent:
         steps = 1 if self.rng.random() < 0.6 else 2
 
         def draw(pool: list[Knob]) -> Knob:
-            w = [0.15 + (sens.get(k.name, 0.5) if sens else 0.5) for k in pool]
+            # a knob whose every single-knob comparison timed alike is drawn rarely (it moved nothing so far)
+            w = [0.03 if k.name in inert else 0.15 + (sens.get(k.name, 0.5) if sens else 0.5) for k in pool]
             return self.rng.choices(pool, weights=w)[0]
 
         picks = [draw(led)] if led else []
@@ -472,10 +577,13 @@ class SearchAgent:
         little data)."""
         moves: list[tuple[dict[str, Any], str]] = []
         keys = set()
+        inert = {kn.name for kn in fam.knobs if info.inert(fam.name, kn.name, pairs=1)}
         for _ in range(3 * k):
-            point, note = self._mutate(fam, base, info.gains, info.fails, lead, info.sens.get(fam.name))
+            point, note = self._mutate(fam, base, info.gains, info.fails, lead, info.sens.get(fam.name), inert)
             key = tuple(sorted((n, repr(v)) for n, v in point.items()))
             if key in keys or not fam.valid(point) or self._render_id(fam, point) in seen:
+                continue
+            if info.near_duplicate(fam.name, point):
                 continue
             keys.add(key)
             moves.append((point, note))
@@ -490,7 +598,7 @@ class SearchAgent:
         point, note = moves[best]
         return point, f"{note} (model's pick of {len(moves)} moves, fitted on {model.n} points)"
 
-    def _continue(self, seen: set[str]) -> Candidate | None:
+    def _continue(self, seen: set[str], info: _Info | None = None) -> Candidate | None:
         """Line search: repeat the last step that gained, one more notch in the same direction."""
         while self._momentum:
             fam_name, point, moves, gain = self._momentum.pop()
@@ -512,6 +620,8 @@ class SearchAgent:
             if not notes or not fam.valid(new):
                 continue
             new = fam.check_point(new)
+            if info is not None and info.near_duplicate(fam.name, new):
+                continue
             note = f"continuing the step that gained {gain:+.0%}: " + ", ".join(notes)
             rationale = f"{self.strategy}: {fam.name} {note}"[:300]
             cand = Candidate(source=fam.render(new), language=fam.language, agent=self.name, strategy=self.strategy,
@@ -541,18 +651,19 @@ class SearchAgent:
         for _ in range(n - len(out)):
             op, lead = self._operator()
             if redirect is None and op in (Operator.exploit, Operator.focus) and self.rng.random() < 0.7:
-                cand = self._continue(seen)
+                cand = self._continue(seen, info)
                 if cand is not None:
                     seen.add(cand.id)
                     self._parents[cand.id] = (None, None)
                     out.append(cand)
                     continue
-            for _attempt in range(60):
+            for attempt in range(60):
                 got = self._redirected(ctx, info) if redirect is not None else None
                 fam, base, parent, why = got if got is not None else self._base(ctx, info, op)
                 if parent is None:
                     point, note = base, why
-                    if self._render_id(fam, point) in seen:  # the start or port is measured: step from it
+                    if self._render_id(fam, point) in seen or info.near_duplicate(fam.name, point):
+                        # the start or port is measured (or as good as): step from it
                         point, note = self._mutate(fam, base, info.gains, info.fails, lead)
                         note = f"{why}; {note}"
                 else:
@@ -565,6 +676,8 @@ class SearchAgent:
                     continue
                 if not fam.valid(point):
                     continue
+                if attempt < 45 and info.near_duplicate(fam.name, point):
+                    continue  # the evidence says it times like a measured point; late attempts take it anyway
                 label = f"{self.strategy}/{op.value}" if self.strategy == "generalist" else self.strategy
                 cand = Candidate(source=fam.render(point), language=fam.language, agent=self.name,
                                  strategy=self.strategy, family=fam.name, knobs=point, parent=parent,
