@@ -301,8 +301,11 @@ class SearchSession(SessionPhases):
         self._to_sinks(rec, self._lessons(cand, v))
         with self.lock:
             self.busy[cand.agent] = max(0, self.busy.get(cand.agent, 0) - 1)
+        # a family record (on the board as a win) is progress too: the breaker does not fire while the
+        # search still sets records in some family behind a library champion
         event = self.plateau.update(v.status, idx, tried=self._timed_per_family(),
-                                    champion_family=self.champion.family if self.champion else None)  # fmt: skip
+                                    champion_family=self.champion.family if self.champion else None,
+                                    record=self.board.is_win(cand.id))  # fmt: skip
         if event is not None:
             self._on_plateau(event)
 
