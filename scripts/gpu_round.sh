@@ -25,7 +25,8 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,cloc
 say "installed"
 
 step_guard() {
-  timeout -k 5 "${GUARD_S:-150}" python3 -m pytest -q -m gpu tests/guard tests/test_memory.py -rA -s -p no:cacheprovider
+  timeout -k 5 "${GUARD_S:-150}" python3 -m pytest -q -m gpu tests/guard tests/test_memory.py -rA -s -p no:cacheprovider \
+    ${GUARD_K:+-k "$GUARD_K"}
 }
 step_cost() {
   # the before-tree's guard crashes on 024_rmsnorm_h2048 (its mismatch message, fixed by issue 13): rmsnorm only;
