@@ -286,6 +286,15 @@ def plots(results: list[RunResult], rows: list[dict[str, Any]], out: Path) -> li
     return paths
 
 
+def share_device_memory(overrides: list[str], total_gb: float, sessions_per_gpu: int) -> list[str]:
+    """Concurrent real-guard sessions on one GPU each plan their inputs, copies and workers for the whole
+    card unless told otherwise (on the H200, ten rmsnorm sessions ran out of memory at start-up): give each
+    an equal share, 80% of the card split evenly, unless ``guard.memory_gb`` is set already."""
+    if sessions_per_gpu <= 1 or any(o.lstrip("+").startswith("guard.memory_gb=") for o in overrides):
+        return overrides
+    return [*overrides, f"guard.memory_gb={max(1, int(0.8 * total_gb / sessions_per_gpu))}"]
+
+
 def _job(args: tuple) -> RunResult | dict[str, Any]:
     """One run; a run that fails (a session error, a guard that cannot start) is returned as its arm,
     seed and error, so one broken run costs its own row, not the whole ablation."""
@@ -310,6 +319,8 @@ def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResu
 
         if torch.cuda.is_available():
             gpus = torch.cuda.device_count()
+            total_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
+            session_overrides = share_device_memory(session_overrides, total_gb, math.ceil(ab.jobs / max(gpus, 1)))
         else:  # the real guard on the CPU (Triton interpreter, tiny workloads): slow, for checking the path
             log.warning("ablate.guard=real without a CUDA GPU: sessions run on the CPU")
     jobs = []

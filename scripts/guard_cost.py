@@ -112,7 +112,11 @@ def _guard_settings(tree: Path, task: Any, on_cpu: bool) -> Any:
 
     from kernelarc.app import typed
     from kernelarc.config import register_configs
-    from kernelarc.session import guard_config
+
+    try:  # the wiring module (after the loop refactor of issue 16)
+        from kernelarc.wiring import guard_settings as guard_config
+    except ImportError:  # older trees (8ddc22d): the session built the guard's settings
+        from kernelarc.session import guard_config
 
     register_configs()
     with initialize_config_dir(config_dir=str((tree / "conf").resolve()), version_base=None):

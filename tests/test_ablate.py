@@ -99,3 +99,11 @@ def test_shared_memory_pays_for_the_team_on_the_simulated_gemm(tmp_path):
     rows = {r["memory"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
     assert rows[None]["mean"] < rows[0]["mean"], (rows[None]["mean"], rows[0]["mean"])
     assert rows[None]["within_5pct"] >= rows[0]["within_5pct"]
+
+
+def test_concurrent_gpu_sessions_share_the_cards_memory():
+    from kernelarc.ablate import share_device_memory
+
+    assert share_device_memory(["+task=rmsnorm"], 139.8, 10) == ["+task=rmsnorm", "guard.memory_gb=11"]
+    assert share_device_memory(["guard.memory_gb=30"], 139.8, 10) == ["guard.memory_gb=30"]  # the user's choice
+    assert share_device_memory([], 139.8, 1) == []  # one session per card plans for the card
