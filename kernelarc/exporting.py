@@ -209,6 +209,27 @@ def _self_contained(source: str) -> str:
     return source.replace(CUTLASS_IMPORT, inline, 1)
 
 
+_IMPORT_TORCH = re.compile(r"^import torch[ \t]*$", re.MULTILINE)
+INDUCTOR_IN_PROCESS = (
+    "import torch._inductor.config as _kernelarc_inductor_config\n\n"
+    "# Inductor compiles in this process, as KernelArc's guard judged it: no compile-pool helper threads start\n"
+    "# after the first call (NVIDIA's harness counts threads across its timed calls: REWARD_HACK otherwise)\n"
+    "_kernelarc_inductor_config.compile_threads = 1\n"
+)
+
+
+def _inductor_in_process(source: str) -> str:
+    """A solution that calls ``torch.compile`` compiles in-process: with Inductor's default pool, a
+    helper thread that starts during the harness's timed calls reads as thread injection (seen on
+    the H200: a composed champion judged REWARD_HACK, '4 threads after call vs 3 before')."""
+    if "torch.compile(" not in source:
+        return source
+    m = _IMPORT_TORCH.search(source)
+    if m is None:
+        return source
+    return source[: m.end()] + "\n" + INDUCTOR_IN_PROCESS + source[m.end() :]
+
+
 def _header(
     candidate: Candidate,
     definition: str,
@@ -276,7 +297,7 @@ def export_solution(
         raise NotADirectoryError(f"out_dir {out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
     sol_name = _slug(name) if name else _slug(f"{definition}_{candidate.language}_kernelarc_{candidate.id[:8]}")
-    source = _self_contained(scrub_text(candidate.source))
+    source = _inductor_in_process(_self_contained(scrub_text(candidate.source)))
     if not source.endswith("\n"):
         source += "\n"
     description = description or candidate.rationale or f"KernelArc {candidate.language} kernel for {definition}"

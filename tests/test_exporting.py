@@ -345,3 +345,20 @@ def test_dps_entry_rejects_what_the_harness_would_reject(tmp_path):
         sys.path.remove(str(tmp_path))
         for name in ("main", "kernelarc_kernel"):
             sys.modules.pop(name, None)
+
+
+def test_a_compiled_solution_compiles_in_process(tmp_path):
+    """Exported code that calls torch.compile sets Inductor's compile_threads to 1 (as the guard's
+    workers run it): a compile-pool thread started during NVIDIA's timed calls is judged REWARD_HACK."""
+    src = (
+        "from __future__ import annotations\n\nimport torch\n\n\n"
+        "def _ref(x, y):\n    return torch.softmax(x, -1) * y\n\n\n"
+        "_fn = torch.compile(_ref, dynamic=False)\n\n\ndef run(x, y):\n    return _fn(x, y)\n"
+    )
+    path = export_solution(Candidate(source=src, language="pytorch"), "softmax_mul", tmp_path, "python", ["LOCAL"])
+    text = path.read_text()
+    assert text.count("_kernelarc_inductor_config.compile_threads = 1") == 1
+    assert text.index("import torch\n") < text.index("compile_threads = 1") < text.index("torch.compile(")
+    compile(text, str(path), "exec")  # the `from __future__` import stays first: still a valid module
+    plain = export_solution(cand(family="softmax_mul"), "softmax_mul", tmp_path / "p", "python", ["LOCAL"])
+    assert "compile_threads" not in plain.read_text()  # nothing added where nothing compiles
