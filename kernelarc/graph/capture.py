@@ -18,6 +18,7 @@ unrecognised and only the generic families apply.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Sequence
@@ -130,13 +131,49 @@ def _strip(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
+# Calls that read a tensor's metadata go through __torch_function__ too but add no node: not counted.
+_NO_NODE = frozenset({"size", "dim", "stride", "numel", "is_contiguous", "__get__", "shape", "dtype", "device",
+                      "ndim", "ndimension", "element_size", "is_floating_point", "is_complex"})  # fmt: skip
+CALLS_PER_NODE_BOUND = 3  # the trace stops after this many counted torch calls per allowed node
+
+
+class _CallBudget(torch.overrides.TorchFunctionMode):
+    """Stops a trace once the reference has made more torch calls than a graph of MAX_GRAPH_NODES
+    nodes could hold: a per-step loop is refused after a bounded number of steps instead of being
+    unrolled to the end first (L1/094: 72k nodes, 127 s of tracing per attempt on the full shapes)."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit, self.calls = limit, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") not in _NO_NODE:
+            self.calls += 1
+            if self.calls > self.limit:
+                raise GraphTooLarge(
+                    f"trace stopped after {self.limit} torch calls (over {MAX_GRAPH_NODES} nodes: a Python loop "
+                    "unrolled per step)"
+                )
+        return func(*args, **(kwargs or {}))
+
+
 def trace(fn, args: Sequence[Any], symbolic: bool) -> torch.fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     mode = "symbolic" if symbolic else "real"
+
+    @functools.wraps(fn)  # make_fx names the graph's placeholders after fn's parameters
+    def bounded(*a):
+        with _CallBudget(CALLS_PER_NODE_BOUND * MAX_GRAPH_NODES):
+            return fn(*a)
+
     try:
-        gm = make_fx(fn, tracing_mode=mode, pre_dispatch=True)(*args)
+        gm = make_fx(bounded, tracing_mode=mode, pre_dispatch=True)(*args)
+    except GraphTooLarge:
+        raise
     except Exception as e:  # noqa: BLE001 - tracing fails in many ways; the caller falls back
+        if isinstance(e.__cause__, GraphTooLarge) or "GraphTooLarge" in type(e).__name__:
+            raise e.__cause__ if isinstance(e.__cause__, GraphTooLarge) else e from None
         raise CaptureError(f"{mode} tracing failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
     n = len(gm.graph.nodes)
     if n > MAX_GRAPH_NODES:

@@ -223,3 +223,22 @@ def test_unrolled_python_loops_are_refused(monkeypatch):
     with pytest.raises(capture.GraphTooLarge):
         trace(scan, (_meta(2, 64, dtype=F32),), symbolic=False)
     assert trace(scan, (_meta(2, 8, dtype=F32),), symbolic=False) is not None
+
+
+def test_a_long_python_loop_is_refused_before_it_is_unrolled(monkeypatch):
+    """The trace stops after a bounded number of torch calls, not after unrolling every step."""
+    import kernelarc.graph.capture as capture
+
+    steps = []
+
+    def scan(x):
+        acc = x[:, 0]
+        for t in range(1, x.shape[1]):
+            steps.append(t)
+            acc = torch.maximum(acc * 0.5, x[:, t])
+        return acc
+
+    monkeypatch.setattr(capture, "MAX_GRAPH_NODES", 40)
+    with pytest.raises(capture.GraphTooLarge, match="stopped after"):
+        trace(scan, (_meta(2, 5000, dtype=F32),), symbolic=True)
+    assert len(steps) < 200  # about 3 x 40 calls, 3 calls a step: stopped near step 40 of 4999
