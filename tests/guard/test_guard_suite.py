@@ -138,7 +138,14 @@ def test_good_kernels_are_correct(guard, src):
 def test_bad_kernels_get_the_right_status(guard, name):
     src, want = BAD[name]
     v = guard.evaluate(Candidate(source=src, language="pytorch"), timeout_s=8).verdict
-    assert v.status is want, (name, v.status, v.errors)
+    if name.startswith("cache_by_pointer"):
+        # A memo keyed on data pointers fails whichever check meets it first: when the allocator puts a
+        # later workload's fresh input at an address the memo saw, the stale output (another shape) is
+        # `incorrect` before the in-place rewrite test can call it a hack (seen in CI, 2026-12-01; on the
+        # H200 too). Either way it is never accepted.
+        assert v.status in (Status.rejected_hack, Status.incorrect), (name, v.status, v.errors)
+    else:
+        assert v.status is want, (name, v.status, v.errors)
     assert v.errors
 
 
