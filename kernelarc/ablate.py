@@ -32,6 +32,7 @@ import logging
 import math
 import multiprocessing
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -161,6 +162,9 @@ def run_one(ab: AblateConfig, session_overrides: list[str], count: int, memory: 
             curve.append(champ_ms)
     final = curve[-1] if curve else champ_ms
     best = model.optimum() if model is not None else math.nan
+    # the run's state folder has served its purpose (its numbers are in the result); a failed run keeps
+    # its folder for a look (thousands of runs left thousands of folders in /tmp otherwise)
+    shutil.rmtree(state, ignore_errors=True)
     return RunResult(count, memory, plateau, seed, final / best if sim else math.nan, final, curve,
                      summary["evaluated"], summary["plateau_events"], dt, best,
                      found / best if sim else found)  # fmt: skip
