@@ -137,6 +137,10 @@ def _log_tail(path: str, n: int = 400) -> str:
     return f"; worker log: ...{' | '.join(text.splitlines()[-6:])}" if text else ""
 
 
+class _NotStarted(Exception):
+    """The worker died, or its start-up outlasted the pool's timeout, before it said it was ready."""
+
+
 class WorkerPool:
     """Keeps ``size`` workers for one device started and ready."""
 
@@ -162,27 +166,32 @@ class WorkerPool:
             while not w.ready:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not w.alive():
-                    raise RuntimeError(  # the log is read here, before the handler below kills the worker
-                        f"guard worker for {self.device} failed to start (exit code {w.process.poll()})"
-                        + _log_tail(w.log_path)
-                    )
+                    raise _NotStarted()
                 if w.chan.readable(min(remaining, 1.0)):
                     msg = w.chan.recv_message(remaining)
                     if isinstance(msg, Ready):
                         w.ready, w.info = True, {"pid": msg.pid}
+        except _NotStarted:
+            raise self._start_failure(w, "", wait_s=0) from None
         except (EOFError, TimeoutError, OSError, ProtocolError) as e:
-            try:  # a worker that closed its end is usually exiting: its last words are still being written
-                code = w.process.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                code = None
-            tail = _log_tail(w.log_path)  # before kill(): its cleanup removes the log
-            w.kill()
-            why = "still running" if code is None else f"exit code {code}"
-            raise RuntimeError(f"guard worker for {self.device} failed to start: {e} ({why}){tail}") from None
+            # a worker that closed its end is usually exiting: its last words are still being written
+            raise self._start_failure(w, f": {e}", wait_s=3) from None
         except RuntimeError:
             w.kill()
             raise
         return w
+
+    def _start_failure(self, w: Worker, detail: str, wait_s: float) -> RuntimeError:
+        """Kill a worker that did not start; the error says how it ended and the end of its own log
+        (read before kill(), whose cleanup removes the log)."""
+        try:
+            code = w.process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        tail = _log_tail(w.log_path)
+        w.kill()
+        why = "still running" if code is None else f"exit code {code}"
+        return RuntimeError(f"guard worker for {self.device} failed to start{detail} ({why}){tail}")
 
     def close(self) -> None:
         with self._lock:
