@@ -307,21 +307,20 @@ def _problem_cfg(base: DictConfig, problem: Path, workloads: list[int] | None) -
     return cfg
 
 
-def choose_workloads(cfg: DictConfig, problem: Path, on_cpu: bool, task: Any = None) -> list[int] | None:
-    """``suite.workloads`` representative workloads of the ones a session would run by default
-    (of ``task``, the problem already loaded, where given)."""
+def choose_workloads(cfg: DictConfig, problem: Path, on_cpu: bool) -> tuple[list[int] | None, Any]:
+    """``suite.workloads`` representative workloads of the ones a session would run by default, and the
+    task loaded to choose them (the session reuses it: loaded once); (None, None) when there is no choice."""
     n = cfg.suite.workloads
     if n is None:
-        return None
+        return None, None
     from kernelarc.app import typed
     from kernelarc.wiring import guard_settings, load_task_from_config
 
     c = typed(_problem_cfg(cfg, problem, None))
-    if task is None:
-        task = load_task_from_config(c, on_cpu)
+    task = load_task_from_config(c, on_cpu)
     default = guard_settings(c, task, on_cpu).workloads
     pool = list(default) if default is not None else list(range(len(task.workloads)))
-    return representative(pool, int(n), task.io_bytes)
+    return representative(pool, int(n), task.io_bytes), task
 
 
 def run_inline(cfg: DictConfig, problem: Path, rel: str, target: Any, log_path: Path) -> ProblemResult:
@@ -330,15 +329,12 @@ def run_inline(cfg: DictConfig, problem: Path, rel: str, target: Any, log_path: 
     from kernelarc.config import plain
     from kernelarc.session import SessionFailed
     from kernelarc.ui import Progress
-    from kernelarc.wiring import build_session, load_task_from_config
+    from kernelarc.wiring import build_session
 
     on_cpu = bool(getattr(target, "is_cpu", True))
     workloads = None
     try:
-        task = None
-        if cfg.suite.workloads is not None:  # the task that picks the workloads is the session's too: loaded once
-            task = load_task_from_config(typed(_problem_cfg(cfg, problem, None)), on_cpu)
-        workloads = choose_workloads(cfg, problem, on_cpu, task)
+        workloads, task = choose_workloads(cfg, problem, on_cpu)
         pcfg = _problem_cfg(cfg, problem, workloads)
         c = typed(pcfg)
         session = build_session(c, plain(pcfg), target, progress=Progress(bool(cfg.suite.progress)), task=task)
