@@ -92,7 +92,7 @@ def run_harness(sol_dir: Path, problem: Path, workload_file: Path, harness_src: 
     for t in traces:  # the harness's reason for every workload it did not pass, in the log where it is read
         ev = t.get("evaluation") or {}
         if ev.get("status") != "PASSED":
-            why = " ".join(str(ev.get("log") or ev.get("extra_msg") or ev).split())[:400]
+            why = " ".join(str(ev.get("log") or ev).split())[:400]
             print(f"    {ev.get('status')} on workload {(t.get('workload') or {}).get('uuid', '?')}: {why}", flush=True)
     return summarize(traces)
 

@@ -172,8 +172,6 @@ def trace(fn, args: Sequence[Any], symbolic: bool) -> torch.fx.GraphModule:
     except GraphTooLarge:
         raise
     except Exception as e:  # noqa: BLE001 - tracing fails in many ways; the caller falls back
-        if isinstance(e.__cause__, GraphTooLarge) or "GraphTooLarge" in type(e).__name__:
-            raise e.__cause__ if isinstance(e.__cause__, GraphTooLarge) else e from None
         raise CaptureError(f"{mode} tracing failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
     n = len(gm.graph.nodes)
     if n > MAX_GRAPH_NODES:
