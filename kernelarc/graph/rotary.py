@@ -44,14 +44,24 @@ def _rotate_half_of(n: Any) -> Node | None:
     return None
 
 
-def _rotate_pairs_of(n: Any) -> Node | None:
-    """x when n is stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2) (GPT-J's rotate_every_two)."""
+def _flat_pair_stack(n: Any) -> tuple[Node, Node] | None:
+    """(a, b) when n is stack([a, b], -1) flattened over its last two dims (flatten / view / reshape):
+    the interleaving both the rotate-every-two and the interleaved RoPE forms end with."""
     if op(n) not in ("flatten", "view", "reshape", "_unsafe_view"):
         return None
     st = strip(n.args[0])
     if op(st) != "stack" or len(st.args[0]) != 2 or not is_last_dim(arg(st, 1, "dim", 0), node_rank(st)):
         return None
     a, b = st.args[0]
+    return a, b
+
+
+def _rotate_pairs_of(n: Any) -> Node | None:
+    """x when n is stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2) (GPT-J's rotate_every_two)."""
+    pair = _flat_pair_stack(n)
+    if pair is None:
+        return None
+    a, b = pair
     if op(a) != "neg":
         return None
     pa, pb = _pair_of(a.args[0]), _pair_of(b)
@@ -206,12 +216,10 @@ def _pair_of(t: Any) -> tuple[Node, int] | None:
 
 def _interleaved_stack_site(n: Node) -> Site | None:
     """flatten(stack([xe * c - xo * s, xe * s + xo * c], -1), -2) (the flatten as view / reshape)."""
-    if op(n) not in ("flatten", "view", "reshape", "_unsafe_view"):
+    pair = _flat_pair_stack(n)
+    if pair is None:
         return None
-    st = strip(n.args[0])
-    if op(st) != "stack" or len(st.args[0]) != 2 or not is_last_dim(arg(st, 1, "dim", 0), node_rank(st)):
-        return None
-    sub, add = st.args[0]
+    sub, add = pair
     if op(sub) != "sub" or op(add) != "add":
         return None
 
