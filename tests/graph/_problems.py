@@ -8,6 +8,20 @@ from typing import Any
 
 from kernelarc.tasks.loader import Task, load_task
 
+# fused add + RMSNorm feeding a SwiGLU MLP (two recognised sites in one graph)
+ADD_RMS_MLP = """
+import torch
+import torch.nn.functional as F
+
+@torch.no_grad()
+def run(x, res, w, wg, wu):
+    s = x + res
+    sf = s.to(torch.float32)
+    n = (w * (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-6))).to(x.dtype)
+    h = F.silu(F.linear(n, wg)) * F.linear(n, wu)
+    return h, s
+"""
+
 
 def make_task(
     root: Path,

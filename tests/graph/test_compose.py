@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _problems import make_task
+from _problems import ADD_RMS_MLP, make_task
 
 from kernelarc.families import families_for
 from kernelarc.families.composed import recognise
@@ -62,20 +62,6 @@ def test_rmsnorm_with_its_own_eps_on_the_family_kernel(tmp_path):
     src = check(task, "rmsnorm.rowblock")
     assert "+ 1e-05" in src and "+ 1e-06" not in src
     check(task, "library")
-
-
-ADD_RMS_MLP = """
-import torch
-import torch.nn.functional as F
-
-@torch.no_grad()
-def run(x, res, w, wg, wu):
-    s = x + res
-    sf = s.to(torch.float32)
-    n = (w * (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-6))).to(x.dtype)
-    h = F.silu(F.linear(n, wg)) * F.linear(n, wu)
-    return h, s
-"""
 
 
 def test_fused_add_rmsnorm_inside_a_larger_graph(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _problems import make_task
+from _problems import ADD_RMS_MLP, make_task
 
 from kernelarc.agents.base import AgentContext
 from kernelarc.agents.search import GENERIC_FAMILY, SearchAgent, offline_team
@@ -33,20 +33,6 @@ def first_proposals(task, count: int = 4, per: int = 2) -> list:
                            history=[], seen=seen)  # fmt: skip
         out += [c for c in a.propose(ctx, per).candidates if c.id not in {o.id for o in out}]
     return out
-
-
-ADD_RMS_MLP = """
-import torch
-import torch.nn.functional as F
-
-@torch.no_grad()
-def run(x, res, w, wg, wu):
-    s = x + res
-    sf = s.to(torch.float32)
-    n = (w * (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-6))).to(x.dtype)
-    h = F.silu(F.linear(n, wg)) * F.linear(n, wu)
-    return h, s
-"""
 
 
 def test_first_round_measures_kernel_and_library_compositions_in_order(tmp_path):
