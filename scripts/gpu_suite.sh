@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: the suite over a tree of SOL-ExecBench problems on one GPU, as SHARDS concurrent
-# suite processes sharing one queue of problems (compilation and torch.compile spread over the CPU cores; the guard's DeviceLock
-# serialises every checked or timed phase across the processes, so no two timings overlap), then
+# suite processes sharing one queue of problems (compilation and torch.compile spread over the CPU
+# cores; the guard's DeviceLock serialises every checked or timed phase across the processes, so no
+# two timings overlap), then
 # NVIDIA's harness on the exported champions. The state (.kernelarc, mlflow.db, mlartifacts) is
 # tarred into $OUT/state.tgz; put it at .state/state.tgz and carry .state to resume in a later call.
 #
