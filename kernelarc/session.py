@@ -198,7 +198,12 @@ class SearchSession(SessionPhases):
         # challenger that slows the champion down; a trusted baseline cannot, and on a shared, drifting GPU the
         # check would only keep a much faster torch.compile from being crowned.
         ref = None if trusted else self._champion_reference(champion)
-        ev = self._guard_for(i).evaluate(cand, champion, trusted=trusted, timeout_s=timeout, champion_reference=ref)
+        # No evaluation outlives the session's budget by more than one candidate's timeout, however long
+        # it waits for a GPU that other sessions (suite shards, sweeps) are measuring on.
+        deadline = wall + max(self._time_left_s(), 0.0) + self.settings.guard.timeout_s
+        ev = self._guard_for(i).evaluate(
+            cand, champion, trusted=trusted, timeout_s=timeout, champion_reference=ref, deadline=deadline
+        )
         dt = time.monotonic() - t
         with self.lock:
             self.eval_wall[cand.id] = (wall, wall + dt)

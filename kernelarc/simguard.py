@@ -263,6 +263,7 @@ class SimulatedGuard:
         trusted: bool = False,
         timeout_s: float | None = None,
         champion_reference: dict[int, float] | None = None,
+        deadline: float | None = None,  # the real guard's session end; a simulated evaluation never waits
     ) -> Evaluation:
         self.calls += 1
         if self.delay_s > 0:

@@ -14,7 +14,9 @@ machine with the verdicts of NVIDIA's harness on the exported champions.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import faulthandler
 import gc
 import hashlib
 import json
@@ -494,6 +496,10 @@ def main(cfg: DictConfig) -> None:
     from kernelarc.app import TaskError, UsageError, fail
 
     logging.getLogger("kernelarc").setLevel(logging.WARNING)
+    # A suite cut by an outer time limit (``timeout``, a scheduler) says where each thread was, so a
+    # problem that overran its budget can be diagnosed from the log alone; then it ends as before.
+    with contextlib.suppress(AttributeError, ValueError, RuntimeError):  # no SIGTERM here, or not the main thread
+        faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
     try:
         overrides = list(HydraConfig.get().overrides.task)
     except Exception:  # noqa: BLE001 - not under Hydra's runtime (called directly)

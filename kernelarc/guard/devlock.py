@@ -17,6 +17,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -53,16 +54,40 @@ class DeviceLock:
             base = Path(os.environ.get(LOCK_DIR_ENV) or tempfile.gettempdir())
             self.path = base / f"kernelarc-{''.join(c if c.isalnum() or c in '-_' else '_' for c in key)}.lock"
 
-    def acquire(self) -> bool:
-        self._sem.acquire()
-        if self.path is not None:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+    def acquire(self, timeout: float | None = None) -> bool:
+        """Take the device; with ``timeout`` (seconds), give up after that long and return False, so
+        that a session whose time is spent stops waiting for a GPU another process is measuring on."""
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        if not self._sem.acquire(timeout=None if deadline is None else max(deadline - time.monotonic(), 0.0)):
+            return False
+        if self.path is None:
+            return True
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:  # an unusable lock folder must not stop the search: threads stay serialised
+            log.warning("cross-process device lock %s unavailable: %s", self.path, e)
+            self._fd = None
+            return True
+        try:
+            if deadline is None:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # blocks while another process measures on this GPU
-                self._fd = fd
-            except OSError as e:  # an unusable lock folder must not stop the search: threads stay serialised
-                log.warning("cross-process device lock %s unavailable: %s", self.path, e)
-                self._fd = None
+            else:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() >= deadline:
+                            os.close(fd)
+                            self._sem.release()
+                            return False
+                        time.sleep(0.02)
+        except OSError as e:
+            log.warning("cross-process device lock %s unavailable: %s", self.path, e)
+            os.close(fd)
+            self._fd = None
+            return True
+        self._fd = fd
         return True
 
     def release(self) -> None:

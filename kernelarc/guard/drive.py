@@ -85,22 +85,53 @@ class Side:
 
 
 class Clock:
-    """The evaluation's time budget; time spent waiting for the GPU lock does not count."""
+    """The evaluation's time budget; time spent waiting for the GPU lock does not count against
+    ``limit``. ``hard`` (a ``time.monotonic()`` instant: the session's end) bounds everything, waiting
+    included, so that no evaluation outlives the session's budget by more than one candidate's timeout."""
 
-    def __init__(self, limit: float):
+    def __init__(self, limit: float, hard: float | None = None):
         self.limit = limit
         self.deadline = time.monotonic() + limit
+        self.hard = hard
         self.after = ""
 
     def left(self) -> float:
-        return self.deadline - time.monotonic()
+        end = self.deadline if self.hard is None else min(self.deadline, self.hard)
+        return end - time.monotonic()
+
+    def hard_left(self) -> float | None:
+        return None if self.hard is None else self.hard - time.monotonic()
+
+    def expired(self) -> str:
+        if self.hard is not None and self.hard <= self.deadline:
+            return "the session's time ran out (budget.minutes plus one candidate's timeout); worker killed"
+        return f"no result within {self.limit:.0f} s{self.after} (hang or too slow); worker killed"
 
     def reset(self, limit: float, after: str) -> None:
-        if limit < self.left():
+        if limit < self.deadline - time.monotonic():
             self.limit, self.deadline, self.after = limit, time.monotonic() + limit, after
 
     def excluded(self, seconds: float) -> None:
         self.deadline += seconds
+
+
+def timed_calls(est_ms: float, target_ms: float, min_iters: int, max_iters: int) -> int:
+    """Timed calls per side for a workload whose call takes about ``est_ms``: enough to fill
+    ``target_ms``, at least ``min_iters``; but a call so slow that ``min_iters`` of them would cost
+    more than four targets gets two calls (at least two samples per side, interleaved as any): one
+    reference of a problem that loops in Python over 2,000 steps takes seconds per call, and eight
+    of them per side held the GPU from every other session for a minute."""
+    n = max(target_ms / est_ms, min_iters)
+    if min_iters * est_ms > 4 * target_ms:
+        n = max(2.0, 4 * target_ms / est_ms)
+    return int(min(n, max_iters))
+
+
+def gpu_wait_message(waited: float) -> str:
+    return (
+        f"waited {waited:.0f} s for the GPU (another session or candidate was measuring on it) until the "
+        "session's time ran out (budget.minutes plus one candidate's timeout)"
+    )
 
 
 class Driver:
@@ -117,11 +148,7 @@ class Driver:
         while True:
             left = self.clock.left()
             if left <= 0:
-                raise Stop(
-                    Status.timeout,
-                    f"no result within {self.clock.limit:.0f} s{self.clock.after} (hang or too slow); worker killed",
-                    side.label,
-                )
+                raise Stop(Status.timeout, self.clock.expired(), side.label)
             try:
                 msg = w.chan.recv_message(min(left, 1.0))
             except TimeoutError:
@@ -186,7 +213,9 @@ class Driver:
     def lock(self) -> None:
         if not self.holding:
             t = time.monotonic()
-            self.g._gpu.acquire()
+            hard = self.clock.hard_left()
+            if not self.g._gpu.acquire(timeout=hard):
+                raise Stop(Status.timeout, gpu_wait_message(time.monotonic() - t))
             self.holding = True
             waited = time.monotonic() - t
             self.clock.excluded(waited)
@@ -272,7 +301,7 @@ class Driver:
             msg = self.command(s, Cmd.time, Timing, wl=wl, n=0, warm=True, warm_ms=cfg.warmup_ms / len(sides))
             wall = (time.perf_counter() - t) * 1e3
             est = max(wall / max(len(msg.samples_ms), 1), 1e-3)  # the judge's clock, not the worker's word
-            n_for[s.label] = int(min(max(cfg.target_ms / est, cfg.min_iters), cfg.max_iters))
+            n_for[s.label] = timed_calls(est, cfg.target_ms, cfg.min_iters, cfg.max_iters)
             if s is cand and msg.excess_ms is not None:
                 med = median(msg.samples_ms)
                 if msg.excess_ms > max(20.0, 10 * med):

@@ -25,7 +25,7 @@ from kernelarc.guard.buffers import JudgeBuffer, buffer_bytes, layout
 from kernelarc.guard.compare import compare_output, stride_mismatch
 from kernelarc.guard.decision import Decision, decide, geomean, median, rel_noise
 from kernelarc.guard.devlock import DeviceLock
-from kernelarc.guard.drive import Clock, Driver, Side, Stop
+from kernelarc.guard.drive import Clock, Driver, Side, Stop, gpu_wait_message
 from kernelarc.guard.memory import memory_plan
 from kernelarc.guard.pool import WorkerPool
 from kernelarc.guard.protocol import Outputs
@@ -185,8 +185,12 @@ class Guard:
         trusted: bool = False,
         timeout_s: float | None = None,
         champion_reference: dict[int, float] | None = None,
+        deadline: float | None = None,
     ) -> Evaluation:
+        """Judge ``cand`` (against ``champion``). ``deadline``: a ``time.time()`` instant (the session's
+        end) after which nothing more is waited for, the GPU lock included; None: only ``timeout_s``."""
         t_start = time.monotonic()
+        hard = None if deadline is None else t_start + (deadline - time.time())
         errors: list[str] = []
         warnings: list[str] = []
         if cand.language not in LANGUAGES:
@@ -202,19 +206,26 @@ class Guard:
         # Seeds from the OS, never from the config: consecutive (so that one candidate's inputs cycle
         # through the input distributions), unknown to the worker until each is sent, one at a time.
         base = secrets.randbits(62)
-        with self._gpu:
+        if (waited := self._take_gpu(hard)) is not None:
+            return self._verdict(cand, Status.timeout, [gpu_wait_message(waited)], t_start)
+        try:
             plan = memory_plan(self)  # once per guard: dry runs of the reference, on the device
+        finally:
+            self._gpu.release()
         if not plan.runnable:
             return self._verdict(cand, Status.runtime_error, plan.errors(), t_start)
         self.workloads = plan.runnable
         warnings += plan.warnings()
         seeds = [base + j for j in range(plan.seeds)]
+        if (waited := self._take_gpu(hard)) is not None:
+            return self._verdict(cand, Status.timeout, [gpu_wait_message(waited)], t_start)
         try:
-            with self._gpu:
-                self.reference(self.workloads[0], seeds[0])
+            self.reference(self.workloads[0], seeds[0])
         except Exception as e:  # noqa: BLE001
             msg = f"reference failed on workload {self.workloads[0]}: {type(e).__name__}: {e}"
             return self._verdict(cand, Status.runtime_error, [msg], t_start)
+        finally:
+            self._gpu.release()
         job = {
             "source": cand.source,
             "language": cand.language,
@@ -234,20 +245,34 @@ class Guard:
             # nvcc builds the library while the candidate is imported; once it is imported, the plain
             # limit applies again, so a kernel that hangs on the GPU is killed as soon as any other.
             limit += self.cfg.build_timeout_s
-        status, res = self._drive(job, champion if timed_champion else None, role, seeds, limit, run_limit)
+        status, res = self._drive(job, champion if timed_champion else None, role, seeds, limit, run_limit, hard)
         errors += res["errors"]
         warnings += res["warnings"]
         ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference)
         return ev
 
+    def _take_gpu(self, hard: float | None) -> float | None:
+        """Take the device lock, waiting at most until ``hard``; None when taken, else the seconds waited."""
+        t = time.monotonic()
+        if self._gpu.acquire(timeout=None if hard is None else hard - t):
+            return None
+        return time.monotonic() - t
+
     def _drive(
-        self, job: dict, champion: Candidate | None, role: Role, seeds: list[int], limit: float, run_limit: float
+        self,
+        job: dict,
+        champion: Candidate | None,
+        role: Role,
+        seeds: list[int],
+        limit: float,
+        run_limit: float,
+        hard: float | None = None,
     ) -> tuple[Status | None, dict]:
         res: dict[str, Any] = {"errors": [], "warnings": [], "samples": {}, "champion_samples": {}, "phases": {},
                                "checks": {}}  # fmt: skip
         status: Status | None = None
         sides: list[Side] = []
-        clock = Clock(limit)
+        clock = Clock(limit, hard)
         drv = Driver(self, clock, res)
         nbytes = buffer_bytes(self.task, self.workloads)
         try:
@@ -255,7 +280,7 @@ class Guard:
                 w = self.pool.acquire()
                 sides.append(Side(label, w, JudgeBuffer(self.device, nbytes)))
                 w.keep.append(sides[-1].buffer)
-            clock = drv.clock = Clock(limit)  # worker start-up is not the candidate's time
+            clock = drv.clock = Clock(limit, hard)  # worker start-up is not the candidate's time
             drv.start(sides[0], job, role)
             if champion is not None:
                 cjob = dict(job, source=champion.source, language=champion.language)

@@ -53,3 +53,41 @@ def test_cpu_has_no_cross_process_lock():
     assert lock.path is None
     with lock:
         time.sleep(0)
+
+
+def test_a_timed_acquire_gives_up_and_leaves_the_lock_usable(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELARC_DEVICE_LOCK_DIR", str(tmp_path))
+    holder, waiter = DeviceLock("cuda:0", key="gpu-test"), DeviceLock("cuda:0", key="gpu-test")
+    holder.acquire()
+    t = time.monotonic()
+    assert waiter.acquire(timeout=0.3) is False
+    assert 0.25 <= time.monotonic() - t < 5
+    holder.release()
+    assert waiter.acquire(timeout=2) is True  # neither its semaphore nor a file descriptor leaked
+    waiter.release()
+    assert waiter.acquire(timeout=0) is True
+    waiter.release()
+
+
+def test_an_evaluation_stops_waiting_for_the_gpu_at_the_sessions_deadline(tmp_path, monkeypatch):
+    """Suite shards share one GPU: a candidate of one shard must not wait past its session's end while
+    another shard measures (on the H200 one waited 86 s on a 48 s budget)."""
+    from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
+    from kernelarc.models import Status
+    from kernelarc.tasks import load_builtin
+
+    monkeypatch.setenv("KERNELARC_DEVICE_LOCK_DIR", str(tmp_path))
+    task = load_builtin("rmsnorm", cpu=True)
+    g = Guard(task, None, "cpu", GuardConfig(timeout_s=20, target_ms=5, min_iters=3, max_iters=20, prestart=1))
+    g._gpu = DeviceLock("cuda:0", key="gpu-shared")  # as two processes on one GPU see it
+    other = DeviceLock("cuda:0", key="gpu-shared")
+    other.acquire()
+    try:
+        t = time.monotonic()
+        ev = g.evaluate(reference_candidate(task), trusted=True, deadline=time.time() + 1.0)
+        assert time.monotonic() - t < 15
+        assert ev.verdict.status is Status.timeout
+        assert "for the GPU" in ev.verdict.errors[0] and "session's time ran out" in ev.verdict.errors[0]
+    finally:
+        other.release()
+        g.close()
