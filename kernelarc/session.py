@@ -79,7 +79,8 @@ class _Flight:
 
 class SearchSession(SessionPhases):
     def __init__(self, task: Task, target: Any, agents: list, guards: list, *, devices: list[str],
-                 settings: LoopSettings, state: StateLog, plateau: PlateauDetector, sinks: Sinks):  # fmt: skip
+                 settings: LoopSettings, state: StateLog, plateau: PlateauDetector, sinks: Sinks,
+                 started: float | None = None):  # fmt: skip
         self.task = task
         self.target = target
         self.devices = devices
@@ -108,7 +109,9 @@ class SearchSession(SessionPhases):
         self.pending_conclusions: dict[str, list[str]] = {}
         self.cand_cost: dict[str, dict[str, float]] = {}  # LLM tokens and USD per candidate
         self.busy: dict[str, int] = {}  # agent -> its candidates queued or in flight
-        self.t0 = time.monotonic()
+        # budget.minutes counts from ``started`` (a time.monotonic() instant: the wiring's start, so that
+        # capturing and recognising the reference count too), else from now
+        self.t0 = time.monotonic() if started is None else started
         self.elapsed_before = 0.0
         self.eval_seconds = 0.0
         self.eval_wall: dict[str, tuple[float, float]] = {}  # candidate -> its last evaluation's wall start, end

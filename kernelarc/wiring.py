@@ -137,6 +137,7 @@ def build_session(cfg: KernelArcConfig, raw_config: dict, target: Any, *, progre
     (kernelarc.app.build_agents) over the session's task; ``task`` an already loaded one (else it is
     loaded here, once); ``make_guard`` a test double of the guard (kernelarc.simguard: the same loop,
     another measurement)."""
+    started = time.monotonic()  # budget.minutes counts the set-up below (loading, capture, guards) too
     if progress is None:
         progress = Progress(cfg.search.progress)
     devices = devices_for(target, cfg)
@@ -171,4 +172,4 @@ def build_session(cfg: KernelArcConfig, raw_config: dict, target: Any, *, progre
     sinks = Sinks(board=BoardSink(board, task, guards[0].workloads), progress=ProgressSink(progress),
                   tracker=tracker, registry=registry)  # fmt: skip
     return SearchSession(task, target, agents, guards, devices=devices, settings=loop_settings(cfg, settings),
-                         state=state, plateau=plateau, sinks=sinks)  # fmt: skip
+                         state=state, plateau=plateau, sinks=sinks, started=started)  # fmt: skip
