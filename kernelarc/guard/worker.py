@@ -50,7 +50,7 @@ _perf_counter = time.perf_counter
 
 # Helper threads that torch itself starts (Inductor's compile machinery, its progress bar):
 # candidates cannot import threading (static check), so these names come from torch. They are
-# exempt only until the warm-up ends: NVIDIA's harness takes its thread count after the first call
+# exempt only until the first call ends: NVIDIA's harness takes its thread count after the first call
 # on each workload and judges any thread more after its later calls and timing as REWARD_HACK
 # ("Thread injection detected"), torch's included (Inductor's compile-pool timer thread starts
 # seconds after the first compile: two exported champions failed so on the H200). See ``_no_strays``.
@@ -144,8 +144,8 @@ class Harness:
         self.warnings += sandbox.enter(sandbox.Role(job["role"]), job.get("uid"), job["home"], job["tmp"])
         self.threading = threading
         self.threads0 = {t.ident for t in threading.enumerate()}
-        # Candidate threads alive after the latest warm-up call (NVIDIA's per-workload baseline); None
-        # until the first warm-up, while only the name rule applies.
+        # Candidate threads alive after the first call (NVIDIA's baseline, see _no_strays); None until
+        # then, while only the name rule applies.
         self.thread_base: dict[int | None, str] | None = None
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         # per rotated buffer (data_ptr): its cumulative roll and every cumulative roll it has shown
@@ -291,24 +291,28 @@ class Harness:
         """No thread or process of the candidate's outlives a call.
 
         Threads of any name other than torch's are rejected whenever they appear. torch's own helpers
-        may start during the warm-up calls, as NVIDIA's harness allows them during its first call on a
-        workload; after the warm-up the rule is NVIDIA's: more threads alive than after the latest
-        warm-up call (any name, torch's included) is thread injection, whatever started them."""
+        may start at import and during the first call, as NVIDIA's harness allows them in its first call
+        on a workload (its baseline). After that call the rule is NVIDIA's: more threads alive than
+        after it (any name, torch's included) is thread injection, whatever started them. The baseline
+        is the job's first call, not each workload's: NVIDIA runs a workload's ten rounds and timing
+        before the next workload's first call, where the judge warms up every workload first, so a
+        helper thread that starts seconds after the first call (Inductor's compile-pool timer) would
+        otherwise hide in a later warm-up."""
         alive = self._candidate_threads()
         extra = [name for name in alive.values() if name not in TORCH_THREADS]
         if extra:
             names = ", ".join(extra)
             raise CandidateFailure("rejected_hack", f"candidate started threads that outlive the call: {names}")
-        if warm or self.thread_base is None:
+        if self.thread_base is None:
             if warm:
                 self.thread_base = alive
         elif len(alive) > len(self.thread_base):
             new = [name for ident, name in alive.items() if ident not in self.thread_base] or list(alive.values())
             raise CandidateFailure(
                 "rejected_hack",
-                f"thread injection: {len(alive)} candidate thread(s) alive after a call past the warm-up vs "
-                f"{len(self.thread_base)} after the warm-up (new: {', '.join(new)}); NVIDIA's harness counts "
-                "threads after its first call per workload and after timing, torch's own included, and "
+                f"thread injection: {len(alive)} candidate thread(s) alive after a later call vs "
+                f"{len(self.thread_base)} after the first (new: {', '.join(new)}); NVIDIA's harness counts "
+                "threads after its first call on a workload and after timing, torch's own included, and "
                 "rejects any increase as REWARD_HACK",
             )
         if _children():
