@@ -15,9 +15,9 @@ that compile set ``compile_threads = 1`` as the guard's workers run.
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
-import textwrap
 import threading
 from pathlib import Path
 
@@ -140,45 +140,80 @@ def _export_composed(tmp_path: Path):
     return task, out
 
 
-def _nvidia_workload(run, task, wl: int, check, allocator_cls, timed: int = 20) -> None:
-    """One workload as NVIDIA's eval driver runs it: round 0, the thread count, rounds 1-9 on fresh
-    inputs, then the timed calls on its shifted-pointer inputs, then ``check_thread_injection``."""
-    shapes = [(task.shape(n, wl), torch_dtype(o.dtype)) for n, o in task.definition.outputs.items()]
+def nvidia_protocol(sol_dir: str, task_dir: str, device: str) -> list[str]:
+    """The exported solution's ``run``, every workload as NVIDIA's eval driver runs it: round 0, the
+    thread count, rounds 1-9 on fresh inputs, then timed calls on its shifted-pointer inputs
+    (``ShiftingMemoryPoolAllocator``), then ``check_thread_injection``, which raises on an increase.
+    Returns the names of the threads alive at the end. Importable from a subprocess (the GPU test)."""
+    sys.path.insert(0, str(HARNESS_SRC))
+    from sol_execbench.core.bench.io import ShiftingMemoryPoolAllocator
+    from sol_execbench.core.bench.reward_hack import check_thread_injection
 
-    def call(args):
-        outs = [torch.empty(s, dtype=d) for s, d in shapes]
-        run(*args, *outs)
-        return outs
+    from kernelarc.tasks.loader import load_task
 
-    call(make_inputs(task, wl, 0, "cpu"))
-    before = threading.active_count()
-    for r in range(1, 10):
-        call(make_inputs(task, wl, r, "cpu"))
-    alloc = allocator_cls(make_inputs(task, wl, 11, "cpu"), [torch.empty(s, dtype=d) for s, d in shapes], timed)
-    for _ in range(timed):
-        run(*alloc.get_unique_args())
-    check(before, threading.active_count())
+    task = load_task(task_dir)
+    sys.path.insert(0, sol_dir)
+    try:
+        import main
+    finally:
+        sys.path.remove(sol_dir)
+        sys.path.remove(str(HARNESS_SRC))
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    for wl in range(len(task.workloads)):
+        shapes = [(task.shape(n, wl), torch_dtype(o.dtype)) for n, o in task.definition.outputs.items()]
+
+        def outputs(shapes=shapes):
+            return [torch.empty(s, dtype=d, device=device) for s, d in shapes]
+
+        main.run(*make_inputs(task, wl, 0, device), *outputs())
+        sync()
+        before = threading.active_count()
+        for r in range(1, 10):
+            main.run(*make_inputs(task, wl, r, device), *outputs())
+        timed = 20
+        alloc = ShiftingMemoryPoolAllocator(make_inputs(task, wl, 11, device), outputs(), timed)
+        for _ in range(timed):
+            main.run(*alloc.get_unique_args())
+        sync()
+        check_thread_injection(before, threading.active_count())
+    return sorted(t.name for t in threading.enumerate())
 
 
 def test_nvidia_check_passes_the_exported_composed_solution(tmp_path, nvidia):
-    check, _, allocator_cls = nvidia
     task, out = _export_composed(tmp_path)
     kernel = (out / "kernelarc_kernel.py").read_text()
     assert kernel.count("compile_threads = 1") == 1
-    sys.path.insert(0, str(out))
     try:
-        import main
+        alive = nvidia_protocol(str(out), str(tmp_path / "task" / task.name), "cpu")
         from torch._inductor.async_compile import AsyncCompile
 
         # what Inductor's Triton path asks at each compile on the GPU: with one compile thread, no pool
         assert torch._inductor.config.compile_threads == 1 and not AsyncCompile.use_process_pool()
-        for wl in range(len(task.workloads)):
-            _nvidia_workload(main.run, task, wl, check, allocator_cls)
-        assert not [t.name for t in threading.enumerate() if t.name in ("InductorSubproc", "subproc_worker_timer")]
+        assert "InductorSubproc" not in alive and "subproc_worker_timer" not in alive, alive
     finally:
-        sys.path.remove(str(out))
         for name in ("main", "kernelarc_kernel"):
             sys.modules.pop(name, None)
+
+
+@pytest.mark.gpu
+def test_nvidia_check_passes_the_exported_composed_solution_on_cuda(tmp_path, nvidia):
+    """The same on the GPU (real Triton compiles, where Inductor's pool starts by default), in a fresh
+    process as NVIDIA's harness runs a solution, with a fresh Inductor cache so that it really compiles."""
+    task, out = _export_composed(tmp_path)
+    script = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('parity', {__file__!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        f"print('PASSED', m.nvidia_protocol({str(out)!r}, {str(tmp_path / 'task' / task.name)!r}, 'cuda'))\n"
+    )
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)  # the harness's environment: torch's default
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0 and "PASSED" in r.stdout, (r.stdout, r.stderr[-3000:])
 
 
 POOL_SCRIPT = """
@@ -204,9 +239,56 @@ except RewardHackDetected as e:
 
 def test_nvidia_flags_inductors_compile_pool_and_one_compile_thread_avoids_it(nvidia):
     """The mechanism behind the H200 verdicts, on the CPU: the pool's timer thread appears after round 0."""
-    pooled = POOL_SCRIPT.format(harness=str(HARNESS_SRC), threads=2)
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(pooled)], capture_output=True, text=True, timeout=120)
-    assert r.stdout.startswith("REWARD_HACK") and "subproc_worker_timer" in r.stdout, (r.stdout, r.stderr[-2000:])
-    single = POOL_SCRIPT.format(harness=str(HARNESS_SRC), threads=1).replace("+ 60", "+ 5")
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(single)], capture_output=True, text=True, timeout=120)
-    assert r.stdout.startswith("PASSED"), (r.stdout, r.stderr[-2000:])
+    scripts = {
+        "REWARD_HACK": POOL_SCRIPT.format(harness=str(HARNESS_SRC), threads=2),
+        "PASSED": POOL_SCRIPT.format(harness=str(HARNESS_SRC), threads=1).replace("+ 60", "+ 5"),
+    }
+    procs = {  # side by side: each waits seconds for a thread
+        want: subprocess.Popen([sys.executable, "-c", src], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for want, src in scripts.items()
+    }
+    for want, p in procs.items():
+        out, err = p.communicate(timeout=120)
+        assert out.startswith(want), (want, out, err[-2000:])
+        if want == "REWARD_HACK":
+            assert "subproc_worker_timer" in out, out
+
+
+CUDA_SCRIPT = """
+import sys, threading, time
+sys.path.insert(0, {harness!r})
+from sol_execbench.core.bench.reward_hack import RewardHackDetected, check_thread_injection
+import torch
+import torch._inductor.config as config
+
+if {threads} is not None:
+    config.compile_threads = {threads}
+fn = torch.compile(lambda x, w: torch.nn.functional.silu(x) * w + x.sum(-1, keepdim=True))
+x, w = torch.randn(512, 1024, device="cuda"), torch.randn(1024, device="cuda")
+fn(x, w)  # NVIDIA's round 0
+torch.cuda.synchronize()
+before = threading.active_count()
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:  # its rounds 1-9 and timed calls
+    fn(torch.randn_like(x), w)
+    torch.cuda.synchronize()
+    time.sleep(0.01)
+try:
+    check_thread_injection(before, threading.active_count())
+    print("PASSED", sorted(t.name for t in threading.enumerate()))
+except RewardHackDetected as e:
+    print("REWARD_HACK", e, sorted(t.name for t in threading.enumerate()))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("threads", [None, 1], ids=["torch_default", "one_compile_thread"])
+def test_the_h200_verdict_reproduced_and_avoided_on_cuda(tmp_path, nvidia, threads):
+    """torch.compile with torch's default compile threads, as NVIDIA's harness runs it: REWARD_HACK (the
+    pool's timer thread starts after round 0); with one compile thread, as exports set it: PASSED."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
+    script = CUDA_SCRIPT.format(harness=str(HARNESS_SRC), threads=threads)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    want = "PASSED" if threads == 1 else "REWARD_HACK"
+    assert r.stdout.startswith(want), (r.stdout, r.stderr[-3000:])
