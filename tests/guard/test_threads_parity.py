@@ -263,7 +263,7 @@ import torch._inductor.config as config
 
 if {threads} is not None:
     config.compile_threads = {threads}
-fn = torch.compile(lambda x, w: torch.nn.functional.silu(x) * w + x.sum(-1, keepdim=True))
+fn = torch.compile(lambda x, w: torch.nn.functional.silu(x) * w + x.sum(-1, keepdim=True), mode={mode!r})
 x, w = torch.randn(512, 1024, device="cuda"), torch.randn(1024, device="cuda")
 fn(x, w)  # NVIDIA's round 0
 torch.cuda.synchronize()
@@ -282,13 +282,18 @@ except RewardHackDetected as e:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("threads", [None, 1], ids=["torch_default", "one_compile_thread"])
-def test_the_h200_verdict_reproduced_and_avoided_on_cuda(tmp_path, nvidia, threads):
+@pytest.mark.parametrize(
+    ("threads", "mode"),
+    [(None, "default"), (1, "default"), (1, "max-autotune"), (1, "reduce-overhead")],
+    ids=["torch_default", "one_compile_thread", "one_compile_thread_max_autotune", "one_compile_thread_cudagraphs"],
+)
+def test_the_h200_verdict_reproduced_and_avoided_on_cuda(tmp_path, nvidia, threads, mode):
     """torch.compile with torch's default compile threads, as NVIDIA's harness runs it: REWARD_HACK (the
-    pool's timer thread starts after round 0); with one compile thread, as exports set it: PASSED."""
+    pool's timer thread starts after round 0); with one compile thread, as exports set it: PASSED, in
+    the modes the search's baselines and composed rests use too (autotuning, CUDA-graph trees)."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
-    script = CUDA_SCRIPT.format(harness=str(HARNESS_SRC), threads=threads)
+    script = CUDA_SCRIPT.format(harness=str(HARNESS_SRC), threads=threads, mode=mode)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     want = "PASSED" if threads == 1 else "REWARD_HACK"
     assert r.stdout.startswith(want), (r.stdout, r.stderr[-3000:])
