@@ -210,24 +210,36 @@ def _self_contained(source: str) -> str:
 
 
 _IMPORT_TORCH = re.compile(r"^import torch[ \t]*$", re.MULTILINE)
+# torch.compile in any spelling (a call, a decorator, ``from torch import compile``) or Dynamo / Inductor
+# used directly: all of them reach Inductor's compile pool on the GPU.
+_COMPILES = re.compile(r"\btorch\.compile\b|\bfrom torch import\b[^\n]*\bcompile\b|\btorch\._(?:dynamo|inductor)\b")
+_FUTURE = re.compile(r"^from __future__ import [^\n]*\n", re.MULTILINE)
 INDUCTOR_IN_PROCESS = (
     "import torch._inductor.config as _kernelarc_inductor_config\n\n"
-    "# Inductor compiles in this process, as KernelArc's guard judged it: no compile-pool helper threads start\n"
-    "# after the first call (NVIDIA's harness counts threads across its timed calls: REWARD_HACK otherwise)\n"
+    "# Inductor compiles in this process, as KernelArc's guard judged it: with its default pool, the first\n"
+    "# Triton compile starts a sidecar process whose timer thread (subproc_worker_timer) appears seconds\n"
+    "# later, during NVIDIA's harness's later calls: 'Thread injection detected' (REWARD_HACK) otherwise\n"
     "_kernelarc_inductor_config.compile_threads = 1\n"
 )
 
 
 def _inductor_in_process(source: str) -> str:
-    """A solution that calls ``torch.compile`` compiles in-process: with Inductor's default pool, a
-    helper thread that starts during the harness's timed calls reads as thread injection (seen on
-    the H200: a composed champion judged REWARD_HACK, '4 threads after call vs 3 before')."""
-    if "torch.compile(" not in source:
+    """A solution that uses torch.compile compiles in-process (``compile_threads = 1``, set before its
+    first compile): with Inductor's default pool, the first Triton compile creates a sidecar process and
+    submits a readiness job; the answer arrives seconds later and starts the pool's timer thread, during
+    the calls NVIDIA's harness counts threads across (seen on the H200: two composed champions judged
+    REWARD_HACK, '4 threads after call vs 3 before'). With one compile thread Inductor never creates the
+    pool (``AsyncCompile.warm_pool`` / ``use_process_pool`` return early), so no thread starts lazily."""
+    if not _COMPILES.search(source):
         return source
     m = _IMPORT_TORCH.search(source)
-    if m is None:
-        return source
-    return source[: m.end()] + "\n" + INDUCTOR_IN_PROCESS + source[m.end() :]
+    if m is not None:
+        return source[: m.end()] + "\n" + INDUCTOR_IN_PROCESS + source[m.end() :]
+    # no plain ``import torch`` line (``import torch.nn as nn``, ``from torch import ...``): first thing
+    # after the __future__ imports, which must stay first
+    futures = list(_FUTURE.finditer(source))
+    at = futures[-1].end() if futures else 0
+    return source[:at] + INDUCTOR_IN_PROCESS + "\n" + source[at:]
 
 
 def _header(

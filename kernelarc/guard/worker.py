@@ -49,7 +49,11 @@ _perf_counter = time.perf_counter
 
 
 # Helper threads that torch itself starts (Inductor's compile machinery, its progress bar):
-# candidates cannot import threading (static check), so these names come from torch.
+# candidates cannot import threading (static check), so these names come from torch. They are
+# exempt only until the first call ends: NVIDIA's harness takes its thread count after the first call
+# on each workload and judges any thread more after its later calls and timing as REWARD_HACK
+# ("Thread injection detected"), torch's included (Inductor's compile-pool timer thread starts
+# seconds after the first compile: two exported champions failed so on the H200). See ``_no_strays``.
 TORCH_THREADS = {"InductorSubproc", "tqdm_monitor", "subproc_worker_timer"}
 
 
@@ -140,6 +144,9 @@ class Harness:
         self.warnings += sandbox.enter(sandbox.Role(job["role"]), job.get("uid"), job["home"], job["tmp"])
         self.threading = threading
         self.threads0 = {t.ident for t in threading.enumerate()}
+        # Candidate threads alive after the first call (NVIDIA's baseline, see _no_strays); None until
+        # then, while only the name rule applies.
+        self.thread_base: dict[int | None, str] | None = None
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         # per rotated buffer (data_ptr): its cumulative roll and every cumulative roll it has shown
         self._rolls: dict[int, tuple[int, set[int]]] = {}
@@ -260,7 +267,7 @@ class Harness:
                     return False
         return True
 
-    def call(self, fn, inputs: list[Any]) -> Any:
+    def call(self, fn, inputs: list[Any], warm: bool = False) -> Any:
         try:
             result = fn(*inputs)
             self._sync()
@@ -273,14 +280,41 @@ class Harness:
         # Before the harness makes any torch call of its own: no mode or hook may be waiting for it. The
         # full check (dispatcher, namespaces, harness code) runs before the outputs leave (emit).
         self.fail_if_tampered(full=False)
-        self._no_strays()
+        self._no_strays(warm=warm)
         return result
 
-    def _no_strays(self) -> None:
-        extra = [t for t in self.threading.enumerate() if t.ident not in self.threads0 and t.name not in TORCH_THREADS]
+    def _candidate_threads(self) -> dict[int | None, str]:
+        """Threads alive now that the harness did not start (its own, CUPTI's buffer thread included)."""
+        return {t.ident: t.name for t in self.threading.enumerate() if t.ident not in self.threads0}
+
+    def _no_strays(self, warm: bool = False) -> None:
+        """No thread or process of the candidate's outlives a call.
+
+        Threads of any name other than torch's are rejected whenever they appear. torch's own helpers
+        may start at import and during the first call, as NVIDIA's harness allows them in its first call
+        on a workload (its baseline). After that call the rule is NVIDIA's: more threads alive than
+        after it (any name, torch's included) is thread injection, whatever started them. The baseline
+        is the job's first call, not each workload's: NVIDIA runs a workload's ten rounds and timing
+        before the next workload's first call, where the judge warms up every workload first, so a
+        helper thread that starts seconds after the first call (Inductor's compile-pool timer) would
+        otherwise hide in a later warm-up."""
+        alive = self._candidate_threads()
+        extra = [name for name in alive.values() if name not in TORCH_THREADS]
         if extra:
-            names = ", ".join(t.name for t in extra)
+            names = ", ".join(extra)
             raise CandidateFailure("rejected_hack", f"candidate started threads that outlive the call: {names}")
+        if self.thread_base is None:
+            if warm:
+                self.thread_base = alive
+        elif len(alive) > len(self.thread_base):
+            new = [name for ident, name in alive.items() if ident not in self.thread_base] or list(alive.values())
+            raise CandidateFailure(
+                "rejected_hack",
+                f"thread injection: {len(alive)} candidate thread(s) alive after a later call vs "
+                f"{len(self.thread_base)} after the first (new: {', '.join(new)}); NVIDIA's harness counts "
+                "threads after its first call on a workload and after timing, torch's own included, and "
+                "rejects any increase as REWARD_HACK",
+            )
         if _children():
             raise CandidateFailure("rejected_hack", "candidate started processes that outlive the call")
 
@@ -341,6 +375,7 @@ class Harness:
             kind = cmd.pop("cmd")
             if kind is Cmd.end:
                 self.fail_if_tampered()
+                self._no_strays()  # a helper thread that started late (after the last call) counts too
                 self._no_daemons()
                 self.send(Done(kind=Kind.done, phases=self.phases, warnings=self.warnings[:64]))
                 return
@@ -371,7 +406,7 @@ class Harness:
 
     def do_warmup(self, wl: int, seed: int) -> Ok:
         inputs = self.make_inputs(self.task, wl, seed, self.device)
-        out = self.call(self.fn, inputs)
+        out = self.call(self.fn, inputs, warm=True)
         del out, inputs
         self.fail_if_tampered()
         return Ok(kind=Kind.ok)
