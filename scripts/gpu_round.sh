@@ -11,6 +11,7 @@
 #   fp8      scripts/gpu_fp8_check.py (fp8 GEMM families vs torch._scaled_mm, softmax start points)
 #   softmax  scripts/bench.py softmax 4096x32768, 3 seeds
 #   fp8tests the GPU-marked fp8 tests of tests/test_gpu.py
+#   threads  the GPU-marked tests of NVIDIA's thread-injection rule (tests/guard/test_threads_parity.py)
 # Each step's time limit can be set as <STEP>_S (e.g. ABLATE_S=240).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
@@ -50,6 +51,9 @@ step_softmax() {
 }
 step_fp8tests() {
   timeout -k 5 "${FP8TESTS_S:-300}" python3 -m pytest -q -m gpu tests/test_gpu.py -k fp8 -rA -p no:cacheprovider
+}
+step_threads() {
+  timeout -k 5 "${THREADS_S:-240}" python3 -m pytest -q -m gpu tests/guard/test_threads_parity.py -rA -p no:cacheprovider
 }
 
 summary=()
