@@ -53,7 +53,11 @@ step_fp8tests() {
   timeout -k 5 "${FP8TESTS_S:-300}" python3 -m pytest -q -m gpu tests/test_gpu.py -k fp8 -rA -p no:cacheprovider
 }
 step_threads() {
-  timeout -k 5 "${THREADS_S:-240}" python3 -m pytest -q -m gpu tests/guard/test_threads_parity.py -rA -p no:cacheprovider
+  # NVIDIA's harness from .shared/ with its own wheels (.whl/solx, as scripts/gpu_suite.sh installs them)
+  [ -d /tmp/solx ] || timeout 60 python3 -m pip install -q --no-index --no-deps \
+    --no-compile --no-cache-dir --upgrade --target /tmp/solx .whl/solx/*.whl
+  PYTHONPATH=$PYTHONPATH:/tmp/solx timeout -k 5 "${THREADS_S:-240}" python3 -m pytest -q -m gpu \
+    tests/guard/test_threads_parity.py -rA -p no:cacheprovider
 }
 
 summary=()

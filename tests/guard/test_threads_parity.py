@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_dirs import SKIP_REASON, shared_path
 
 from kernelarc.exporting import export_solution
 from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
@@ -30,7 +31,7 @@ from kernelarc.models import Candidate, Status
 from kernelarc.tasks import load_builtin
 from kernelarc.tasks.inputs import make_inputs, torch_dtype
 
-HARNESS_SRC = Path(__file__).resolve().parents[3] / "shared" / "sol-execbench-harness" / "src"
+HARNESS_SRC = shared_path("sol-execbench-harness") / "src"  # beside the checkout, or .shared/ on the GPU machine
 GRAPH_TESTS = Path(__file__).resolve().parents[1] / "graph"
 
 RMS = """
@@ -99,7 +100,7 @@ def test_an_honest_torch_compile_kernel_passes(guard):
 def nvidia():
     """``check_thread_injection`` and the timed-input allocator, from the vendored harness."""
     if not (HARNESS_SRC / "sol_execbench" / "core" / "bench" / "reward_hack.py").is_file():
-        pytest.skip("NVIDIA's harness is not vendored at ../shared/sol-execbench-harness")
+        pytest.skip(f"NVIDIA's harness: {HARNESS_SRC} {SKIP_REASON}")
     sys.path.insert(0, str(HARNESS_SRC))
     try:
         from sol_execbench.core.bench.io import ShiftingMemoryPoolAllocator
