@@ -154,7 +154,11 @@ class SessionPhases:
         if ref is None or not ref.verdict.correct:
             why = "; ".join(e.splitlines()[0][:300] for e in ref.verdict.errors) if ref else "not measured"
             status = ref.verdict.status.value if ref else "missing"
-            raise SessionFailed(f"the task's reference failed in the guard ({status}): {why}")
+            hint = ""
+            if ref is not None and ref.verdict.status is Status.timeout:
+                hint = (f"; judging the reference alone needs more than budget.minutes={self.settings.minutes} "
+                        f"plus guard.timeout_s={self.settings.guard.timeout_s:g}: raise them")  # fmt: skip
+            raise SessionFailed(f"the task's reference failed in the guard ({status}): {why}{hint}")
 
     def _incumbent(self) -> None:
         """The registry's champion from earlier sessions, re-measured side by side in this run."""
