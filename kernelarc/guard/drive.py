@@ -281,6 +281,10 @@ class Driver:
             side.method = msg.method
         elif msg.method is not side.method and msg.method is not TimerMethod.events:
             raise Stop(Status.rejected_hack, "timing method changed between bursts", side.label)
+        elif msg.method is not side.method:
+            note = f"timing: CUPTI stopped in the {side.label}'s worker (workload {wl}): CUDA events from then on"
+            if note not in self.res["warnings"]:
+                self.res["warnings"].append(note)
         side.wall_ms[wl] = side.wall_ms.get(wl, 0.0) + wall
         if side.label != "champion" or check_seed is None:
             # A checked burst's time includes the copy of its outputs and their check: the champion's typical
