@@ -242,6 +242,7 @@ class Driver:
             if len(seeds) >= 2:
                 out = self.command(cand, Cmd.reuse, Outputs, wl=wl)
                 self.compare(cand, out, wl, seeds[1], 1)
+        self.res["checked"] = True  # every checked call of the challenger passed
         if not timed:
             return
         for wl in wls:

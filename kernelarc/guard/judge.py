@@ -306,10 +306,16 @@ class Guard:
             clock = drv.clock = Clock(limit)  # worker start-up is not the candidate's time
             if champ is not None and not champ.ready:
                 with slot.setup:  # another evaluation may be setting this champion up: once for all
+                    if slot.retired:  # its set-up failed in that evaluation: nothing to compare with here
+                        raise Stop(Status.runtime_error, "the champion's worker failed to set up", "champion")
                     champ.ready = slot.ready
                     if not champ.ready:
                         t = time.monotonic()
-                        drv.setup_champion(champ)
+                        try:
+                            drv.setup_champion(champ)
+                        except BaseException:
+                            slot.retired = True  # before the lock goes to an evaluation waiting for this set-up
+                            raise
                         slot.ready = True
                         res["phases"]["champion_setup"] = time.monotonic() - t
             drv.run(cand, champ, seeds, job["language"], run_limit)
@@ -331,6 +337,7 @@ class Guard:
                 res["warnings"].append(f"champion worker failed ({e.status.value}: {e.message}); not compared")
                 res["samples"] = cand.samples if cand is not None else {}
                 res["champion_samples"] = {}
+                res["champion_failed"] = True
                 if slot is not None:
                     slot.retired = True
             else:
@@ -473,7 +480,12 @@ class Guard:
     def _finish(self, cand, status, errors, warnings, res, t_start, had_champion: bool, champ_ref=None) -> Evaluation:
         samples: dict[int, list[float]] = res["samples"]
         correct = status is None
-        if correct and self.cfg.timing and set(samples) != set(self.workloads):
+        # A champion that failed after the challenger's checks stopped the timing early: the challenger, not at
+        # fault, is correct and not compared. Before them, nothing says it is correct.
+        if correct and res.get("champion_failed") and not res.get("checked"):
+            status, correct = Status.runtime_error, False
+            errors.append("the champion's worker failed before the candidate was checked; judge it again")
+        if correct and self.cfg.timing and set(samples) != set(self.workloads) and not res.get("champion_failed"):
             status = Status.runtime_error
             errors.append("worker ended before timing every workload")
             correct = False

@@ -163,15 +163,32 @@ def test_single_use_champion_workers_when_reuse_is_off(task):
 
 
 def test_a_lazy_champion_is_caught_by_its_checked_timed_call(task):
-    g = Guard(task, None, "cpu", _cfg())
+    g = Guard(task, None, "cpu", _cfg(workloads=[0, 1]))
     try:
         lazy = Candidate(source=LAZY_CHAMPION, language="pytorch")
         v = g.evaluate(_cand("vs lazy"), lazy).verdict
-        assert v.status is not Status.champion, v
+        # checked, so correct; its timing stopped with the champion's: not compared, not promoted
+        assert v.status is Status.correct_slower, (v.status, v.errors, v.warnings)
         assert any("champion output produced while timed is wrong" in w for w in v.warnings), v.warnings
         assert any("not compared" in w for w in v.warnings), v.warnings
         assert not v.errors, v.errors  # the champion's failure is not the challenger's
         assert g._champ is None  # retired, not reused
+    finally:
+        g.close()
+
+
+def test_a_champion_that_fails_to_set_up_leaves_the_challenger_unjudged_not_correct(task):
+    g = Guard(task, None, "cpu", _cfg())
+    try:
+        broken = Candidate(
+            source="import torch\nimport not_a_module\ndef run(x, weight):\n    return x\n", language="pytorch"
+        )
+        v = g.evaluate(_cand("vs broken"), broken).verdict
+        assert v.status is Status.runtime_error, (v.status, v.errors)
+        assert any("before the candidate was checked" in e for e in v.errors), v.errors
+        assert any("champion worker failed" in w for w in v.warnings), v.warnings
+        assert g._champ is None
+        assert g.evaluate(_cand("vs reference"), reference_candidate(task)).verdict.correct
     finally:
         g.close()
 
