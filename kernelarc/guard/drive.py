@@ -1,19 +1,23 @@
 """The judge's side of one evaluation: drives the challenger's worker and the champion's, interleaved.
 
-The challenger and the champion (when there is one) each run in a fresh worker of their own, so a
-candidate can reach neither the champion's code nor its process nor its timing. The judge drives
+The challenger and the champion (when there is one) each run in a worker of their own, so a
+candidate can reach neither the champion's code nor its process nor its timing. The challenger's
+worker is fresh and killed after its evaluation; the champion's runs only the champion's code and
+serves several evaluations (``judge.ChampionWorker`` says why that stays honest). The judge drives
 both with commands, one at a time, and decides everything from what comes back:
 
-1. Both import their source (the challenger's static checks already passed in the judge).
+1. Both import their source (the challenger's static checks already passed in the judge); a
+   champion's worker only once, with its warm-up, for all the evaluations it serves.
 2. Warm-up calls (JIT compilation) outside the per-GPU lock, on inputs from a throw-away seed.
 3. Under the lock: the challenger's checked calls, on inputs from seeds drawn from os.urandom and
    sent one at a time, only when used; every output compared with the judge's reference; the
    same buffers rewritten with another set's content and checked again. The champion builds the
    same timing sets without being called.
-4. Timing, per workload: a warm-up burst each (the judge's own clock gives the call count), then
-   ``rounds`` rounds of one burst per side, the order alternating, all under the lock. On a few
-   judge-chosen rounds (secret until the burst) the challenger's last call runs on inputs staged
-   from a fresh os.urandom seed and all its outputs are compared.
+4. Timing, per workload: a warm-up burst each (the judge's own clock gives the call count; the
+   timed time ``target_ms`` is shared by the sides), then ``rounds`` rounds of one burst per side,
+   the order alternating, all under the lock. On a few judge-chosen rounds (secret until the burst)
+   the challenger's last call, and on ``champion_checks`` rounds the champion's, runs on inputs
+   staged from a fresh os.urandom seed and all its outputs are compared.
 5. Cross-checks on the samples: the judge's wall clock around every burst must be able to contain
    the device time the worker reports, and the time it cannot explain must look like the other
    side's; CUPTI spans must not exceed CUDA event spans (work running past the end event).

@@ -1,8 +1,10 @@
 """Pre-started, single-use worker processes.
 
 Starting a process that imports torch and initialises CUDA costs seconds; the pool keeps
-a few such processes ready so that isolation does not slow the search. Each process
-takes exactly one job and then exits; the pool starts its replacement at once.
+enough such processes ready (``GuardSettings.pool_size``: what the evaluations in flight take) so
+that isolation does not slow the search. Each process takes exactly one job (a challenger's
+evaluation, or one champion's evaluations) and is then killed; the pool starts its replacement
+as soon as it is taken.
 
 A worker is a plain ``python`` subprocess (no multiprocessing: nothing is unpickled on the
 judge's side) in its own session, stdin closed, stdout and stderr on a log file the judge
