@@ -32,8 +32,9 @@ except Exception:  # noqa: BLE001 - any import failure means "no CUPTI"
 # One CUPTI activity session per worker (enabled at its first timed burst, flushed after each burst) instead of
 # one per burst: setting CUPTI up and finalising it costs far more than a burst of short kernels, and a worker
 # times some twenty bursts. Read when the harness imports this module, before any candidate code exists.
-# KERNELARC_CUPTI_SESSION=0: a session per burst (as NVIDIA's harness, which times one run per process).
-_ONE_SESSION = os.environ.get("KERNELARC_CUPTI_SESSION", "1") != "0"
+# KERNELARC_CUPTI_PER_BURST=1: a session per burst (as NVIDIA's harness, which times one run per process).
+# (Not a name with SESSION, KEY, TOKEN...: the pool keeps such variables from the workers.)
+_ONE_SESSION = os.environ.get("KERNELARC_CUPTI_PER_BURST", "0") != "1"
 _FLUSH_FORCED = 1  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED: deliver every buffer now, full or not
 
 
