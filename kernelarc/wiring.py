@@ -72,7 +72,9 @@ def guard_settings(cfg: KernelArcConfig, task: Task, on_cpu: bool) -> GuardSetti
         workloads = [i for i in range(len(task.workloads)) if task.io_bytes(i) <= 64 << 20] or [
             min(range(len(task.workloads)), key=task.io_bytes)
         ]
-    return cfg.guard.resolved(on_cpu=on_cpu, prestart=cfg.executor.prestart, workloads=workloads)
+    return cfg.guard.resolved(
+        on_cpu=on_cpu, prestart=cfg.executor.prestart, workloads=workloads, parallel=cfg.executor.parallel
+    )
 
 
 def devices_for(target: Any, cfg: KernelArcConfig) -> list[str]:

@@ -210,15 +210,33 @@ def measure_task(label: str, task: Any, tree: Path, device: str, args: argparse.
                         "status": v.status.value,
                         "phases": dict(v.phases),
                         "errors": [e.splitlines()[0][:200] for e in v.errors if e][:3],
+                        # the judge's own notes on timing (a CUPTI fallback) and on the champion's worker
+                        "notes": [w[:200] for w in v.warnings if w.startswith("timing:") or "champion" in w][:3],
                     }
                 )
                 print(f"{label} {name} #{rep}: {wall:.2f} s {v.status.value} {v.phases}", file=sys.stderr, flush=True)
                 _write(args.out, out)
     finally:
+        _judge_counters(guard, rec)
         guard.close()
         rec["task_s"] = time.monotonic() - t0
         _summarise(rec)
         _write(args.out, out)
+
+
+def _judge_counters(guard: Any, rec: dict) -> None:
+    """Where the after-tree's judge spent its time (trees without these counters: nothing): seconds per worker
+    command over the task (``drive.PROFILE``: side.command) and the pool's worker starts and waits."""
+    try:
+        from kernelarc.guard import drive
+
+        rec["commands_s"] = {k: round(v, 3) for k, v in sorted(drive.PROFILE.items())}
+        drive.PROFILE.clear()
+    except ImportError:
+        pass
+    stats = getattr(getattr(guard, "_pool", None), "stats", None)
+    if stats is not None:
+        rec["pool"] = {**vars(stats), "size": guard._pool.size}
 
 
 def _summarise(rec: dict) -> None:
@@ -263,6 +281,15 @@ def _table(out: dict) -> str:
         )
         per = ", ".join(f"{n} {st['median']:.2f}" for n, st in rec["by_candidate"].items())
         lines.append(f"{'':<12} median s per candidate: {per}")
+        setups = [e["phases"]["champion_setup"] for e in rec["evals"] if "champion_setup" in e["phases"]]
+        if "pool" in rec:
+            p = rec["pool"]
+            lines.append(f"{'':<12} pool of {p['size']}: {p['starts']} worker starts, {p['waits']} of {p['acquired']} "
+                         f"acquisitions waited ({p['wait_s']:.2f} s); champion worker set up in {len(setups)} "
+                         f"timed evaluation(s) {' '.join(f'{x:.2f}' for x in setups)} s")  # fmt: skip
+        notes = sorted({n for e in rec["evals"] for n in e.get("notes", [])})
+        if notes:
+            lines.append(f"{'':<12} judge notes: {' | '.join(notes)[:400]}")
         if rec.get("not_accepted"):
             lines.append(f"{'':<12} honest candidates not accepted: {', '.join(rec['not_accepted'])}")
     return "\n".join(lines)

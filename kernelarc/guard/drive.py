@@ -1,19 +1,23 @@
 """The judge's side of one evaluation: drives the challenger's worker and the champion's, interleaved.
 
-The challenger and the champion (when there is one) each run in a fresh worker of their own, so a
-candidate can reach neither the champion's code nor its process nor its timing. The judge drives
+The challenger and the champion (when there is one) each run in a worker of their own, so a
+candidate can reach neither the champion's code nor its process nor its timing. The challenger's
+worker is fresh and killed after its evaluation; the champion's runs only the champion's code and
+serves several evaluations (``judge.ChampionWorker`` says why that stays honest). The judge drives
 both with commands, one at a time, and decides everything from what comes back:
 
-1. Both import their source (the challenger's static checks already passed in the judge).
+1. Both import their source (the challenger's static checks already passed in the judge); a
+   champion's worker only once, with its warm-up, for all the evaluations it serves.
 2. Warm-up calls (JIT compilation) outside the per-GPU lock, on inputs from a throw-away seed.
 3. Under the lock: the challenger's checked calls, on inputs from seeds drawn from os.urandom and
    sent one at a time, only when used; every output compared with the judge's reference; the
    same buffers rewritten with another set's content and checked again. The champion builds the
    same timing sets without being called.
-4. Timing, per workload: a warm-up burst each (the judge's own clock gives the call count), then
-   ``rounds`` rounds of one burst per side, the order alternating, all under the lock. On a few
-   judge-chosen rounds (secret until the burst) the challenger's last call runs on inputs staged
-   from a fresh os.urandom seed and all its outputs are compared.
+4. Timing, per workload: a warm-up burst each (the judge's own clock gives the call count; the
+   timed time ``target_ms`` is shared by the sides), then ``rounds`` rounds of one burst per side,
+   the order alternating, all under the lock. On a few judge-chosen rounds (secret until the burst)
+   the challenger's last call, and on ``champion_checks`` rounds the champion's, runs on inputs
+   staged from a fresh os.urandom seed and all its outputs are compared.
 5. Cross-checks on the samples: the judge's wall clock around every burst must be able to contain
    the device time the worker reports, and the time it cannot explain must look like the other
    side's; CUPTI spans must not exceed CUDA event spans (work running past the end event).
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -35,7 +40,7 @@ from kernelarc.guard.buffers import JudgeBuffer
 from kernelarc.guard.decision import median
 from kernelarc.guard.pool import Worker
 from kernelarc.guard.protocol import Cmd, Done, Fail, Imported, Ok, Outputs, ProtocolError, Tag, TimerMethod, Timing
-from kernelarc.guard.sandbox import Role, sandbox
+from kernelarc.guard.sandbox import Role, find_processes, sandbox
 from kernelarc.models import Status
 
 log = logging.getLogger(__name__)
@@ -82,6 +87,8 @@ class Side:
     unexplained: dict[int, list[float]] = field(default_factory=dict)  # judge wall minus reported, per call
     method: TimerMethod | None = None
     done: Done | None = None
+    busy: bool = False  # a command sent, its reply not read yet (a worker in that state is not reused)
+    ready: bool = False  # imported and warmed up (a reused champion's worker already is)
 
 
 class Clock:
@@ -186,6 +193,7 @@ class Driver:
         """Send one command and wait for its reply; ``meanwhile=(wl, seed)`` computes that reference in
         the judge while the worker works (only around untimed commands: it shares the device)."""
         t = time.perf_counter()
+        side.busy = True
         try:
             side.worker.chan.send_command(cmd, **fields)
         except (OSError, TimeoutError):
@@ -193,8 +201,12 @@ class Driver:
         if meanwhile is not None:
             self.reference(*meanwhile)
         msg = self.recv(side, expect)
+        side.busy = False
+        dt = time.perf_counter() - t
         key = f"{side.label}.{cmd.value}"
-        PROFILE[key] = PROFILE.get(key, 0.0) + time.perf_counter() - t
+        PROFILE[key] = PROFILE.get(key, 0.0) + dt
+        if side.label == "champion" and side.ready:  # the challenger's worker reports its phases; the judge, these
+            self.res["phases"]["champion"] = self.res["phases"].get("champion", 0.0) + dt
         return msg
 
     def reference(self, wl: int, seed: int) -> None:
@@ -226,13 +238,21 @@ class Driver:
             self.g._gpu.release()
             self.holding = False
 
+    def setup_champion(self, champ: Side) -> None:
+        """A new champion worker's import and warm-up (JIT compilation) on every workload, once for all the
+        evaluations it serves; outside the per-GPU lock, as a challenger's."""
+        self.recv(champ, Imported)  # (a worker left not ready by an exception here is never reused)
+        warm_seed = secrets.randbits(62)
+        for wl in self.g.workloads:
+            self.command(champ, Cmd.warmup, Ok, wl=wl, seed=warm_seed)
+        champ.ready = True
+
     def run(self, cand: Side, champ: Side | None, seeds: list[int], language: str, run_limit: float) -> None:
-        sides = [cand] + ([champ] if champ else [])
-        for s in sides:
-            msg = self.recv(s, Imported)
-            if s is cand:
-                self.res["warnings"] += [n for n in msg.notes if not n.startswith("sandbox:")]
-                self.clock.reset(run_limit, " after its build")
+        if champ is not None and not champ.ready:
+            self.setup_champion(champ)
+        msg = self.recv(cand, Imported)
+        self.res["warnings"] += [n for n in msg.notes if not n.startswith("sandbox:")]
+        self.clock.reset(run_limit, " after its build")
         wls = self.g.workloads
         timed = self.cfg.timing
         # A CUTLASS candidate was built at import and has nothing to compile here, so it warms up
@@ -242,8 +262,7 @@ class Driver:
             self.lock()
         warm_seed = secrets.randbits(62)
         for wl in wls:
-            for s in sides:
-                self.command(s, Cmd.warmup, Ok, wl=wl, seed=warm_seed)
+            self.command(cand, Cmd.warmup, Ok, wl=wl, seed=warm_seed)
         if timed:
             self.lock()
         for wl in wls:
@@ -251,10 +270,12 @@ class Driver:
                 out = self.command(cand, Cmd.check, Outputs, (wl, seed), wl=wl, seed=seed, keep=True)
                 self.compare(cand, out, wl, seed, j)
                 if champ:
-                    self.command(champ, Cmd.prepare, Ok, wl=wl, seed=seed)
+                    # The champion times on the same sets; a reused worker drops the last evaluation's first.
+                    self.command(champ, Cmd.prepare, Ok, wl=wl, seed=seed, fresh=j == 0)
             if len(seeds) >= 2:
                 out = self.command(cand, Cmd.reuse, Outputs, wl=wl)
                 self.compare(cand, out, wl, seeds[1], 1)
+        self.res["checked"] = True  # every checked call of the challenger passed
         if not timed:
             return
         for wl in wls:
@@ -262,7 +283,16 @@ class Driver:
 
     def compare(self, side: Side, msg: Outputs, wl: int, seed: int, j: int) -> None:
         if msg.wl != wl:
-            raise Stop(Status.rejected_hack, f"outputs for workload {msg.wl} where {wl} was asked")
+            raise Stop(Status.rejected_hack, f"outputs for workload {msg.wl} where {wl} was asked", side.label)
+        if side.label == "champion":
+            # The champion's checked timed calls: its own errors end its comparison (never the challenger's
+            # verdict, nor the challenger's error metrics).
+            scratch: dict[str, Any] = {"errors": [], "checks": {}}
+            if not self.g._check_outputs(side.buffer, msg, wl, seed, j, scratch):
+                why = "; ".join(scratch["errors"])[:500]
+                raise Stop(Status.rejected_hack, f"workload {wl}: a champion output produced while timed is wrong "
+                           f"({why})", side.label)  # fmt: skip
+            return
         ok = self.g._check_outputs(side.buffer, msg, wl, seed, j, self.res)
         if ok:
             return
@@ -285,8 +315,15 @@ class Driver:
             side.method = msg.method
         elif msg.method is not side.method and msg.method is not TimerMethod.events:
             raise Stop(Status.rejected_hack, "timing method changed between bursts", side.label)
+        elif msg.method is not side.method:
+            note = f"timing: CUPTI stopped in the {side.label}'s worker (workload {wl}): CUDA events from then on"
+            if note not in self.res["warnings"]:
+                self.res["warnings"].append(note)
         side.wall_ms[wl] = side.wall_ms.get(wl, 0.0) + wall
-        side.unexplained.setdefault(wl, []).append(max(wall - sum(msg.samples_ms), 0.0) / len(msg.samples_ms))
+        if side.label != "champion" or check_seed is None:
+            # A checked burst's time includes the copy of its outputs and their check: the champion's typical
+            # unexplained time (the judge-clock rule's yardstick) is taken from its plain bursts only.
+            side.unexplained.setdefault(wl, []).append(max(wall - sum(msg.samples_ms), 0.0) / len(msg.samples_ms))
         if check_seed is not None and msg.check is not None:
             self.compare(side, msg.check, wl, check_seed, -1)
         return msg
@@ -301,7 +338,9 @@ class Driver:
             msg = self.command(s, Cmd.time, Timing, wl=wl, n=0, warm=True, warm_ms=cfg.warmup_ms / len(sides))
             wall = (time.perf_counter() - t) * 1e3
             est = max(wall / max(len(msg.samples_ms), 1), 1e-3)  # the judge's clock, not the worker's word
-            n_for[s.label] = timed_calls(est, cfg.target_ms, cfg.min_iters, cfg.max_iters)
+            # The timed time is shared by the sides too, as when both ran in one worker (before round 2):
+            # each side gets about as many samples as then.
+            n_for[s.label] = timed_calls(est, cfg.target_ms / len(sides), cfg.min_iters, cfg.max_iters)
             if s is cand and msg.excess_ms is not None:
                 med = median(msg.samples_ms)
                 if msg.excess_ms > max(20.0, 10 * med):
@@ -311,12 +350,16 @@ class Driver:
                         f"(median event time {med:.3f} ms): side stream or deferred work",
                     )
         rounds = max(1, min(cfg.rounds, min(n_for.values())))
-        checked = set(secrets.SystemRandom().sample(range(rounds), k=min(cfg.timed_checks, rounds)))
+        rng = secrets.SystemRandom()
+        checked = {
+            cand.label: set(rng.sample(range(rounds), k=min(cfg.timed_checks, rounds))),
+            "champion": set(rng.sample(range(rounds), k=min(max(cfg.champion_checks, 0), rounds))),
+        }
         for r in range(rounds):
             order = sides if r % 2 == 0 else sides[::-1]
             for s in order:
                 n = -(-n_for[s.label] // rounds)  # ceil: min_iters holds over the rounds
-                seed = secrets.randbits(62) if (s is cand and r in checked) else None
+                seed = secrets.randbits(62) if r in checked[s.label] else None
                 msg = self.burst(s, wl, n, seed)
                 s.samples.setdefault(wl, []).extend(msg.samples_ms)
                 if msg.events_ms:
@@ -354,3 +397,12 @@ class Driver:
     def finish(self, sides: list[Side]) -> None:
         for s in sides:
             s.done = self.command(s, Cmd.end, Done)
+
+    def champion_clean(self, champ: Side) -> None:
+        """After every evaluation a champion's worker served: no process of its identity but the worker itself
+        (what ``Cmd.end`` checks in a worker that ends; this one goes on serving): a daemon would outlive the
+        evaluation and share the host and device with the next challenger's timing."""
+        w = champ.worker
+        strays = [p for p in find_processes(w.ident, w.process.pid, w.since, os.getpid()) if p != w.process.pid]
+        if strays:
+            raise Stop(Status.rejected_hack, f"champion worker left {len(strays)} process(es) running", champ.label)

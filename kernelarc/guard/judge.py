@@ -9,6 +9,7 @@ stop the next candidate from running.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import secrets
@@ -49,6 +50,37 @@ class Evaluation:
     samples: dict[int, list[float]] = field(default_factory=dict)
     champion_samples: dict[int, list[float]] = field(default_factory=dict)
     decision: Decision | None = None
+
+
+@dataclass
+class ChampionWorker:
+    """One champion's worker, kept across the evaluations it serves (``GuardSettings.champion_reuse``).
+
+    Why this stays honest (issue 15: reference and champion never run in a process that ran candidate code):
+    the worker only ever runs this champion's source (``key``); no challenger's code enters it, and each
+    challenger still gets a fresh worker of its own that is killed after its evaluation. What the champion can
+    do does not grow with reuse: it already knew its role (it runs as the trusted role) and could keep state
+    across evaluations (its role's home persists); now its timed outputs are also checked like a challenger's
+    (judge-chosen fresh seeds on a secret round, ``champion_checks``), so a champion that skips work once it is
+    champion fails its comparison; its integrity is checked after every burst (worker), and after every
+    evaluation no process of its but the worker may exist (``Driver.champion_clean``). Every evaluation sends it
+    its own fresh sets (the challenger's seeds: same distributions on both sides). A worker left mid-command,
+    one that failed, and one that served ``champion_reuse`` evaluations are retired (killed); a new champion
+    gets a new worker.
+    """
+
+    key: str
+    worker: Any
+    buffer: JudgeBuffer
+    ready: bool = False  # imported and warmed up on every workload
+    uses: int = 0  # evaluations handed to it
+    users: int = 0  # evaluations using it now
+    retired: bool = False
+    setup: threading.Lock = field(default_factory=threading.Lock)
+
+
+def champion_key(cand: Candidate) -> str:
+    return hashlib.sha256(f"{cand.language}\0{cand.source}".encode()).hexdigest()
 
 
 def layout_mismatch(strides: list[int] | None, ref: Any, shape: tuple[int, ...]) -> str | None:
@@ -116,15 +148,24 @@ class Guard:
         self.work: dict[int, Any] = {}  # workload -> kernelarc.sol.Work
         self.baseline_ms: dict[int, float] = {}
         self.compile_ms: dict[int, float] = {}
+        self._champ: ChampionWorker | None = None
+        self._champ_lock = threading.Lock()
+        self._pool_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------
     @property
     def pool(self) -> WorkerPool:
-        if self._pool is None:
-            self._pool = WorkerPool(self.device, self.cfg.prestart)
-        return self._pool
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = WorkerPool(self.device, self.cfg.pool_size())
+            return self._pool
 
     def close(self) -> None:
+        with self._champ_lock:
+            champ, self._champ = self._champ, None
+        if champ is not None:
+            champ.retired = True
+            self._drop_champion(champ)
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -271,32 +312,46 @@ class Guard:
         res: dict[str, Any] = {"errors": [], "warnings": [], "samples": {}, "champion_samples": {}, "phases": {},
                                "checks": {}}  # fmt: skip
         status: Status | None = None
-        sides: list[Side] = []
+        cand: Side | None = None
+        champ: Side | None = None
+        slot: ChampionWorker | None = None
         clock = Clock(limit, hard)
         drv = Driver(self, clock, res)
         nbytes = buffer_bytes(self.task, self.workloads)
         try:
-            for label in ("candidate", "champion") if champion is not None else ("candidate",):
-                w = self.pool.acquire()
-                sides.append(Side(label, w, JudgeBuffer(self.device, nbytes)))
-                w.keep.append(sides[-1].buffer)
-            clock = drv.clock = Clock(limit, hard)  # worker start-up is not the candidate's time
-            drv.start(sides[0], job, role)
+            t = time.monotonic()
+            w = self.pool.acquire()
+            cand = Side("candidate", w, JudgeBuffer(self.device, nbytes))
+            w.keep.append(cand.buffer)
+            drv.start(cand, job, role)  # it imports while the champion's worker is found or set up
             if champion is not None:
-                cjob = dict(job, source=champion.source, language=champion.language)
-                drv.start(sides[1], cjob, Role.trusted)
-            cand, champ = sides[0], sides[1] if len(sides) > 1 else None
+                slot = self._champion_worker(champion, job, nbytes, drv)
+                champ = Side("champion", slot.worker, slot.buffer, ready=slot.ready)
+            res["phases"]["worker_wait"] = time.monotonic() - t
+            clock = drv.clock = Clock(limit, hard)  # worker start-up is not the candidate's time
+            if champ is not None and not champ.ready:
+                with slot.setup:  # another evaluation may be setting this champion up: once for all
+                    if slot.retired:  # its set-up failed in that evaluation: nothing to compare with here
+                        raise Stop(Status.runtime_error, "the champion's worker failed to set up", "champion")
+                    champ.ready = slot.ready
+                    if not champ.ready:
+                        t = time.monotonic()
+                        try:
+                            drv.setup_champion(champ)
+                        except BaseException:
+                            slot.retired = True  # before the lock goes to an evaluation waiting for this set-up
+                            raise
+                        slot.ready = True
+                        res["phases"]["champion_setup"] = time.monotonic() - t
             drv.run(cand, champ, seeds, job["language"], run_limit)
-            drv.finish(sides)
-            for s in sides:
-                res["phases"].update({k: v for k, v in s.done.phases.items()} if s is cand else {})
-                notes = [x for x in s.done.warnings if x.startswith("sandbox:")]
-                log.debug("worker %s: %s", s.label, "; ".join(notes))
-                res["warnings"] += (
-                    [x for x in s.done.warnings if x not in res["warnings"] and x not in notes] if s is cand else []
-                )
+            drv.finish([cand])
+            res["phases"].update(cand.done.phases)
+            notes = [x for x in cand.done.warnings if x.startswith("sandbox:")]
+            log.debug("worker candidate: %s", "; ".join(notes))
+            res["warnings"] += [x for x in cand.done.warnings if x not in res["warnings"] and x not in notes]
             res["samples"] = cand.samples
             if champ is not None:
+                drv.champion_clean(champ)
                 res["champion_samples"] = champ.samples
         except RuntimeError as e:  # a worker that could not start
             status = Status.runtime_error
@@ -305,22 +360,69 @@ class Guard:
             if e.side == "champion":
                 # Not the challenger's doing (the champion runs in its own process): no comparison.
                 res["warnings"].append(f"champion worker failed ({e.status.value}: {e.message}); not compared")
-                res["samples"] = sides[0].samples
+                res["samples"] = cand.samples if cand is not None else {}
                 res["champion_samples"] = {}
+                res["champion_failed"] = True
+                if slot is not None:
+                    slot.retired = True
             else:
                 status = e.status
                 if e.message:
                     res["errors"].append(e.message)
         finally:
             drv.unlock()
-            if sides:
-                self._scan_stdout(sides[0].worker.log_path, res)
+            if cand is not None:
+                self._scan_stdout(cand.worker.log_path, res)
                 if res.pop("forged", False) and (status is None or status.correct):
                     status = Status.rejected_hack
-            for s in sides:
-                s.worker.kill(wait=False)  # all killed now; reaping and the uid slot's release follow
-                s.buffer.close()
+                cand.worker.kill(wait=False)  # killed now; reaping and the uid slot's release follow
+                cand.buffer.close()
+            if slot is not None:
+                self._release_champion(slot, champ)
         return status, res
+
+    # -- the champion's worker ---------------------------------------------------------
+    def _champion_worker(self, champion: Candidate, job: dict, nbytes: int, drv: Driver) -> ChampionWorker:
+        """The worker of ``champion``: the one that served it before where it may serve again, else a fresh one
+        from the pool, its job sent (set up by the first evaluation that uses it)."""
+        key = champion_key(champion)
+        with self._champ_lock:
+            cur = self._champ
+            if cur is not None and (
+                cur.key != key or cur.retired or cur.uses >= max(self.cfg.champion_reuse, 1) or not cur.worker.alive()
+            ):
+                cur.retired = True
+                self._champ = None
+                if cur.users == 0:
+                    self._drop_champion(cur)
+                cur = None
+            if cur is None:
+                w = self.pool.acquire()
+                buf = JudgeBuffer(self.device, nbytes)
+                w.keep.append(buf)
+                cur = ChampionWorker(key, w, buf)
+                cjob = dict(job, source=champion.source, language=champion.language)
+                drv.start(Side("champion", w, buf), cjob, Role.trusted)
+                if self.cfg.champion_reuse > 0:
+                    self._champ = cur
+            cur.uses += 1
+            cur.users += 1
+            return cur
+
+    def _release_champion(self, slot: ChampionWorker, side: Side | None) -> None:
+        with self._champ_lock:
+            slot.users -= 1
+            if side is None or side.busy or not slot.ready or self.cfg.champion_reuse <= 0:
+                slot.retired = True  # mid-command, never set up, or single-use: not served again
+            if slot.retired and self._champ is slot:
+                self._champ = None
+            if slot.retired and slot.users == 0:
+                self._drop_champion(slot)
+
+    @staticmethod
+    def _drop_champion(slot: ChampionWorker) -> None:
+        slot.worker.kill(wait=False)
+        slot.buffer.close()
 
     def _scan_stdout(self, path: str, res: dict) -> None:
         # The worker's log is its own file (nothing it prints reaches the judge's streams); read at most
@@ -403,7 +505,12 @@ class Guard:
     def _finish(self, cand, status, errors, warnings, res, t_start, had_champion: bool, champ_ref=None) -> Evaluation:
         samples: dict[int, list[float]] = res["samples"]
         correct = status is None
-        if correct and self.cfg.timing and set(samples) != set(self.workloads):
+        # A champion that failed after the challenger's checks stopped the timing early: the challenger, not at
+        # fault, is correct and not compared. Before them, nothing says it is correct.
+        if correct and res.get("champion_failed") and not res.get("checked"):
+            status, correct = Status.runtime_error, False
+            errors.append("the champion's worker failed before the candidate was checked; judge it again")
+        if correct and self.cfg.timing and set(samples) != set(self.workloads) and not res.get("champion_failed"):
             status = Status.runtime_error
             errors.append("worker ended before timing every workload")
             correct = False

@@ -314,7 +314,7 @@ def memory_plan(guard: Any) -> MemoryPlan:
                 seeds=cfg.seeds,
                 seed_pool=cfg.seed_pool,
                 parallel=getattr(cfg, "parallel", 3),
-                prestart=cfg.prestart,
+                prestart=cfg.resident_workers() if hasattr(cfg, "resident_workers") else cfg.prestart,
                 hp_reference=cfg.hp_reference,
                 flush_bytes=cfg.flush_bytes,
                 run=guard._ref_mod.run,

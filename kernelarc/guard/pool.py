@@ -1,8 +1,10 @@
 """Pre-started, single-use worker processes.
 
 Starting a process that imports torch and initialises CUDA costs seconds; the pool keeps
-a few such processes ready so that isolation does not slow the search. Each process
-takes exactly one job and then exits; the pool starts its replacement at once.
+enough such processes ready (``GuardSettings.pool_size``: what the evaluations in flight take) so
+that isolation does not slow the search. Each process takes exactly one job (a challenger's
+evaluation, or one champion's evaluations) and is then killed; the pool starts its replacement
+as soon as it is taken.
 
 A worker is a plain ``python`` subprocess (no multiprocessing: nothing is unpickled on the
 judge's side) in its own session, stdin closed, stdout and stderr on a log file the judge
@@ -141,8 +143,20 @@ class _NotStarted(Exception):
     """The worker died, or its start-up outlasted the pool's timeout, before it said it was ready."""
 
 
+@dataclass
+class PoolStats:
+    """What a pool did: workers started, and acquisitions that found no started worker ready (and waited)."""
+
+    starts: int = 0
+    acquired: int = 0
+    waits: int = 0
+    wait_s: float = 0.0
+    replaced_dead: int = 0
+
+
 class WorkerPool:
-    """Keeps ``size`` workers for one device started and ready."""
+    """Keeps ``size`` workers for one device started: every acquisition starts its replacement at once, so
+    the next one finds a worker that started while the previous candidates were judged."""
 
     def __init__(self, device: str, size: int = 2, start_timeout: float = 120.0):
         self.device = device
@@ -151,16 +165,54 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._idle: list[Worker] = []
         self._closed = False
+        self.stats = PoolStats()
         for _ in range(self.size):
-            self._idle.append(_spawn(self.device))
+            self._idle.append(self._spawn())
+
+    def _spawn(self) -> Worker:
+        self.stats.starts += 1
+        return _spawn(self.device)
+
+    @staticmethod
+    def _poll(w: Worker) -> None:
+        """Take a started worker's Ready message if it is there (never blocks)."""
+        if w.ready or not w.chan.readable(0):
+            return
+        with contextlib.suppress(Exception):  # a bad start shows in acquire, which reports it
+            msg = w.chan.recv_message(0.5)
+            if isinstance(msg, Ready):
+                w.ready, w.info = True, {"pid": msg.pid}
+
+    def idle_ready(self) -> int:
+        """How many idle workers have said they are ready."""
+        with self._lock:
+            for w in self._idle:
+                self._poll(w)
+            return sum(w.ready for w in self._idle)
 
     def acquire(self) -> Worker:
-        """A ready worker (waits for its start-up); a replacement starts immediately."""
+        """A ready worker (a ready one first; else the oldest, whose start-up it waits for); a replacement
+        starts immediately. A worker that died while idle is replaced, not handed out."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("worker pool is closed")
-            w = self._idle.pop(0) if self._idle else _spawn(self.device)
-            self._idle.append(_spawn(self.device))
+            for w in list(self._idle):
+                self._poll(w)
+                if not w.alive():  # died while idle (killed, out of memory): its start is lost
+                    self._idle.remove(w)
+                    w.kill(wait=False)
+                    self.stats.replaced_dead += 1
+            ready = [w for w in self._idle if w.ready]
+            w = ready[0] if ready else (self._idle[0] if self._idle else self._spawn())
+            if w in self._idle:
+                self._idle.remove(w)
+            while len(self._idle) < self.size:
+                self._idle.append(self._spawn())
+            self.stats.acquired += 1
+            waited = not w.ready
+            if waited:
+                self.stats.waits += 1
+        t0 = time.monotonic()
         deadline = w.started + self.start_timeout
         try:
             while not w.ready:
@@ -179,6 +231,10 @@ class WorkerPool:
         except RuntimeError:
             w.kill()
             raise
+        finally:
+            if waited:
+                with self._lock:
+                    self.stats.wait_s += time.monotonic() - t0
         return w
 
     def _start_failure(self, w: Worker, detail: str, wait_s: float) -> RuntimeError:

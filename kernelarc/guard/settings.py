@@ -27,7 +27,7 @@ class GuardSettings:
     baseline_timeout_s: float = 900.0  # torch.compile (and max-autotune) of a reference may take minutes
     build_timeout_s: float = 300.0  # added for CUTLASS candidates: a first nvcc build takes about a minute
     warmup_ms: float = 25.0
-    target_ms: float = 100.0  # timed time per workload and candidate
+    target_ms: float = 100.0  # timed time per workload and evaluation, shared by challenger and champion
     min_iters: int = 5
     max_iters: int = 200
     flush_mb: int = 256  # > the 50 MB L2 of an H200, cleared before every timed call
@@ -39,7 +39,13 @@ class GuardSettings:
     memory_gb: float | None = None  # memory cap per device for the guard's memory plan (null: the device's memory)
 
     # -- resolved by the wiring from other config keys ----------------------------------------
-    prestart: int = field(default=2, metadata=_INTERNAL)  # workers kept started per device (executor.prestart)
+    # Workers kept started per device at least (executor.prestart); the pool keeps more where the evaluations
+    # in flight consume more (``pool_size``), and the memory plan counts them (``resident_workers``).
+    prestart: int = field(default=2, metadata=_INTERNAL)
+    # Evaluations in flight per device (executor.parallel; None: a Guard used directly, whose pool keeps
+    # ``prestart`` workers as its caller chose). Not named
+    # ``parallel``: the memory plan reads that name for the workers it may allow, 3 where unset.
+    in_flight: int | None = field(default=None, metadata=_INTERNAL)
     workloads: list[int] | None = field(default=None, metadata=_INTERNAL)  # workload indices (None: all)
 
     # -- the judge's internal constants -------------------------------------------------------
@@ -49,6 +55,11 @@ class GuardSettings:
     clock_factor: float = field(default=3.0, metadata=_INTERNAL)  # unexplained judge wall time per call ...
     clock_slack_ms: float = field(default=0.2, metadata=_INTERNAL)  # ... plus half its median plus this
     cupti: bool = field(default=True, metadata=_INTERNAL)  # CUPTI activity records where importable
+    # One champion worker serves at most this many evaluations (0: a fresh one for each, as for every
+    # challenger). It only ever runs the champion's code, and its timed outputs are checked like a
+    # challenger's (``champion_checks``), so reusing it changes what it can do to nobody (judge.py).
+    champion_reuse: int = field(default=32, metadata=_INTERNAL)
+    champion_checks: int = field(default=1, metadata=_INTERNAL)  # champion rounds per workload ending in a check
 
     @property
     def flush_bytes(self) -> int:
@@ -59,9 +70,27 @@ class GuardSettings:
         """The consistency factor in force (a Guard built without the wiring: the GPU's)."""
         return CONSISTENCY_GPU if self.consistency is None else float(self.consistency)
 
-    def resolved(self, *, on_cpu: bool, prestart: int, workloads: list[int] | None) -> GuardSettings:
+    def pool_size(self) -> int:
+        """Idle workers the pool keeps started: ``prestart`` or, where more, the fresh workers that ``in_flight``
+        evaluations in flight take (a challenger's each; a champion's each where champion workers are single-use;
+        with reuse one spare for the next champion, so a promotion waits for no start either)."""
+        if self.in_flight is None:
+            return max(self.prestart, 1)
+        reuse = self.champion_reuse > 0
+        need = max(self.in_flight, 1) * (1 if reuse else 2) + (1 if reuse else 0)
+        return max(self.prestart, need)
+
+    def resident_workers(self) -> int:
+        """Worker processes (each a CUDA context) held beside the challengers in flight: the idle pool and, with
+        reuse, the champion's (the memory plan counts their contexts)."""
+        return self.pool_size() + (1 if self.champion_reuse > 0 else 0)
+
+    def resolved(
+        self, *, on_cpu: bool, prestart: int, workloads: list[int] | None, parallel: int | None = None
+    ) -> GuardSettings:
         """A copy with the derived fields set: what the session's guards run with."""
         consistency = self.consistency
         if consistency is None:
             consistency = CONSISTENCY_CPU if on_cpu else CONSISTENCY_GPU
-        return replace(self, prestart=prestart, workloads=workloads, consistency=consistency)
+        par = self.in_flight if parallel is None else max(int(parallel), 1)
+        return replace(self, prestart=prestart, workloads=workloads, consistency=consistency, in_flight=par)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,64 @@ try:  # cupti-python (pip: cupti-python), built for CUDA 13; absent on the CPU i
 except Exception:  # noqa: BLE001 - any import failure means "no CUPTI"
     _cupti = None
 
+# One CUPTI activity session per worker (enabled at its first timed burst, flushed after each burst) instead of
+# one per burst: setting CUPTI up and finalising it costs far more than a burst of short kernels, and a worker
+# times some twenty bursts. Read when the harness imports this module, before any candidate code exists.
+# KERNELARC_CUPTI_PER_BURST=1: a session per burst (as NVIDIA's harness, which times one run per process).
+# (Not a name with SESSION, KEY, TOKEN...: the pool keeps such variables from the workers.)
+_ONE_SESSION = os.environ.get("KERNELARC_CUPTI_PER_BURST", "0") != "1"
+_FLUSH_FORCED = 1  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED: deliver every buffer now, full or not
+
+
+class _CuptiSession:
+    """CUPTI activity records (kernels, copies, sets and the API calls that launched them) collected from
+    ``open`` on; ``take`` forces every buffer out and hands over what came since the last ``take``. Records of
+    work outside a burst's timestamps (the harness's own input staging) are never matched to an iteration."""
+
+    KINDS = ("RUNTIME", "DRIVER", "CONCURRENT_KERNEL", "MEMCPY", "MEMSET")
+
+    def __init__(self) -> None:
+        self.kinds = [getattr(_cupti.ActivityKind, k) for k in self.KINDS]
+        self.device_kinds = set(self.kinds[2:])
+        self.api_kinds = set(self.kinds[:2])
+        self.launches: list[tuple[int, int]] = []  # (launch start, correlation id)
+        self.spans: dict[int, list[tuple[int, int]]] = {}  # correlation id -> device (start, end)
+        self.open = False
+
+    def _requested(self):
+        return 8 * 1024 * 1024, 0
+
+    def _completed(self, activities) -> None:
+        launches, spans = self.launches, self.spans  # the current lists (take() swaps them)
+        for a in activities:
+            if a.kind in self.device_kinds:
+                spans.setdefault(a.correlation_id, []).append((a.start, a.end))
+            elif a.kind in self.api_kinds:
+                launches.append((a.start, a.correlation_id))
+
+    def start(self) -> None:
+        for k in self.kinds:
+            _cupti.activity_enable(k)
+        _cupti.activity_register_callbacks(self._requested, self._completed)
+        self.open = True
+
+    def take(self, forced: bool = True) -> tuple[list[tuple[int, int]], dict[int, list[tuple[int, int]]]]:
+        _cupti.activity_flush_all(_FLUSH_FORCED if forced else 0)
+        got = self.launches, self.spans
+        self.launches, self.spans = [], {}
+        return got
+
+    def close(self) -> None:
+        if not self.open:
+            return
+        self.open = False
+        try:
+            _cupti.activity_flush_all(0)
+            for k in self.kinds:
+                _cupti.activity_disable(k)
+        finally:
+            _cupti.finalize()
+
 
 class Timer:
     """Times bursts of calls on one device; ``setup(k)`` prepares iteration k's inputs, untimed."""
@@ -38,6 +97,7 @@ class Timer:
         self.is_cuda = device.type == "cuda"
         self.head_start = int(head_start_cycles)
         self.notes: list[str] = []
+        self._session: _CuptiSession | None = None
         if self.is_cuda:
             self.flush = torch.empty(int(flush_bytes), dtype=torch.uint8, device=device)
             self.sleep = getattr(torch.cuda, "_sleep", None)
@@ -59,6 +119,7 @@ class Timer:
             try:
                 return self._cupti(n, setup, fn, keep_last)
             except Exception as e:  # noqa: BLE001 - a CUPTI failure falls back to events, said in a note
+                self._close_session()
                 self.method = TimerMethod.events
                 self.notes.append(f"timing: CUPTI failed ({type(e).__name__}: {e}); CUDA events from here on")
         samples, _, last = self._events(n, setup, fn, keep_last, None)
@@ -102,40 +163,37 @@ class Timer:
         torch.cuda.synchronize(self.device)
         return [s.elapsed_time(e) for s, e in toks], None, last
 
+    def _close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            try:
+                session.close()
+            except Exception as e:  # noqa: BLE001 - events from here on anyway
+                log.debug("closing the CUPTI session: %s", e)
+
     def _cupti(self, n, setup, fn, keep_last):
-        kinds = [
-            _cupti.ActivityKind.RUNTIME,
-            _cupti.ActivityKind.DRIVER,
-            _cupti.ActivityKind.CONCURRENT_KERNEL,
-            _cupti.ActivityKind.MEMCPY,
-            _cupti.ActivityKind.MEMSET,
-        ]
-        device_kinds = set(kinds[2:])
-        launches: list[tuple[int, int]] = []  # (launch start, correlation id)
-        spans: dict[int, list[tuple[int, int]]] = {}  # correlation id -> device (start, end)
-
-        def requested():
-            return 8 * 1024 * 1024, 0
-
-        def completed(activities):
-            for a in activities:
-                if a.kind in device_kinds:
-                    spans.setdefault(a.correlation_id, []).append((a.start, a.end))
-                elif a.kind in (_cupti.ActivityKind.RUNTIME, _cupti.ActivityKind.DRIVER):
-                    launches.append((a.start, a.correlation_id))
-
         self.torch.cuda.synchronize(self.device)
-        for k in kinds:
-            _cupti.activity_enable(k)
-        _cupti.activity_register_callbacks(requested, completed)
+        if _ONE_SESSION:
+            if self._session is None:
+                self._session = _CuptiSession()
+                self._session.start()
+            self._session.take()  # records of everything before this burst: not this burst's
+            session = self._session
+        else:
+            session = _CuptiSession()
+            session.start()
         stamps: list[tuple[int, int]] = []
         try:
+            # _events ends with a device synchronise: every record is complete, and a flush (a blocking call)
+            # delivers them all before it returns
             events, _, last = self._events(n, setup, fn, keep_last, stamps)
+            if _ONE_SESSION:
+                launches, spans = session.take()
         finally:
-            _cupti.activity_flush_all(0)
-            for k in kinds:
-                _cupti.activity_disable(k)
-            _cupti.finalize()
+            if not _ONE_SESSION:
+                session.close()
+        if not _ONE_SESSION:
+            launches, spans = session.launches, session.spans  # all delivered by finalize
         launches.sort()
         starts = [s for s, _ in launches]
         samples = []

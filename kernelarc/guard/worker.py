@@ -411,7 +411,11 @@ class Harness:
         self.fail_if_tampered()
         return Ok(kind=Kind.ok)
 
-    def do_prepare(self, wl: int, seed: int) -> Ok:
+    def do_prepare(self, wl: int, seed: int, fresh: bool = False) -> Ok:
+        if fresh:  # a reused champion worker: the last evaluation's sets go before this one's are made
+            for t in (t for inputs in self.sets.pop(wl, []) for t in inputs if isinstance(t, self.torch.Tensor)):
+                self._rolls.pop(t.data_ptr(), None)
+            self.uses.pop(wl, None)
         self.sets.setdefault(wl, []).append(self.make_inputs(self.task, wl, seed, self.device))
         return Ok(kind=Kind.ok)
 
