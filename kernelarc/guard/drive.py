@@ -307,7 +307,10 @@ class Driver:
         if check_seed is not None:
             self.command(side, Cmd.stage, Ok, (wl, check_seed), wl=wl, seed=check_seed)
         t = time.perf_counter()
-        msg = self.command(side, Cmd.time, Timing, wl=wl, n=n, check=check_seed is not None)
+        # which call of the burst is checked: the judge's secret, so that a kernel counting its calls
+        # cannot do the work only on the checked one
+        at = secrets.randbelow(n) if check_seed is not None else None
+        msg = self.command(side, Cmd.time, Timing, wl=wl, n=n, check=check_seed is not None, check_at=at)
         wall = (time.perf_counter() - t) * 1e3
         if msg.wl != wl or (check_seed is not None) != (msg.check is not None):
             raise Stop(Status.rejected_hack, "timing reply does not match the burst asked for", side.label)

@@ -501,7 +501,15 @@ class Harness:
         start = self.rng.randrange(1, n)  # small or crowded tensors: scan from a random point
         return next((p for p in (*range(start, n), *range(1, start)) if ok(p)), None)
 
-    def do_time(self, wl: int, n: int, warm: bool = False, check: bool = False, warm_ms: float | None = None) -> Timing:
+    def do_time(
+        self,
+        wl: int,
+        n: int,
+        warm: bool = False,
+        check: bool = False,
+        warm_ms: float | None = None,
+        check_at: int | None = None,
+    ) -> Timing:
         tcfg = self.job["timing"]
         if self.timer is None:
             self.timer = self.timer_mod.Timer(
@@ -514,18 +522,22 @@ class Harness:
         staged = self.staged.pop(wl, None) if check else None
         if check and staged is None:
             raise CandidateFailure("runtime_error", "internal: checked burst without staged inputs")
+        # The checked call's place in the burst is the judge's secret (the last one when it names none).
+        at = (n - 1 if check_at is None else int(check_at)) if check else None
+        if at is not None and not 0 <= at < n:
+            raise CandidateFailure("runtime_error", f"internal: checked call {at} outside a burst of {n}")
         last_set: list[Any] = []
 
         def setup(k: int) -> list[Any]:
             i = self.uses.get(wl, 0)
             self.uses[wl] = i + 1
             inputs = sets[i % len(sets)]
-            if staged is not None and k == n - 1:
+            if staged is not None and k == at:
                 self.refill(inputs, staged)
+                last_set[:] = inputs
             else:
                 self._refresh(inputs, rot)
             self._poison(wl)  # before every call, so that a checked one looks like any other
-            last_set[:] = inputs
             return inputs
 
         try:
@@ -538,7 +550,7 @@ class Harness:
                         break
                 events, last = None, None
             else:
-                samples, events, last = self.timer.burst(n, setup, self.fn, check)
+                samples, events, last = self.timer.burst(n, setup, self.fn, at)
                 self._sync()
         except CandidateFailure:
             raise
@@ -558,10 +570,13 @@ class Harness:
             self.fail_if_tampered(full=False)
         out_msg = None
         if check:
-            outs = self._normalize(last)
-            self._validate(wl, outs, last_set, [])
+            result, values = last
+            outs = self._normalize(result)
+            self._validate(wl, outs, last_set, [])  # shapes, dtypes, layout and aliasing of the call's own outputs
+            if values is not None:  # copied right after the call: later calls may have overwritten its outputs
+                outs = self._normalize(values)
             out_msg = self.emit(Tag.timed, wl, outs)
-            del outs
+            del outs, result, values
         del last
         return Timing(kind=Kind.timing, wl=wl, method=self.timer.method, samples_ms=samples, events_ms=events,
                       excess_ms=excess, check=out_msg)  # fmt: skip

@@ -66,6 +66,31 @@ def run(x, weight):
 """
     + HONEST
 )
+# Knows where a burst ends: the judge talks to the worker between bursts (a long host gap; inside a burst
+# calls follow each other within microseconds), so after one burst it knows the burst's length, and it
+# works only on the burst's last call, the one the judge used to check. The judge now checks a call at a
+# position of its own choosing: the empty outputs are seen.
+BURST_END_ONLY = """import datetime
+import torch
+_S = {"last": 0.0, "cur": 0, "n": {}}
+def run(x, weight):
+    now = datetime.datetime.now().timestamp()
+    key = tuple(x.shape)
+    if now - _S["last"] > 0.0003:
+        if _S["cur"] > 1:
+            _S["n"][key] = _S["cur"]
+        _S["cur"] = 0
+    i = _S["cur"]
+    _S["cur"] += 1
+    n = _S["n"].get(key)
+    if n is not None and i != n - 1:
+        _S["last"] = datetime.datetime.now().timestamp()
+        return torch.empty_like(x)
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
+    _S["last"] = datetime.datetime.now().timestamp()
+    return y
+"""
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +118,15 @@ def test_honest_kernels_pass_with_cupti_or_events(guard):
         (PATCH_EVENTS_AT_RUN, True),
         (CACHE_PTR_VERSION, False),
         (SKIP_LATER_CALLS, False),
+        (BURST_END_ONLY, False),
     ],
-    ids=["side_stream_past_static", "patch_events_past_static", "cache_ptr_version", "skip_later_calls"],
+    ids=[
+        "side_stream_past_static",
+        "patch_events_past_static",
+        "cache_ptr_version",
+        "skip_later_calls",
+        "burst_end_only",
+    ],  # fmt: skip
 )
 def test_gpu_cheats_are_rejected(guard, src, trusted):
     v = guard.evaluate(Candidate(source=src, language="pytorch"), reference_candidate(guard.task), trusted=trusted)

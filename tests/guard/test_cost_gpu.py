@@ -36,7 +36,7 @@ def _bursts(one_session: bool, bursts: int = 20, n: int = 20):
         cupti, events, walls = [], [], []
         for _ in range(bursts):
             t0 = time.perf_counter()
-            s, e, _ = t.burst(n, lambda k: [x, w], fn, False)
+            s, e, _ = t.burst(n, lambda k: [x, w], fn, None)
             walls.append(time.perf_counter() - t0)
             assert t.method is TimerMethod.cupti, t.notes  # no fallback to events
             assert e is not None and len(s) == len(e) == n and all(v > 0 for v in s), (s, e)
