@@ -116,6 +116,9 @@ class SearchSession(SessionPhases):
         self.dispatch_tried: set[tuple] = set()  # plans already composed (kernelarc.dispatch)
         self.baseline_notes: dict[str, str] = {}  # baseline -> why it is not a baseline (skipped, failed)
         self._signatures: dict[int, tuple] | None = None
+        # Verdicts in submission order (the oldest in flight first) instead of as evaluations finish: what a
+        # deterministic guard (the simulated one) asks for, so a run depends on its seed, not on thread timing.
+        self.ordered_verdicts = bool(guards) and all(getattr(g, "ordered_verdicts", False) for g in guards)
 
     @property
     def tracker(self) -> Any:
@@ -418,7 +421,11 @@ class SearchSession(SessionPhases):
 
     def _collect(self, flight: _Flight) -> None:
         """Wait for verdicts and act on them; then, when none is pending, try a shape-dispatch composite."""
-        done, _ = wait(list(flight.inflight), return_when=FIRST_COMPLETED, timeout=5)
+        if self.ordered_verdicts:
+            oldest = next(iter(flight.inflight))  # dicts keep insertion (submission) order
+            done = [oldest] if wait([oldest], timeout=5).done else []
+        else:
+            done, _ = wait(list(flight.inflight), return_when=FIRST_COMPLETED, timeout=5)
         for fut in done:
             cand, champ_id = flight.inflight.pop(fut)
             try:
