@@ -108,6 +108,7 @@ class SearchSession(SessionPhases):
         self.pending_conclusions: dict[str, list[str]] = {}
         self.cand_cost: dict[str, dict[str, float]] = {}  # LLM tokens and USD per candidate
         self.busy: dict[str, int] = {}  # agent -> its candidates queued or in flight
+        self.queued: dict[str, int] = {}  # agent -> its candidates queued so far this run (the queue's fairness)
         self.t0 = time.monotonic()
         self.elapsed_before = 0.0
         self.eval_seconds = 0.0
@@ -232,6 +233,7 @@ class SearchSession(SessionPhases):
                 champion=self.champion,
                 champion_verdict=self.champion_verdict,
                 findings=self.board.view(self.settings.memory_limit),
+                leaders=self.board.leaderboard(),
                 history=list(self.history.get(agent.name, [])),
                 seen=frozenset(self.seen),
                 redirect=redirect.instruction if redirect else None,
@@ -246,7 +248,7 @@ class SearchSession(SessionPhases):
         # proposal can learn from the agent's own results.
         ready = [a for a in self.agents if self.busy.get(a.name, 0) == 0]
         futs = {pool.submit(a.propose, self._context(a), per): a for a in ready}
-        out: list[Candidate] = []
+        mine: dict[str, list[Candidate]] = {}
         for fut, agent in futs.items():
             try:
                 prop = fut.result()
@@ -268,9 +270,23 @@ class SearchSession(SessionPhases):
                     if c.id not in self.seen:
                         self.seen.add(c.id)
                         self.busy[c.agent] = self.busy.get(c.agent, 0) + 1
-                        out.append(c)
+                        mine.setdefault(agent.name, []).append(c)
+        out = self._interleave(mine)
         if self.redirect is not None and any(a.name in self.redirect.agents for a in ready):
             self.redirect = None
+        return out
+
+    def _interleave(self, mine: dict[str, list[Candidate]]) -> list[Candidate]:
+        """The round's candidates in a fair queue order: one per agent in turn, the agents that have had the
+        fewest candidates queued so far first (ties in team order), so that no agent's proposals always go
+        first when the slots are few and the budget runs out mid-queue."""
+        rank = {a.name: i for i, a in enumerate(self.agents)}
+        order = sorted(mine, key=lambda n: (self.queued.get(n, 0), rank.get(n, len(rank))))
+        out: list[Candidate] = []
+        for i in range(max((len(v) for v in mine.values()), default=0)):
+            out += [mine[n][i] for n in order if i < len(mine[n])]
+        for n, cands in mine.items():
+            self.queued[n] = self.queued.get(n, 0) + len(cands)
         return out
 
     def _post_conclusion(self, agent, cid: str, lesson: str) -> None:
