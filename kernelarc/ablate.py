@@ -105,8 +105,9 @@ def _compose(overrides: list[str]):
 
 
 def run_one(ab: AblateConfig, session_overrides: list[str], count: int, memory: int | None, plateau: bool,
-            seed: int, gpu: int | None = None) -> RunResult:  # fmt: skip
-    """One search session of one arm and seed (in its own fresh state folder)."""
+            seed: int, gpu: int | None = None, sessions: list | None = None) -> RunResult:  # fmt: skip
+    """One search session of one arm and seed (in its own fresh state folder); ``sessions``, when given,
+    receives the finished session (its records, board and agents, for a closer look)."""
     from kernelarc.app import resolve_gpu, typed
     from kernelarc.config import plain
     from kernelarc.simguard import simulated_guard_factory
@@ -142,6 +143,8 @@ def run_one(ab: AblateConfig, session_overrides: list[str], count: int, memory: 
     t = time.monotonic()
     summary = session.run()
     dt = time.monotonic() - t
+    if sessions is not None:
+        sessions.append(session)
     model = session.guards[0].model if sim else None
 
     def true_ms(cand) -> float:
@@ -184,6 +187,46 @@ def permutation_p(a: Sequence[float], b: Sequence[float], rounds: int = 10000, s
         if statistics.fmean(pooled[len(a) :]) - statistics.fmean(pooled[: len(a)]) >= obs - 1e-12:
             hits += 1
     return (hits + 1) / (rounds + 1)
+
+
+def paired_p(diffs: Sequence[float], rounds: int = 10000, seed: int = 0) -> float:
+    """One-sided sign-flip p-value that the mean of the paired ``diffs`` is above 0 by chance alone."""
+    d = [x for x in diffs if math.isfinite(x)]
+    if not d:
+        return math.nan
+    obs = sum(d)
+    rng = random.Random(seed)
+    hits = sum(sum(x if rng.random() < 0.5 else -x for x in d) >= obs - 1e-12 for _ in range(rounds))
+    return (hits + 1) / (rounds + 1)
+
+
+def memory_steps(results: list[RunResult]) -> list[dict[str, Any]]:
+    """The memory curve as paired steps: per agent count and plateau setting, each memory.limit against
+    the next larger one on the same seeds. ``diff``: mean ratio with more memory minus with less (below 0:
+    more memory is better); ``p_worse``: one-sided sign-flip p that more memory is worse by chance alone."""
+    runs: dict[tuple, dict[int, float]] = {}
+    for r in results:
+        runs.setdefault((r.count, r.plateau, r.memory), {})[r.seed] = r.ratio
+    out = []
+    for count, plateau in sorted({(k[0], k[1]) for k in runs}, key=lambda k: (k[0], not k[1])):
+        mems = sorted({k[2] for k in runs if k[:2] == (count, plateau)}, key=_mem_order)
+        for less, more in zip(mems, mems[1:], strict=False):
+            a, b = runs[(count, plateau, less)], runs[(count, plateau, more)]
+            d = [b[s] - a[s] for s in sorted(a) if s in b and math.isfinite(a[s]) and math.isfinite(b[s])]
+            out.append({"agents": count, "plateau": plateau, "from": less, "to": more, "seeds": len(d),
+                        "diff": statistics.fmean(d) if d else math.nan, "p_worse": paired_p(d),
+                        "p_better": paired_p([-x for x in d])})  # fmt: skip
+    return out
+
+
+def steps_table(steps: list[dict[str, Any]]) -> str:
+    mem = lambda m: "all" if m is None else str(m)  # noqa: E731
+    lines = ["| agents | plateau | memory | seeds | mean diff (more - less) | p more is worse | p more is better |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for s in steps:
+        lines.append(f"| {s['agents']} | {'on' if s['plateau'] else 'off'} | {mem(s['from'])} -> {mem(s['to'])} | "
+                     f"{s['seeds']} | {s['diff']:+.4f} | {s['p_worse']:.3f} | {s['p_better']:.3f} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def summarize(results: list[RunResult]) -> list[dict[str, Any]]:
@@ -352,11 +395,13 @@ def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResu
             # against the best any run reached
             r.best_ms, r.ratio, r.found = best_known, r.latency_ms / best_known, r.found / best_known
     rows = summarize(results)
-    doc = {"config": asdict(ab), "overrides": session_overrides, "rows": rows, "runs": [asdict(r) for r in results],
-           "failed_runs": failed}  # fmt: skip
+    steps = memory_steps(results)
+    doc = {"config": asdict(ab), "overrides": session_overrides, "rows": rows, "memory_steps": steps,
+           "runs": [asdict(r) for r in results], "failed_runs": failed}  # fmt: skip
     (out / "results.json").write_text(json.dumps(doc, indent=1))
     note = "".join(f"\nfailed run: {f['arm']} seed {f['seed']}: {f['error']}" for f in failed)
-    (out / "table.md").write_text(table(rows) + "\n" + note + ("\n" if note else ""))
+    curve = f"\n\nThe memory curve, paired by seed:\n\n{steps_table(steps)}\n" if steps else "\n"
+    (out / "table.md").write_text(table(rows) + curve + note + ("\n" if note else ""))
     try:
         pngs = plots(results, rows, out)
     except ImportError as e:  # a machine without matplotlib still gets the table and the JSON
@@ -417,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"\n## {' '.join(over) or '+task=matmul'}\n")
         print(table(rows), flush=True)
+        steps = memory_steps(results)
+        if steps:
+            print(f"\nThe memory curve, paired by seed:\n\n{steps_table(steps)}", flush=True)
         print(f"\n{len(results)} runs in {time.monotonic() - t:.0f} s; results, table and plots in {out}/", flush=True)
     return rc
 

@@ -14,6 +14,11 @@ champion's speed times ``1 + gain``), so a large gain over a weak early champion
 later, faster kernel. Traps are first in, first out: the most recent first, since the team moves on
 and old traps describe regions it has left.
 
+Beside the bounded lists, ``leaderboard()`` is the read-only leaderboard of the siblings' bests: each
+agent's fastest correct kernel, shown whatever ``memory.limit`` is (the seed paper's design), so a
+team without memory still knows where each of its members stands, as a lone agent knows from its own
+history; memory adds the wins and traps around those points.
+
 Each finding carries its conditions (family, knobs, the workloads' shapes it was measured on, the
 champion it was timed against) and its reason (the guard's decision or the first error line). The
 board is an append-only JSONL file, so a killed session resumes with everything it had learned
@@ -165,6 +170,17 @@ class Board:
                 if limit is not None and len(out) >= limit:
                     break
         return out
+
+    def leaderboard(self) -> list[Entry]:
+        """Each agent's fastest correct kernel of a family (its latest lesson), fastest first."""
+        best: dict[str, Entry] = {}
+        for e in self.all():
+            if not (e.status.correct and e.family and e.speed is not None and e.agent):
+                continue
+            cur = best.get(e.agent)
+            if cur is None or e.speed > cur.speed or (e.candidate_id == cur.candidate_id and e.seq > cur.seq):
+                best[e.agent] = e
+        return sorted(best.values(), key=lambda e: (e.speed, e.seq), reverse=True)
 
     def view(self, limit: int | None) -> list[Entry]:
         """What an agent sees: the wins (best first), then the traps (newest first), each bounded by

@@ -109,6 +109,7 @@ class SearchSession(SessionPhases):
         self.pending_conclusions: dict[str, list[str]] = {}
         self.cand_cost: dict[str, dict[str, float]] = {}  # LLM tokens and USD per candidate
         self.busy: dict[str, int] = {}  # agent -> its candidates queued or in flight
+        self.queued: dict[str, int] = {}  # agent -> its candidates queued so far this run (the queue's fairness)
         # budget.minutes counts from ``started`` (a time.monotonic() instant: the wiring's start, so that
         # capturing and recognising the reference count too), else from now
         self.t0 = time.monotonic() if started is None else started
@@ -119,6 +120,9 @@ class SearchSession(SessionPhases):
         self.dispatch_tried: set[tuple] = set()  # plans already composed (kernelarc.dispatch)
         self.baseline_notes: dict[str, str] = {}  # baseline -> why it is not a baseline (skipped, failed)
         self._signatures: dict[int, tuple] | None = None
+        # Verdicts in submission order (the oldest in flight first) instead of as evaluations finish: what a
+        # deterministic guard (the simulated one) asks for, so a run depends on its seed, not on thread timing.
+        self.ordered_verdicts = bool(guards) and all(getattr(g, "ordered_verdicts", False) for g in guards)
 
     @property
     def tracker(self) -> Any:
@@ -237,6 +241,7 @@ class SearchSession(SessionPhases):
                 champion=self.champion,
                 champion_verdict=self.champion_verdict,
                 findings=self.board.view(self.settings.memory_limit),
+                leaders=self.board.leaderboard(),
                 history=list(self.history.get(agent.name, [])),
                 seen=frozenset(self.seen),
                 redirect=redirect.instruction if redirect else None,
@@ -251,7 +256,7 @@ class SearchSession(SessionPhases):
         # proposal can learn from the agent's own results.
         ready = [a for a in self.agents if self.busy.get(a.name, 0) == 0]
         futs = {pool.submit(a.propose, self._context(a), per): a for a in ready}
-        out: list[Candidate] = []
+        mine: dict[str, list[Candidate]] = {}
         for fut, agent in futs.items():
             try:
                 prop = fut.result()
@@ -273,9 +278,23 @@ class SearchSession(SessionPhases):
                     if c.id not in self.seen:
                         self.seen.add(c.id)
                         self.busy[c.agent] = self.busy.get(c.agent, 0) + 1
-                        out.append(c)
+                        mine.setdefault(agent.name, []).append(c)
+        out = self._interleave(mine)
         if self.redirect is not None and any(a.name in self.redirect.agents for a in ready):
             self.redirect = None
+        return out
+
+    def _interleave(self, mine: dict[str, list[Candidate]]) -> list[Candidate]:
+        """The round's candidates in a fair queue order: one per agent in turn, the agents that have had the
+        fewest candidates queued so far first (ties in team order), so that no agent's proposals always go
+        first when the slots are few and the budget runs out mid-queue."""
+        rank = {a.name: i for i, a in enumerate(self.agents)}
+        order = sorted(mine, key=lambda n: (self.queued.get(n, 0), rank.get(n, len(rank))))
+        out: list[Candidate] = []
+        for i in range(max((len(v) for v in mine.values()), default=0)):
+            out += [mine[n][i] for n in order if i < len(mine[n])]
+        for n, cands in mine.items():
+            self.queued[n] = self.queued.get(n, 0) + len(cands)
         return out
 
     def _post_conclusion(self, agent, cid: str, lesson: str) -> None:
@@ -426,7 +445,11 @@ class SearchSession(SessionPhases):
 
     def _collect(self, flight: _Flight) -> None:
         """Wait for verdicts and act on them; then, when none is pending, try a shape-dispatch composite."""
-        done, _ = wait(list(flight.inflight), return_when=FIRST_COMPLETED, timeout=5)
+        if self.ordered_verdicts:
+            oldest = next(iter(flight.inflight))  # dicts keep insertion (submission) order
+            done = [oldest] if wait([oldest], timeout=5).done else []
+        else:
+            done, _ = wait(list(flight.inflight), return_when=FIRST_COMPLETED, timeout=5)
         for fut in done:
             cand, champ_id = flight.inflight.pop(fut)
             try:

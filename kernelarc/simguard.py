@@ -16,13 +16,14 @@ Both have timing noise (log-normal samples, timed interleaved with the champion,
 product's :func:`kernelarc.guard.decision.decide`), infeasible points the families' ``valid()`` does
 not know about (compile errors: hidden resource limits) and incorrect points (a hidden numerical
 bug on a structured region plus a sprinkle of hashed points). Everything is a pure function of the
-candidate and the model seed, except the noise, which is seeded by (model seed, candidate id,
-evaluation count) so a session is reproducible.
+candidate and the model seed, except the noise, which is seeded by (model seed, candidate id, how
+many times that candidate was timed before), never by the order threads reach the guard in; and
+the guard asks the session to take its verdicts in submission order (``ordered_verdicts``), so a
+session on it is repeatable for a given seed whatever the thread timing.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import math
@@ -135,6 +136,9 @@ class GenericModel:
         return None
 
 
+_OPTIMA: dict[tuple, float] = {}  # see CostModel.optimum
+
+
 class CostModel:
     """Latency (ms) per workload of a candidate, or why it fails, for one task's families."""
 
@@ -166,9 +170,15 @@ class CostModel:
             return SimFailure.incorrect
         return lat
 
-    @functools.cache  # noqa: B019 - one model per session, a handful of families
     def optimum(self) -> float:
-        """The best latency any family point reaches (exhaustive over the coupled knobs)."""
+        """The best latency any family point reaches (exhaustive over the coupled knobs); computed once per
+        process for a task, model seed and incorrect rate (an ablation builds a model per run)."""
+        key = (self.task.name, self.seed, self.incorrect_rate, tuple(sorted(self.families)))
+        if key not in _OPTIMA:
+            _OPTIMA[key] = self._optimum()
+        return _OPTIMA[key]
+
+    def _optimum(self) -> float:
         best = math.inf
         for fam in self.families.values():
             if self.gemm:
@@ -223,6 +233,10 @@ class SimulatedGuard:
     interleaved with the champion's, and judged by the product's promotion rule.
     """
 
+    # The session takes verdicts in the order it submitted the candidates (not as threads finish), so a
+    # run depends on its seed only: a test double must be repeatable (SearchSession reads this).
+    ordered_verdicts = True
+
     def __init__(self, task: Task, model: CostModel, *, noise: float = 0.01, samples: int = 7,
                  min_gain: float = 0.01, noise_factor: float = 1.0, consistency: float = 1.5,
                  delay_s: float = 0.0):  # fmt: skip
@@ -239,14 +253,13 @@ class SimulatedGuard:
         self.workloads = [0]  # the model times one shape; dispatch composites are never planned
         self.baseline_ms: dict[int, float] = {}
         self.compile_ms: dict[int, float] = {}
-        self._count = 0
+        self._count: dict[tuple[str, str], int] = {}  # (candidate id, tag) -> times timed so far
         self._lock = threading.Lock()
         self.calls = 0
 
     def _draw(self, lat: float, cid: str, tag: str) -> list[float]:
         with self._lock:
-            self._count += 1
-            n = self._count
+            n = self._count[(cid, tag)] = self._count.get((cid, tag), 0) + 1
         rng = random.Random(f"{self.model.seed}:{cid}:{tag}:{n}")
         return [lat * math.exp(rng.gauss(0.0, self.noise)) for _ in range(self.samples)]
 

@@ -118,3 +118,17 @@ def test_a_family_record_is_a_win_while_the_library_leads(tmp_path):
     assert "a3" not in {t.candidate_id for t in b.traps(None)}
     assert b.is_win("a3") and b.is_win("a1") and not b.is_win("a2") and not b.is_win("b1")
     assert not b.is_win("never-posted")
+
+
+def test_the_leaderboard_shows_each_agents_best_whatever_the_memory(tmp_path):
+    b = Board(tmp_path / "board.jsonl")
+    mk = lambda cid, agent, status, gain: Finding(agent=agent, strategy="exploit", candidate_id=cid,  # noqa: E731
+                                                  family="f.a", knobs={"X": cid}, status=status, gain=gain,
+                                                  lesson="l")  # fmt: skip
+    b.post(mk("a-slow", "a0", Status.correct_slower, -0.6), conditions=Conditions(champion_id="ref"))
+    b.post(mk("a-best", "a0", Status.correct_slower, -0.2), conditions=Conditions(champion_id="ref"))
+    b.post(mk("b-best", "a1", Status.correct_slower, -0.4), conditions=Conditions(champion_id="ref"))
+    b.post(mk("b-bad", "a1", Status.compile_error, None), conditions=Conditions(champion_id="ref"))
+    b.post(mk("c-bad", "a2", Status.incorrect, None), conditions=Conditions(champion_id="ref"))
+    assert [e.candidate_id for e in b.leaderboard()] == ["a-best", "b-best"]  # no correct kernel: no row
+    assert b.view(0) == [] and len(Board(tmp_path / "board.jsonl").leaderboard()) == 2  # kept on resume

@@ -28,6 +28,9 @@ class AgentContext:
     plateau: PlateauEvent | None = None  # the same firing, typed (its action and target family)
     backups: list[tuple[Candidate, Verdict]] = field(default_factory=list)  # correct but slower candidates
     budget_left: int | None = None  # candidates left in the session budget
+    # the read-only leaderboard (kernelarc.board.Board.leaderboard): each agent's fastest correct kernel, shown
+    # whatever memory.limit is (the siblings' bests; the findings above are what memory adds around them)
+    leaders: list[Finding] = field(default_factory=list)
 
 
 @dataclass

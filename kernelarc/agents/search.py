@@ -147,6 +147,9 @@ class _Info:
     flat: dict[tuple[str, str], set[frozenset[str]]] = field(default_factory=lambda: defaultdict(set))
     steep: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     flat_n: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))  # flat point pairs
+    # the value pairs of a knob that did NOT time alike somewhere: such a pair is not equivalent, whatever
+    # other points showed (a knob's effect depends on the others: more findings can refute an equivalence)
+    refuted: dict[tuple[str, str], set[frozenset[str]]] = field(default_factory=lambda: defaultdict(set))
     by_family: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
 
     def pair_evidence(self, same: float = FLAT_LOG) -> None:
@@ -167,11 +170,15 @@ class _Info:
                     if len(diff) != 1:
                         continue
                     key = (fam_name, diff[0])
+                    pair = frozenset((repr(a.get(diff[0])), repr(b.get(diff[0]))))
                     if abs(la - lb) < same:
-                        self.flat[key].add(frozenset((repr(a.get(diff[0])), repr(b.get(diff[0])))))
+                        self.flat[key].add(pair)
                         self.flat_n[key] += 1
                     else:
                         self.steep[key] += 1
+                        self.refuted[key].add(pair)
+        for key, pairs in self.flat.items():
+            pairs -= self.refuted.get(key, set())
 
     def inert(self, family: str, knob: str, pairs: int = 2) -> bool:
         """No measured effect: at least ``pairs`` single-knob pairs of it timed alike and none did not."""
@@ -180,11 +187,12 @@ class _Info:
 
     def equivalent(self, family: str, knob: str, a: Any, b: Any) -> bool:
         """Values ``a`` and ``b`` of the knob time alike: equal, the knob is inert, or a chain of flat
-        pairs joins them (4~8 and 8~16 make 4~16)."""
+        pairs joins them (4~8 and 8~16 make 4~16), none of which timed apart anywhere else, and the pair
+        itself never timed apart."""
         if a == b or self.inert(family, knob):
             return True
         pairs = self.flat.get((family, knob))
-        if not pairs:
+        if not pairs or frozenset((repr(a), repr(b))) in self.refuted.get((family, knob), ()):
             return False
         reach, todo, goal = {repr(a)}, [repr(a)], repr(b)
         while todo:
@@ -252,6 +260,13 @@ def _latency_of(f: Finding) -> float | None:
     return 1.0 / speed if speed else None
 
 
+def shared_findings(ctx: AgentContext) -> list[Finding]:
+    """What the team shares with this agent: the board's view (bounded by memory.limit), then the
+    leaderboard's entries (each agent's best kernel, shown whatever the memory) the view does not hold."""
+    ids = {f.candidate_id for f in ctx.findings}
+    return list(ctx.findings) + [f for f in ctx.leaders if f.candidate_id not in ids]
+
+
 class SearchAgent:
     """One offline agent: a specialist operator, or the generalist that mixes them all."""
 
@@ -302,7 +317,8 @@ class SearchAgent:
         wins: list[tuple[Family, dict[str, Any], str]] = []
         tried: dict[str, int] = defaultdict(int)
         failed: list[tuple[str, dict[str, Any]]] = []  # (family, knobs) of the failed points seen
-        for f in ctx.findings:
+        findings = shared_findings(ctx)
+        for f in findings:
             if not f.family:
                 continue
             tried[f.family] += 1
@@ -317,7 +333,7 @@ class SearchAgent:
                 if f.status is Status.champion or getattr(f, "kind", None) is Kind.win:
                     # promoted, or a family record (the board's win while the library leads)
                     wins.append((fam, dict(f.knobs), f.candidate_id))
-        posted = {f.candidate_id for f in ctx.findings}
+        posted = {f.candidate_id for f in findings}
         for c, v in ctx.history:
             if c.id in posted:
                 continue  # already counted from the board (an agent's own findings are on it too)
@@ -349,10 +365,17 @@ class SearchAgent:
         blamed on the knobs in which it differs from its nearest correct point of the family (the move
         that broke it), not on every value it had: a compile error at a deep pipeline of wide K tiles
         says nothing against its tile width. With no correct point within three knobs, every value is
-        suspected, weakly. Suspects are avoided more weakly wherever else the knob exists."""
+        suspected, weakly. Suspects are avoided more weakly wherever else the knob exists. A suspicion is
+        divided by one plus the correct points that had the value: a value that keeps working is not
+        condemned by a rare failure, so more findings weigh a value's failures against its successes
+        instead of only piling up blame."""
         correct: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        worked: dict[tuple[str, str, str], int] = defaultdict(int)
         for _, fam, knobs, _, _ in known:
             correct[fam.name].append(knobs)
+            for k, v in knobs.items():
+                worked[(fam.name, k, repr(v))] += 1
+        raw: dict[tuple[str, str, str], float] = defaultdict(float)
         for fam_name, knobs in failed:
             best: list[str] | None = None
             for ok in correct.get(fam_name, ()):
@@ -361,10 +384,12 @@ class SearchAgent:
                     best = diff
             suspects, weight = (best, 1.0) if best is not None and len(best) <= 3 else (list(knobs), 0.3)
             for k in suspects:
-                fails[(fam_name, k, repr(knobs[k]))] += weight
+                raw[(fam_name, k, repr(knobs[k]))] += weight
                 for other in self.families:
                     if other != fam_name:
-                        fails[(other, k, repr(knobs[k]))] += 0.25 * weight
+                        raw[(other, k, repr(knobs[k]))] += 0.25 * weight
+        for key, w in raw.items():
+            fails[key] += w / (1 + worked.get(key, 0))
 
     def _kernel_families(self) -> list[Family]:
         fams = [f for f in self.families.values() if f.language != "pytorch"]
@@ -560,11 +585,12 @@ class SearchAgent:
         """Model of this family's speed (1 / latency) from the board and this agent's own verdicts."""
         if fam.name not in cache:
             obs: list[tuple[dict[str, Any], float]] = []
-            for f in ctx.findings:
+            findings = shared_findings(ctx)
+            for f in findings:
                 lat = _latency_of(f)
                 if f.family == fam.name and f.knobs and f.status.correct and lat:
                     obs.append((f.knobs, 1.0 / lat))
-            posted = {f.candidate_id for f in ctx.findings}
+            posted = {f.candidate_id for f in findings}
             for c, v in ctx.history:
                 if c.family == fam.name and v.correct and v.latency_ms and c.id not in posted:
                     obs.append((c.knobs, 1.0 / v.latency_ms))
