@@ -310,10 +310,12 @@ def composed_families(task) -> list[Family]:
     return [f for f in out if _renders(f)]
 
 
-# Which kernel kind's family is tried first on a tiny budget: kernels that replace what Inductor cannot
+# Which kernel kind's family is tried first on a tiny budget: fp8 GEMMs of operands the reference
+# dequantises to an fp32 matmul (tensor-core fp8 instead), kernels that replace what Inductor cannot
 # fuse itself (attention written as matmul-softmax-matmul, fused add + norm) before the memory-bound
 # ones it fuses well, and GEMMs (cuBLAS is the bar) last.
-KIND_PRIORITY = (Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.glu, Kind.rope, Kind.softmax, Kind.gemm)
+KIND_PRIORITY = (Kind.fp8_gemm, Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.glu, Kind.rope, Kind.softmax,
+                 Kind.gemm)  # fmt: skip
 # ops that move no data (views and size arithmetic): a graph left with only these has nothing to compile
 _VIEW_OPS = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "unsqueeze", "squeeze", "expand",
              "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "alias", "detach", "sym_size",

@@ -42,6 +42,7 @@ FAMILY_TASK: dict[Kind, str] = {
     Kind.rmsnorm: "rmsnorm",
     Kind.add_rmsnorm: "fused_add_rmsnorm",
     Kind.gemm: "matmul",
+    Kind.fp8_gemm: "fp8_matmul",
     Kind.softmax: "softmax",
     Kind.glu: "swiglu",
     Kind.attention: "attention",
@@ -77,6 +78,8 @@ def family_ok(site: Site) -> str | None:
             return "GEMM family needs A [.., K] @ B[N, K]^T (not batched, B in weight layout)"
         if p["dtype"] not in LOW_DTYPES:
             return f"GEMM family computes in bf16/fp16, the site is {p['dtype']}"
+    if site.kind is Kind.fp8_gemm and p.get("mode") not in ("block", "outer"):
+        return "fp8 GEMM families read 1x128 / 128x128 blockwise, per-row or per-tensor scales"
     if site.kind is Kind.glu and not (p.get("packed") and p["act"] in GLU_TRITON):
         return "SwiGLU family needs act(x[..., :n]) * x[..., n:] of one tensor, act one of " + ", ".join(GLU_TRITON)
     if site.kind is Kind.rope and not (p.get("style") in ("rotate_half", "split_halves") and p.get("dup_halves")):
@@ -281,6 +284,39 @@ def gemm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) 
     return lines
 
 
+def fp8_gemm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    """The fp8 GEMM family on the quantised operands and their scales (the family dequantises in its
+    K loop), the bias and the output cast as the graph has them; the site's own ops (dequantise, fp32
+    matmul) for shapes or dtypes outside what the family reads."""
+    if impl is not Impl.family or c.part is None or c.fallback is None:
+        raise AdapterError("fp8_gemm: only the family implementation (the graph's ops otherwise)")
+    p = site.params
+    qa, sa, qb, sb = (c.name(site.inputs[r]) for r in ("qa", "sa", "qb", "sb"))
+    e4m3 = "torch.float8_e4m3fn"
+    cond = [f"{qa}.dim() == 2", f"{qb}.dim() == 2", f"{qa}.dtype == {e4m3}", f"{qb}.dtype == {e4m3}",
+            f"{qa}.shape[1] == {qb}.shape[1]"]  # fmt: skip
+    if p["mode"] == "block":
+        blk = 128
+        cond += [f"{qa}.shape[1] % {blk} == 0", f"{qb}.shape[0] % {blk} == 0",
+                 f"tuple({sa}.shape) == ({qa}.shape[0], {qa}.shape[1] // {blk})",
+                 f"tuple({sb}.shape) == ({qb}.shape[0] // {blk}, {qa}.shape[1] // {blk})"]  # fmt: skip
+        # the dequantised operands are reshaped back to the quantised tensors' shapes
+        for q, role in ((qa, "a"), (qb, "b")):
+            for i, v in enumerate(p[f"back_{role}"]):
+                if isinstance(v, str):
+                    cond.append(f"{q}.shape[{i}] == {c.name(site.inputs[v])}")
+                elif v != -1:
+                    cond.append(f"{q}.shape[{i}] == {int(v)}")
+    else:
+        cond += [f"{sa}.numel() in (1, {qa}.shape[0])", f"{sb}.numel() in (1, {qb}.shape[0])",
+                 f"{sa}.dim() <= 2", f"{sb}.dim() <= 2"]  # fmt: skip
+    lines = [f"if {' and '.join(cond)}:", f"    _c = {c.part}run({qa}, {qb}, {sa}, {sb})"]
+    if p["bias"]:
+        lines.append(f"    _c = _c.to({_dt(p['acc_dtype'])}) + {c.name(site.inputs['bias'])}")
+    lines.append(f"    {out} = {_out(site, '_c')}")
+    return [*lines, "else:", *["    " + ln for ln in c.fallback()]]
+
+
 def _scale_expr(site: Site, c: Ctx) -> str | None:
     """The softmax scale as an expression: a constant times / over sizes the graph computed (d ** -0.5)."""
     p = site.params
@@ -425,6 +461,7 @@ LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] =
     Kind.softmax: softmax_lines,
     Kind.glu: glu_lines,
     Kind.gemm: gemm_lines,
+    Kind.fp8_gemm: fp8_gemm_lines,
     Kind.attention: attention_lines,
     Kind.rope: rope_lines,
 }
