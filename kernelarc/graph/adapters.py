@@ -80,8 +80,8 @@ def family_ok(site: Site) -> str | None:
             return f"GEMM family computes in bf16/fp16, the site is {p['dtype']}"
     if site.kind is Kind.fp8_gemm and p.get("mode") not in ("block", "outer"):
         return "fp8 GEMM families read 1x128 / 128x128 blockwise, per-row or per-tensor scales"
-    if site.kind is Kind.glu and not (p.get("packed") and p["act"] in GLU_TRITON):
-        return "SwiGLU family needs act(x[..., :n]) * x[..., n:] of one tensor, act one of " + ", ".join(GLU_TRITON)
+    if site.kind is Kind.glu and p["act"] not in GLU_TRITON:
+        return "SwiGLU family computes act(gate) * up with act one of " + ", ".join(GLU_TRITON)
     if site.kind is Kind.rope and not (p.get("style") in ("rotate_half", "split_halves") and p.get("dup_halves")):
         return "RoPE families rotate halves with cos / sin equal on both halves (not interleaved pairs)"
     if site.kind is Kind.attention and p.get("style") == "varlen":
@@ -201,9 +201,54 @@ def patch_glu_act(source: str, act: str) -> str:
     return pat.sub(lambda m: f"{m.group(1)}y = ({expr}) * u", source)
 
 
+# A rendered SwiGLU module reads gate and up as the two halves of one [M, 2N] row; a gate and an up
+# that are separate tensors (two projections) take the same kernel with a second base pointer. Each
+# rewrite must match exactly once, so a family whose source drifts is refused (AdapterError), never
+# patched halfway.
+_PAIR_REWRITES: tuple[tuple[str, str], ...] = (
+    (r"def (_swiglu_\w+_kernel)\(X, Y, M, N, stride_x, stride_y,",
+     r"def \1(X, U, Y, M, N, stride_x, stride_u, stride_y,"),
+    (r"^(\s*)xrow = X \+ rows\[:, None\] \* stride_x$", r"\g<0>\n\1urow = U + rows[:, None] * stride_u"),
+    (r"tl\.load\(xrow \+ N \+ cols", "tl.load(urow + cols"),
+    (r"(_swiglu_\w+_kernel)\[grid\]\(x, y, M, N, x\.stride\(0\), y\.stride\(0\),",
+     r"\1[grid](x, u, y, M, N, x.stride(0), u.stride(0), y.stride(0),"),
+    (r"def run\(x\):\n    assert x\.dim\(\) == 2 and x\.shape\[1\] % 2 == 0\n(    if x\.stride\(-1\) != 1:\n"
+     r"        x = x\.contiguous\(\)\n)    M = x\.shape\[0\]\n    N = x\.shape\[1\] // 2\n",
+     "def run(x, u):\n    # gate x and up u: two [M, N] tensors (the packed [M, 2N] input's halves, apart)\n"
+     "    assert x.dim() == 2 and u.shape == x.shape and u.dtype == x.dtype\n\\1"
+     "    if u.stride(-1) != 1:\n        u = u.contiguous()\n    M = x.shape[0]\n    N = x.shape[1]\n"),
+)  # fmt: skip
+
+
+def patch_glu_pair(source: str) -> str:
+    """A rendered SwiGLU family module whose ``run(gate, up)`` reads two [M, N] tensors."""
+    import re
+
+    for pat, rep in _PAIR_REWRITES:
+        source, n = re.subn(pat, rep, source, flags=re.M)
+        if n != 1:
+            raise AdapterError(f"rendered SwiGLU kernel: {pat!r} matched {n} times (expected once)")
+    return source
+
+
+def _glu_pair_lines(site: Site, c: Ctx, out: str) -> list[str]:
+    g, u = c.name(site.inputs["gate"]), c.name(site.inputs["up"])
+    gate = GLU_TORCH[site.params["act"]].format(f"{g}.to(torch.float32)")
+    lib = f"{out} = {_out(site, f'({gate} * {u}.to(torch.float32))')}"
+    fam = f"{c.part}run({g}.reshape(-1, {g}.shape[-1]), {u}.reshape(-1, {u}.shape[-1])).view({g}.shape)"
+    return [
+        f"if {g}.shape == {u}.shape and {g}.dtype == {u}.dtype and {g}.dim() >= 1 and {g}.numel() > 0:",
+        f"    {out} = {_out(site, fam)}",
+        "else:",
+        f"    {lib}",
+    ]
+
+
 def glu_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
     if impl is not Impl.family or c.part is None:
         raise AdapterError("glu: only the family implementation (the graph form is the library one)")
+    if not site.params.get("packed"):
+        return _glu_pair_lines(site, c, out)
     x = c.name(site.inputs["x"])
     h = f"{x}.shape[-1] // 2"
     gate = GLU_TORCH[site.params["act"]].format(f"{x}[..., :{h}].to(torch.float32)")

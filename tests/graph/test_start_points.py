@@ -44,11 +44,12 @@ def test_first_round_measures_kernel_and_library_compositions_in_order(tmp_path)
     seeds = start_points(task, families_for(task))
     names = [f.name.removeprefix("composed.p_mlp.") for f, _ in seeds]
     # the fused add + RMSNorm kernel family before the GEMM ones (cuBLAS is the bar for those), with the
-    # rest of the graph (silu * up) under torch.compile; then the library family, then the GEMM family
+    # rest of the graph (silu * up) under torch.compile; then the library family, the SwiGLU, the GEMM family
     assert names[0].startswith("fused_add_rmsnorm."), names
     assert seeds[0][1]["rest"] == "inductor"
     assert names[1] == "library" and seeds[1][1]["rest"] == "inductor"
-    assert names[2] == "matmul.tiled", names  # Triton before CUTLASS (where CUTLASS is offered)
+    assert names[2] == "swiglu.tile2d", names  # silu(gate) * up of the two projections, on the SwiGLU kernel
+    assert names[3] == "matmul.tiled", names  # Triton before CUTLASS (where CUTLASS is offered)
     props = first_proposals(task)
     assert [(c.family, c.knobs) for c in props[:4]] == [(f.name, p) for f, p in seeds[:4]]
     assert all(c.family != GENERIC_FAMILY for c in props)
