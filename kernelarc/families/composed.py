@@ -41,6 +41,7 @@ from kernelarc.graph.adapters import (
     patch_eps,
     patch_glu_act,
     patch_glu_pair,
+    patch_rope_interleaved,
 )
 from kernelarc.graph.capture import Capture, CaptureError, capture_task
 from kernelarc.graph.catalog import recognize
@@ -254,6 +255,9 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
                 if s.kind in (Kind.rmsnorm, Kind.add_rmsnorm):
                     src = patch_eps(kernel_src, float(s.params["eps"]))
                     pkey = (kernel.name, float(s.params["eps"]))
+                elif s.kind is Kind.rope and s.params.get("style") == "interleaved":
+                    src = patch_rope_interleaved(kernel_src)
+                    pkey = (kernel.name, "interleaved")
                 elif s.kind is Kind.glu:
                     src = patch_glu_act(kernel_src, s.params["act"])
                     if not s.params.get("packed"):  # gate and up as two tensors

@@ -82,8 +82,11 @@ def family_ok(site: Site) -> str | None:
         return "fp8 GEMM families read 1x128 / 128x128 blockwise, per-row or per-tensor scales"
     if site.kind is Kind.glu and p["act"] not in GLU_TRITON:
         return "SwiGLU family computes act(gate) * up with act one of " + ", ".join(GLU_TRITON)
-    if site.kind is Kind.rope and not (p.get("style") in ("rotate_half", "split_halves") and p.get("dup_halves")):
-        return "RoPE families rotate halves with cos / sin equal on both halves (not interleaved pairs)"
+    if site.kind is Kind.rope and not rope_on_family(p):
+        return (
+            "RoPE families rotate halves with cos / sin equal on both halves, or interleaved pairs with one "
+            "cos / sin value per pair (not arbitrary full-width cos / sin, not complex freqs)"
+        )
     if site.kind is Kind.attention and p.get("style") == "varlen":
         return "varlen attention runs per segment on SDPA"
     if site.kind is Kind.attention and (p["mask"] != "none" or p.get("dropout") not in (0.0, None)):
@@ -484,11 +487,46 @@ def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, s
     return [f"if {cond}:", f"    {out} = {fam}", "else:", *["    " + ln for ln in lib]]
 
 
+def rope_on_family(p: dict[str, Any]) -> bool:
+    """The RoPE kernels serve this site: halves rotated with cos / sin equal on both halves, or pairs
+    (interleaved) with half-width cos / sin or full-width ones holding each value twice in a row."""
+    if p.get("style") in ("rotate_half", "split_halves"):
+        return bool(p.get("dup_halves"))
+    return p.get("style") == "interleaved" and bool(p.get("half_width") or p.get("dup_pairs"))
+
+
+def patch_rope_interleaved(source: str) -> str:
+    """A rendered RoPE family module rotating interleaved pairs (x[2i], x[2i + 1]) instead of halves
+    (x[i], x[i + D/2]): its split kernels index 2 * d and d + 1 (the join kernels are left unused)."""
+    import re
+
+    blocks = list(re.finditer(r"@triton\.jit\ndef _rope_\w+_split_kernel\(.*?(?=\n\n\n|\Z)", source, re.S))
+    if not blocks:
+        raise AdapterError("rendered RoPE module has no split kernel to rotate pairs with")
+    out, pos = [], 0
+    for m in blocks:
+        body = m.group(0)
+        n_off, n_half = body.count("+ d[None, None, :]"), body.count("off + HALF")
+        if n_off == 0 or n_off != n_half:  # one offset per load / store pair
+            raise AdapterError(f"rendered RoPE split kernel: {n_off} offsets, {n_half} half-offset accesses")
+        body = body.replace("+ d[None, None, :]", "+ 2 * d[None, None, :]").replace("off + HALF", "off + 1")
+        out += [source[pos : m.start()], body]
+        pos = m.end()
+    source = "".join([*out, source[pos:]])
+    source, _ = re.subn(r"kernel = (_rope_\w+)_join_kernel if bd == HALF else \1_split_kernel",
+                        r"kernel = \1_split_kernel", source)  # fmt: skip
+    if "_join_kernel if" in source or "+ HALF" in source:
+        raise AdapterError("rendered RoPE module still rotates halves somewhere")
+    return source
+
+
 def rope_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
     if impl is not Impl.family or c.part is None or c.fallback is None:
         raise AdapterError("rope: only the family implementation (the graph's ops otherwise)")
     x, cos, sin = (c.name(site.inputs[r]) for r in ("x", "cos", "sin"))
     half = bool(site.params.get("half_width"))
+    if site.params.get("style") == "interleaved" and not half:  # each pair's value, once
+        cos, sin, half = f"{cos}[..., 0::2]", f"{sin}[..., 0::2]", True
     fam = f"{c.part}run(_l[0], _l[0][:, :0], _l[1], _l[2])[0].view({x}.shape)"
     return [
         f"_l = _kernelarc_rope_layout({x}, {cos}, {sin}, {half})",
