@@ -41,7 +41,9 @@ from kernelarc.graph.adapters import (
     patch_eps,
     patch_glu_act,
     patch_glu_pair,
+    patch_rope_full_cos,
     patch_rope_interleaved,
+    rope_full_cos,
 )
 from kernelarc.graph.capture import Capture, CaptureError, capture_task
 from kernelarc.graph.catalog import recognize
@@ -255,6 +257,9 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
                 if s.kind in (Kind.rmsnorm, Kind.add_rmsnorm):
                     src = patch_eps(kernel_src, float(s.params["eps"]))
                     pkey = (kernel.name, float(s.params["eps"]))
+                elif s.kind is Kind.rope and rope_full_cos(s.params):
+                    src = patch_rope_full_cos(kernel_src)
+                    pkey = (kernel.name, "full_cos")
                 elif s.kind is Kind.rope and s.params.get("style") == "interleaved":
                     src = patch_rope_interleaved(kernel_src)
                     pkey = (kernel.name, "interleaved")

@@ -488,11 +488,19 @@ def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, s
 
 
 def rope_on_family(p: dict[str, Any]) -> bool:
-    """The RoPE kernels serve this site: halves rotated with cos / sin equal on both halves, or pairs
-    (interleaved) with half-width cos / sin or full-width ones holding each value twice in a row."""
-    if p.get("style") in ("rotate_half", "split_halves"):
+    """The RoPE kernels serve this site: halves rotated (cos / sin equal on both halves, or any full-width
+    cos / sin through ``patch_rope_full_cos``), or pairs (interleaved) with half-width cos / sin or
+    full-width ones holding each value twice in a row."""
+    if p.get("style") == "rotate_half":  # cos / sin of both halves read apart where they may differ
+        return True
+    if p.get("style") == "split_halves":
         return bool(p.get("dup_halves"))
     return p.get("style") == "interleaved" and bool(p.get("half_width") or p.get("dup_pairs"))
+
+
+def rope_full_cos(p: dict[str, Any]) -> bool:
+    """The site rotates halves with full-width cos / sin not provably equal on both halves."""
+    return p.get("style") == "rotate_half" and not p.get("dup_halves") and not p.get("half_width")
 
 
 def patch_rope_interleaved(source: str) -> str:
@@ -520,6 +528,32 @@ def patch_rope_interleaved(source: str) -> str:
     return source
 
 
+def patch_rope_full_cos(source: str) -> str:
+    """A rendered RoPE family module rotating halves with cos / sin [T, D] whose halves may differ
+    (``x * cos + rotate_half(x) * sin`` with arbitrary cos / sin): the split kernels load each half's
+    values (the first at d, the second at d + D/2), the join kernels are left unused."""
+    import re
+
+    source, n_load = re.subn(
+        r"^(\s*)(c3|s3) = tl\.load\((COS|SIN) \+ t64\[:, None\] \* (sc_t|ss_t) \+ dc\[None, :\](.*)$",
+        r"\g<0>\n\1\2b = tl.load(\3 + t64[:, None] * \4 + dc[None, :] + HALF\5",
+        source,
+        flags=re.M,
+    )
+    source, n_o2 = re.subn(r"o2 = x2 \* c3 \+ x1 \* s3$", "o2 = x2 * c3b + x1 * s3b", source, flags=re.M)
+    splits = len(re.findall(r"def _rope_\w+_split_kernel\(", source))
+    joins = len(re.findall(r"def _rope_\w+_join_kernel\(", source))
+    # every split kernel loads cos and sin once (two loads, join kernels their own two) and rotates q/k
+    if splits == 0 or n_load != 2 * (splits + joins) or n_o2 < splits:
+        raise AdapterError(f"rendered RoPE module: {n_load} cos / sin loads, {n_o2} second-half rotations")
+    source, _ = re.subn(r"kernel = (_rope_\w+)_join_kernel if bd == HALF else \1_split_kernel",
+                        r"kernel = \1_split_kernel", source)  # fmt: skip
+    old = "assert cos.shape == (T, HALF) and sin.shape == (T, HALF)"
+    if source.count(old) != 1 or "_join_kernel if" in source:
+        raise AdapterError("rendered RoPE module: no single cos / sin shape check, or a join kernel still picked")
+    return source.replace(old, "assert cos.shape == (T, D) and sin.shape == (T, D)")
+
+
 def rope_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
     if impl is not Impl.family or c.part is None or c.fallback is None:
         raise AdapterError("rope: only the family implementation (the graph's ops otherwise)")
@@ -527,9 +561,10 @@ def rope_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) 
     half = bool(site.params.get("half_width"))
     if site.params.get("style") == "interleaved" and not half:  # each pair's value, once
         cos, sin, half = f"{cos}[..., 0::2]", f"{sin}[..., 0::2]", True
+    keep = rope_full_cos(site.params)
     fam = f"{c.part}run(_l[0], _l[0][:, :0], _l[1], _l[2])[0].view({x}.shape)"
     return [
-        f"_l = _kernelarc_rope_layout({x}, {cos}, {sin}, {half})",
+        f"_l = _kernelarc_rope_layout({x}, {cos}, {sin}, {half}, {keep})",
         "if _l is not None:",
         f"    {out} = {_out(site, fam)}",
         "else:",
