@@ -68,6 +68,20 @@ def report(root: Path) -> int:
     return 0
 
 
+def _default_root() -> Path:
+    # ../shared from the main checkout, ../../shared from a worktree under wt/
+    for up in (ROOT.parent, ROOT.parent.parent):
+        if (up / "shared" / "sol-execbench").is_dir():
+            return up / "shared" / "sol-execbench"
+    return ROOT.parent / "shared" / "sol-execbench"
+
+
 if __name__ == "__main__":
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        sys.exit(0)
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else _default_root()
+    if not any(root.glob("*/*/definition.json")):
+        sys.exit(f"no problem folders (*/*/definition.json) under {root}")
     logging.disable(logging.WARNING)
-    sys.exit(report(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT.parent / "shared" / "sol-execbench"))
+    sys.exit(report(root))

@@ -40,6 +40,10 @@ from kernelarc.graph.adapters import (
     family_ok,
     patch_eps,
     patch_glu_act,
+    patch_glu_pair,
+    patch_rope_full_cos,
+    patch_rope_interleaved,
+    rope_full_cos,
 )
 from kernelarc.graph.capture import Capture, CaptureError, capture_task
 from kernelarc.graph.catalog import recognize
@@ -253,9 +257,17 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
                 if s.kind in (Kind.rmsnorm, Kind.add_rmsnorm):
                     src = patch_eps(kernel_src, float(s.params["eps"]))
                     pkey = (kernel.name, float(s.params["eps"]))
+                elif s.kind is Kind.rope and rope_full_cos(s.params):
+                    src = patch_rope_full_cos(kernel_src)
+                    pkey = (kernel.name, "full_cos")
+                elif s.kind is Kind.rope and s.params.get("style") == "interleaved":
+                    src = patch_rope_interleaved(kernel_src)
+                    pkey = (kernel.name, "interleaved")
                 elif s.kind is Kind.glu:
                     src = patch_glu_act(kernel_src, s.params["act"])
-                    pkey = (kernel.name, s.params["act"])
+                    if not s.params.get("packed"):  # gate and up as two tensors
+                        src = patch_glu_pair(src)
+                    pkey = (kernel.name, s.params["act"], bool(s.params.get("packed")))
                 if pkey not in part_of:
                     part_of[pkey] = f"_k{len(part_of)}_"
                     parts[part_of[pkey]] = src
@@ -310,24 +322,32 @@ def composed_families(task) -> list[Family]:
     return [f for f in out if _renders(f)]
 
 
-# Which kernel kind's family is tried first on a tiny budget: kernels that replace what Inductor cannot
+# Which kernel kind's family is tried first on a tiny budget: fp8 GEMMs of operands the reference
+# dequantises to an fp32 matmul (tensor-core fp8 instead), kernels that replace what Inductor cannot
 # fuse itself (attention written as matmul-softmax-matmul, fused add + norm) before the memory-bound
 # ones it fuses well, and GEMMs (cuBLAS is the bar) last.
-KIND_PRIORITY = (Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.glu, Kind.rope, Kind.softmax, Kind.gemm)
+KIND_PRIORITY = (Kind.fp8_gemm, Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.glu, Kind.rope, Kind.softmax,
+                 Kind.gemm)  # fmt: skip
 # ops that move no data (views and size arithmetic): a graph left with only these has nothing to compile
 _VIEW_OPS = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "unsqueeze", "squeeze", "expand",
              "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "alias", "detach", "sym_size",
              "lift_fresh_copy", "_set_grad_enabled", "sym_numel", "sym_stride"}  # fmt: skip
 
 
-def rest_compute_ops(rec: Recognition) -> int:
-    """Compute ops of the first graph case that no substitutable site covers (what torch.compile of the
-    rest of the graph could still fuse)."""
+def rest_compute_ops(rec: Recognition, kind: Kind | None = None) -> int:
+    """Compute ops of the first graph case that the candidate does not substitute (what torch.compile
+    of the rest of the graph could still fuse): outside the sites with a library call and, with
+    ``kind``, the sites of that kind on its kernel family (other kinds' family-only sites stay ops)."""
     from kernelarc.graph.patterns import op
 
     if rec.capture is None or not rec.sites:
         return 0
-    covered = {n for s in rec.sites[0] if rec.impls.get(id(s)) for n in s.nodes}
+
+    def served(s: Site) -> bool:
+        impls = rec.impls.get(id(s), set())
+        return Impl.library in impls or (s.kind is kind and Impl.family in impls)
+
+    covered = {n for s in rec.sites[0] if served(s) for n in s.nodes}
     count = 0
     for n in rec.capture.cases[0].gm.graph.nodes:
         name = op(n)
@@ -369,8 +389,10 @@ def start_points(task, families: list[Family]) -> list[tuple[Family, dict[str, A
     for fams in by_kind.values():
         fams.sort(key=lambda f: (f.language == "cutlass", registry.index(f.name.removeprefix(prefix))))
     kinds = sorted(by_kind, key=KIND_PRIORITY.index)
-    rest = "inductor" if rest_compute_ops(rec) > 0 else "eager"
-    other = "eager" if rest == "inductor" else "inductor"
+    rest_of = {k: "inductor" if rest_compute_ops(rec, k) > 0 else "eager" for k in kinds}
+    rest = "inductor" if rest_compute_ops(rec) > 0 else "eager"  # the library family's
+    first_rest = rest_of[kinds[0]] if kinds else rest
+    other = "eager" if first_rest == "inductor" else "inductor"
 
     def at(f: Family | None, r: str, cuda_graph: bool = False) -> tuple[Family, dict[str, Any]] | None:
         if f is None:
@@ -389,15 +411,14 @@ def start_points(task, families: list[Family]) -> list[tuple[Family, dict[str, A
     # the reference and compiled it is torch.compile): then only its CUDA-graph replay is worth a slot
     lib_sites = any(Impl.library in rec.impls.get(id(s), ()) for s in rec.sites[0])
     firsts = [by_kind[k][0] for k in kinds]
-    compiled = rest == "inductor"
-    order = [at(f, rest) for f in firsts[:1]]
+    order = [at(f, first_rest) for f in firsts[:1]]
     order += [at(library, rest)] if lib_sites else []
-    order += [at(f, rest) for f in firsts[1:]]
-    order += [at(firsts[0], other)] if firsts and compiled else []
-    order += [at(firsts[0], rest, cuda_graph=True)] if firsts else []
+    order += [at(by_kind[k][0], rest_of[k]) for k in kinds[1:]]
+    order += [at(firsts[0], other)] if firsts and first_rest == "inductor" else []
+    order += [at(firsts[0], first_rest, cuda_graph=True)] if firsts else []
     order += [at(library, rest if lib_sites else "inductor", cuda_graph=True)]
-    order += [at(library, other)] if lib_sites and compiled else []
-    order += [at(f, rest) for k in kinds for f in by_kind[k][1:]]
+    order += [at(library, "eager" if rest == "inductor" else "inductor")] if lib_sites and rest == "inductor" else []
+    order += [at(f, rest_of[k]) for k in kinds for f in by_kind[k][1:]]
     out: list[tuple[Family, dict[str, Any]]] = []
     seen: set[tuple[str, tuple]] = set()
     for item in order:

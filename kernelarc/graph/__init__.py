@@ -7,7 +7,10 @@ composite ops such as ``linear``, ``matmul``, ``softmax``, ``rms_norm`` and
 families and libraries solve (GEMM with epilogues, attention, RMSNorm / LayerNorm, softmax,
 elementwise chains, reductions); ``gated`` the gated activations (SwiGLU, GeGLU, ...) by what the
 gate computes; ``rotary`` RoPE in its rotate-half, split-halves and interleaved forms; ``varlen``
-per-segment attention over host-read offsets (cu_seqlens); ``catalog.recognize`` runs them all.
+per-segment attention over host-read offsets (cu_seqlens); ``quant`` scaled fp8 GEMMs written as
+dequantise-then-matmul; ``catalog.recognize`` runs them all. ``adapters`` map a site onto a family's or
+library's interface, with ``patches`` rewriting a rendered family module where the site needs another
+form of its kernel (eps, gate activation, two gate / up tensors, interleaved or full-width RoPE).
 ``compose`` emits a candidate source for the whole problem: the graph as plain ``torch.ops.aten``
 calls with recognised sites replaced by family kernels or library calls, under graph-level knobs
 (library backends, Inductor options, CUDA graphs, precision).

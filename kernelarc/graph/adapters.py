@@ -15,7 +15,6 @@ cover.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -23,6 +22,15 @@ from typing import Any
 
 import torch
 
+from kernelarc.graph.patches import (  # noqa: F401 - re-exported: the composition reaches them through adapters
+    GLU_TRITON,
+    AdapterError,
+    patch_eps,
+    patch_glu_act,
+    patch_glu_pair,
+    patch_rope_full_cos,
+    patch_rope_interleaved,
+)
 from kernelarc.graph.patterns import Kind, Site
 
 
@@ -32,16 +40,13 @@ class Impl(StrEnum):
     family = "family"
 
 
-class AdapterError(ValueError):
-    """The site cannot take this implementation (the message says which precondition fails)."""
-
-
 # Built-in task whose kernel families can serve a site of this kind, with the precondition the
 # site must meet (checked at composition time; run-time checks are emitted with the call).
 FAMILY_TASK: dict[Kind, str] = {
     Kind.rmsnorm: "rmsnorm",
     Kind.add_rmsnorm: "fused_add_rmsnorm",
     Kind.gemm: "matmul",
+    Kind.fp8_gemm: "fp8_matmul",
     Kind.softmax: "softmax",
     Kind.glu: "swiglu",
     Kind.attention: "attention",
@@ -77,10 +82,15 @@ def family_ok(site: Site) -> str | None:
             return "GEMM family needs A [.., K] @ B[N, K]^T (not batched, B in weight layout)"
         if p["dtype"] not in LOW_DTYPES:
             return f"GEMM family computes in bf16/fp16, the site is {p['dtype']}"
-    if site.kind is Kind.glu and not (p.get("packed") and p["act"] in GLU_TRITON):
-        return "SwiGLU family needs act(x[..., :n]) * x[..., n:] of one tensor, act one of " + ", ".join(GLU_TRITON)
-    if site.kind is Kind.rope and not (p.get("style") in ("rotate_half", "split_halves") and p.get("dup_halves")):
-        return "RoPE families rotate halves with cos / sin equal on both halves (not interleaved pairs)"
+    if site.kind is Kind.fp8_gemm and p.get("mode") not in ("block", "outer"):
+        return "fp8 GEMM families read 1x128 / 128x128 blockwise, per-row or per-tensor scales"
+    if site.kind is Kind.glu and p["act"] not in GLU_TRITON:
+        return "SwiGLU family computes act(gate) * up with act one of " + ", ".join(GLU_TRITON)
+    if site.kind is Kind.rope and not rope_on_family(p):
+        return (
+            "RoPE families rotate halves with cos / sin equal on both halves, or interleaved pairs with one "
+            "cos / sin value per pair (not arbitrary full-width cos / sin, not complex freqs)"
+        )
     if site.kind is Kind.attention and p.get("style") == "varlen":
         return "varlen attention runs per segment on SDPA"
     if site.kind is Kind.attention and (p["mask"] != "none" or p.get("dropout") not in (0.0, None)):
@@ -170,37 +180,29 @@ def softmax_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str
     ]
 
 
-# the gate activation in the family's Triton (the SwiGLU kernel's ``y = (...) * u`` with g the gate, in
-# fp32) and in torch; the tanh GELU as g * sigmoid(2 k (g + 0.044715 g^3)), the same function
-GLU_TRITON = {
-    "silu": None,  # the family's own (its ``silu`` knob)
-    "gelu_tanh": "g / (1.0 + tl.exp(-1.5957691216057308 * (g + 0.044715 * g * g * g)))",
-    "gelu_none": "0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))",
-    "relu": "tl.maximum(g, 0.0)",
-    "sigmoid": "1.0 / (1.0 + tl.exp(-g))",
-}
+# the gate activations in torch (their Triton forms: GLU_TRITON)
 GLU_TORCH = {"silu": f"{_NNF}.silu({{}})", "gelu_tanh": f"{_NNF}.gelu({{}}, approximate='tanh')",
              "gelu_none": f"{_NNF}.gelu({{}})", "relu": "torch.relu({})", "sigmoid": "torch.sigmoid({})"}  # fmt: skip
 
 
-def patch_glu_act(source: str, act: str) -> str:
-    """A rendered SwiGLU family module computing ``act(gate) * up`` instead of silu."""
-    import re
-
-    expr = GLU_TRITON.get(act, "")
-    if act == "silu":
-        return source
-    if not expr:
-        raise AdapterError(f"no Triton form of the gate activation {act!r}")
-    pat = re.compile(r"^(\s*)y = \((.+)\) \* u$", re.M)
-    if not pat.search(source):
-        raise AdapterError("rendered SwiGLU kernel has no 'y = (silu) * u' line to replace")
-    return pat.sub(lambda m: f"{m.group(1)}y = ({expr}) * u", source)
+def _glu_pair_lines(site: Site, c: Ctx, out: str) -> list[str]:
+    g, u = c.name(site.inputs["gate"]), c.name(site.inputs["up"])
+    gate = GLU_TORCH[site.params["act"]].format(f"{g}.to(torch.float32)")
+    lib = f"{out} = {_out(site, f'({gate} * {u}.to(torch.float32))')}"
+    fam = f"{c.part}run({g}.reshape(-1, {g}.shape[-1]), {u}.reshape(-1, {u}.shape[-1])).view({g}.shape)"
+    return [
+        f"if {g}.shape == {u}.shape and {g}.dtype == {u}.dtype and {g}.dim() >= 1 and {g}.numel() > 0:",
+        f"    {out} = {_out(site, fam)}",
+        "else:",
+        f"    {lib}",
+    ]
 
 
 def glu_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
     if impl is not Impl.family or c.part is None:
         raise AdapterError("glu: only the family implementation (the graph form is the library one)")
+    if not site.params.get("packed"):
+        return _glu_pair_lines(site, c, out)
     x = c.name(site.inputs["x"])
     h = f"{x}.shape[-1] // 2"
     gate = GLU_TORCH[site.params["act"]].format(f"{x}[..., :{h}].to(torch.float32)")
@@ -279,6 +281,39 @@ def gemm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) 
     lines += _epilogue(site, c, "_c")
     lines.append(f"{out} = _c")
     return lines
+
+
+def fp8_gemm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    """The fp8 GEMM family on the quantised operands and their scales (the family dequantises in its
+    K loop), the bias and the output cast as the graph has them; the site's own ops (dequantise, fp32
+    matmul) for shapes or dtypes outside what the family reads."""
+    if impl is not Impl.family or c.part is None or c.fallback is None:
+        raise AdapterError("fp8_gemm: only the family implementation (the graph's ops otherwise)")
+    p = site.params
+    qa, sa, qb, sb = (c.name(site.inputs[r]) for r in ("qa", "sa", "qb", "sb"))
+    e4m3 = "torch.float8_e4m3fn"
+    cond = [f"{qa}.dim() == 2", f"{qb}.dim() == 2", f"{qa}.dtype == {e4m3}", f"{qb}.dtype == {e4m3}",
+            f"{qa}.shape[1] == {qb}.shape[1]"]  # fmt: skip
+    if p["mode"] == "block":
+        blk = 128
+        cond += [f"{qa}.shape[1] % {blk} == 0", f"{qb}.shape[0] % {blk} == 0",
+                 f"tuple({sa}.shape) == ({qa}.shape[0], {qa}.shape[1] // {blk})",
+                 f"tuple({sb}.shape) == ({qb}.shape[0] // {blk}, {qa}.shape[1] // {blk})"]  # fmt: skip
+        # the dequantised operands are reshaped back to the quantised tensors' shapes
+        for q, role in ((qa, "a"), (qb, "b")):
+            for i, v in enumerate(p[f"back_{role}"]):
+                if isinstance(v, str):
+                    cond.append(f"{q}.shape[{i}] == {c.name(site.inputs[v])}")
+                elif v != -1:
+                    cond.append(f"{q}.shape[{i}] == {int(v)}")
+    else:
+        cond += [f"{sa}.numel() in (1, {qa}.shape[0])", f"{sb}.numel() in (1, {qb}.shape[0])",
+                 f"{sa}.dim() <= 2", f"{sb}.dim() <= 2"]  # fmt: skip
+    lines = [f"if {' and '.join(cond)}:", f"    _c = {c.part}run({qa}, {qb}, {sa}, {sb})"]
+    if p["bias"]:
+        lines.append(f"    _c = _c.to({_dt(p['acc_dtype'])}) + {c.name(site.inputs['bias'])}")
+    lines.append(f"    {out} = {_out(site, '_c')}")
+    return [*lines, "else:", *["    " + ln for ln in c.fallback()]]
 
 
 def _scale_expr(site: Site, c: Ctx) -> str | None:
@@ -403,14 +438,33 @@ def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, s
     return [f"if {cond}:", f"    {out} = {fam}", "else:", *["    " + ln for ln in lib]]
 
 
+def rope_on_family(p: dict[str, Any]) -> bool:
+    """The RoPE kernels serve this site: halves rotated (cos / sin equal on both halves, or any full-width
+    cos / sin through ``patch_rope_full_cos``), or pairs (interleaved) with half-width cos / sin or
+    full-width ones holding each value twice in a row."""
+    if p.get("style") == "rotate_half":  # cos / sin of both halves read apart where they may differ
+        return True
+    if p.get("style") == "split_halves":
+        return bool(p.get("dup_halves"))
+    return p.get("style") == "interleaved" and bool(p.get("half_width") or p.get("dup_pairs"))
+
+
+def rope_full_cos(p: dict[str, Any]) -> bool:
+    """The site rotates halves with full-width cos / sin not provably equal on both halves."""
+    return p.get("style") == "rotate_half" and not p.get("dup_halves") and not p.get("half_width")
+
+
 def rope_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
     if impl is not Impl.family or c.part is None or c.fallback is None:
         raise AdapterError("rope: only the family implementation (the graph's ops otherwise)")
     x, cos, sin = (c.name(site.inputs[r]) for r in ("x", "cos", "sin"))
     half = bool(site.params.get("half_width"))
+    if site.params.get("style") == "interleaved" and not half:  # each pair's value, once
+        cos, sin, half = f"{cos}[..., 0::2]", f"{sin}[..., 0::2]", True
+    keep = rope_full_cos(site.params)
     fam = f"{c.part}run(_l[0], _l[0][:, :0], _l[1], _l[2])[0].view({x}.shape)"
     return [
-        f"_l = _kernelarc_rope_layout({x}, {cos}, {sin}, {half})",
+        f"_l = _kernelarc_rope_layout({x}, {cos}, {sin}, {half}, {keep})",
         "if _l is not None:",
         f"    {out} = {_out(site, fam)}",
         "else:",
@@ -425,6 +479,7 @@ LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] =
     Kind.softmax: softmax_lines,
     Kind.glu: glu_lines,
     Kind.gemm: gemm_lines,
+    Kind.fp8_gemm: fp8_gemm_lines,
     Kind.attention: attention_lines,
     Kind.rope: rope_lines,
 }
@@ -435,17 +490,3 @@ def site_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) 
     if fn is None:
         raise AdapterError(f"no adapter for {site.kind.value}")
     return fn(site, impl, c, out, extra)
-
-
-def patch_eps(source: str, eps: float, builtin_eps: str = "1e-06") -> str:
-    """A rendered RMSNorm family module with its eps literal set to ``eps``.
-
-    The norms families bake eps = 1e-6 (the built-in tasks' value) into the kernel text as
-    ``+ 1e-06``; a problem with another eps gets the same kernel with its own constant.
-    """
-    if math.isclose(eps, float(builtin_eps), rel_tol=1e-9):
-        return source
-    needle = f"+ {builtin_eps}"
-    if needle not in source:
-        raise AdapterError(f"rendered RMSNorm kernel has no eps literal {needle!r} to replace")
-    return source.replace(needle, f"+ {eps!r}")

@@ -15,6 +15,7 @@ from kernelarc.graph.patterns import (
     _rmsnorm_sites,
     _softmax_sites,
 )
+from kernelarc.graph.quant import fp8_gemm_sites
 from kernelarc.graph.rotary import rope_sites
 from kernelarc.graph.varlen import varlen_sites
 
@@ -36,6 +37,7 @@ def recognize(gm: torch.fx.GraphModule) -> list[Site]:
     add(attention)
     add(_rmsnorm_sites(gm))
     add(_layernorm_sites(gm))
+    add(fp8_gemm_sites(gm, taken))  # before the plain GEMMs: the fp32 matmul of dequantised operands
     add(_softmax_sites(gm, taken))
     add(glu_sites(gm, taken))
     add(rope_sites(gm, taken))

@@ -275,10 +275,11 @@ def _graphed(*args):
     return _clone_out(out)
 
 
-def _kernelarc_rope_layout(x, c, s, half):
+def _kernelarc_rope_layout(x, c, s, half, keep=False):
     # x [..., D] and cos / sin broadcastable to it (the last dim D, or D / 2 with ``half``): x as
     # [T, H, D] (H: the trailing leading dims cos / sin do not vary over, T: the others) and cos / sin
-    # as [T, D / 2] (views where the shapes allow); None when they do not fit the RoPE kernels
+    # as [T, D / 2] ([T, D] with ``keep``: both halves' own values; views where the shapes allow); None
+    # when they do not fit the RoPE kernels
     if x.dim() < 2 or x.shape[-1] % 2 or c.shape != s.shape or c.dim() > x.dim() or x.numel() == 0:
         return None
     d = x.shape[-1]
@@ -292,8 +293,9 @@ def _kernelarc_rope_layout(x, c, s, half):
         k -= 1
     t, h = math.prod(lead[:k]), math.prod(lead[k:])
     full = (*lead[:k], *cl[k:], w)
-    c2 = c.reshape(cs).expand(full)[..., : d // 2].reshape(t, d // 2)
-    s2 = s.reshape(cs).expand(full)[..., : d // 2].reshape(t, d // 2)
+    n = d if keep else d // 2
+    c2 = c.reshape(cs).expand(full)[..., :n].reshape(t, n)
+    s2 = s.reshape(cs).expand(full)[..., :n].reshape(t, n)
     return x.reshape(t, h, d), c2, s2
 
 

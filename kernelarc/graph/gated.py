@@ -151,7 +151,8 @@ def glu_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
             params = {"act": act, "packed": True, "out_dtype": str(node_dtype(last)).replace("torch.", "")}
             site = _site(Kind.glu, last, {"x": strip(hg[0])}, params)
         else:
-            site = _site(Kind.glu, last, {"gate": gate, "up": up}, {"act": act, "packed": False})
+            params = {"act": act, "packed": False, "out_dtype": str(node_dtype(last)).replace("torch.", "")}
+            site = _site(Kind.glu, last, {"gate": gate, "up": up}, params)
         if site:
             out.append(site)
             covered |= site.nodes

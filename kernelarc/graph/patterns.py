@@ -30,6 +30,7 @@ from kernelarc.graph.capture import node_dtype, node_rank, node_shape
 
 class Kind(StrEnum):
     gemm = "gemm"
+    fp8_gemm = "fp8_gemm"  # dequantise-then-matmul of scaled fp8 operands (``kernelarc.graph.quant``)
     attention = "attention"
     rmsnorm = "rmsnorm"
     add_rmsnorm = "add_rmsnorm"

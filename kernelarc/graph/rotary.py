@@ -73,6 +73,21 @@ def _rotate_pairs_of(n: Any) -> Node | None:
 def dup_halves(n: Any) -> bool:
     """The last dim of ``n`` is provably two equal halves: cat([f, f], -1) (or repeat(.., 2)) behind
     casts, scalar scalings, cos / sin, broadcasts and gathers over the leading dims."""
+    return _duplicated(n, pairs=False)
+
+
+def _whole_slice(n: Node) -> bool:
+    start, end, step = arg(n, 2, "start", 0), arg(n, 3, "end", None), arg(n, 4, "step", 1)
+    return start in (0, None) and step == 1 and (end is None or (isinstance(end, int) and end >= 2**62))
+
+
+def dup_pairs(n: Any) -> bool:
+    """The last dim of ``n`` provably holds each value twice in a row (one per rotated pair):
+    repeat_interleave(f, 2, -1) or stack([f, f], -1).flatten(-2), behind the same ops as dup_halves."""
+    return _duplicated(n, pairs=True)
+
+
+def _duplicated(n: Any, pairs: bool) -> bool:
     for _ in range(16):
         o = op(n)
         if o is None:
@@ -87,12 +102,19 @@ def dup_halves(n: Any) -> bool:
             n = n.args[0]
         elif o == "mul" and scalar(n.args[0]) is not None:
             n = n.args[1]
-        elif o in ("slice", "select", "index_select") and not is_last_dim(arg(n, 1, "dim", 0), rank):
+        elif (o in ("slice", "select", "index_select") and not is_last_dim(arg(n, 1, "dim", 0), rank)) or (
+            o == "slice" and _whole_slice(n)  # x[..., :] of an indexing expression: the identity
+        ):
             n = n.args[0]
         elif o == "index" and isinstance(n.args[1], list | tuple) and len(n.args[1]) < (node_rank(n.args[0]) or 0):
             n = n.args[0]  # advanced indexing over leading dims only (positions into a table)
         elif o == "embedding":
             n = n.args[0]
+        elif pairs:
+            if o == "repeat_interleave":
+                return scalar(arg(n, 1, "repeats")) == 2.0 and is_last_dim(arg(n, 2, "dim"), rank)
+            st = _flat_pair_stack(n)
+            return st is not None and isinstance(st[0], Node) and strip(st[0]) is strip(st[1])
         elif o == "cat":
             parts = n.args[0]
             return (
@@ -153,6 +175,8 @@ def _rotate_half_site(n: Node) -> Site | None:
             last = _out_node(n)
             dup = style == "rotate_half" and dup_halves(cos) and dup_halves(sin)
             params = {"style": style, "dup_halves": dup, "half_width": False, "out_dtype": _dt(last)}
+            if style == "interleaved":  # full-width cos / sin: one value per pair, twice
+                params["dup_pairs"] = dup_pairs(cos) and dup_pairs(sin)
             return _with_source(last, x, {"cos": cos, "sin": sin}, params)
     return None
 
@@ -283,4 +307,4 @@ def rope_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
     return out
 
 
-__all__ = ["dup_halves", "rope_sites"]
+__all__ = ["dup_halves", "dup_pairs", "rope_sites"]

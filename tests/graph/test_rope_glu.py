@@ -6,6 +6,7 @@ recognised and stay on the graph's ops."""
 from __future__ import annotations
 
 import pytest
+import torch
 from _problems import make_task
 from test_compose import check
 
@@ -179,8 +180,9 @@ def run(x, cos, sin):
 """
 
 
-def test_rope_with_arbitrary_cos_inputs_is_recognised_but_kept_on_the_graph(tmp_path):
-    # cos / sin as inputs may differ between the halves (random ones do): the half-width kernels do not apply
+def test_rope_with_arbitrary_cos_inputs_reads_both_halves_cos(tmp_path):
+    # cos / sin as inputs may differ between the halves (random ones do): the kernels read each half's own
+    # values (patch_rope_full_cos), checked against float64
     task = make_task(tmp_path, "p_rope_rand", ROPE_RANDOM_COS,
                      {"x": (["T", "H", "D"], "float32"), "cos": (["T", "D"], "float32"),
                       "sin": (["T", "D"], "float32")},
@@ -188,8 +190,17 @@ def test_rope_with_arbitrary_cos_inputs_is_recognised_but_kept_on_the_graph(tmp_
                      [{"T": 6, "H": 3, "D": 16}, {"T": 3, "H": 2, "D": 8}])  # fmt: skip
     sites, rec = _rope_sites(task)
     assert len(sites) == 1 and not sites[0].params["dup_halves"]
-    assert Impl.family not in rec.impls.get(id(sites[0]), set())
-    assert not any(".rope." in f.name for f in families_for(task))
+    assert Impl.family in rec.impls.get(id(sites[0]), set())
+    for suffix, knobs in (("rope.separate", {}), ("rope.fused_qk", {"halves": "join"})):
+        assert kernel_calls(task, suffix, knobs) == 2
+        fam = next(f for f in families_for(task) if f.name.endswith(suffix))
+        mod = load_module(fam.render(fam.check_point(knobs)), f"full_cos_{suffix}")
+        for i in (0, 1):
+            x, cos, sin = make_inputs(task, i, 6, "cpu")
+            xd, h = x.double(), x.shape[-1] // 2
+            rot = torch.cat((-xd[..., h:], xd[..., :h]), dim=-1)
+            want = xd * cos.double()[:, None, :] + rot * sin.double()[:, None, :]
+            torch.testing.assert_close(mod.run(x, cos, sin).double(), want, atol=1e-5, rtol=1e-5)
 
 
 ROPE_INTERLEAVED = """
@@ -234,5 +245,7 @@ def test_interleaved_rope_is_recognised(tmp_path, ref, style):
                      [{"T": 4, "D": 16, "D2": 8}, {"T": 3, "D": 8, "D2": 4}])  # fmt: skip
     sites, rec = _rope_sites(task)
     assert [s.params["style"] for s in sites] == [style]
-    assert Impl.family not in rec.impls.get(id(sites[0]), set())
+    # pairs with one cos / sin value each run on the RoPE kernels (tests/graph/test_rope_pairs.py); complex
+    # freqs stay on the graph's own ops
+    assert (Impl.family in rec.impls.get(id(sites[0]), set())) == (style == "interleaved")
     check(task, "library", atol=1e-5, rtol=1e-5)  # the graph's own ops compose and stay correct
