@@ -11,6 +11,8 @@
 #   fp8      scripts/gpu_fp8_check.py (fp8 GEMM families vs torch._scaled_mm, softmax start points)
 #   softmax  scripts/bench.py softmax 4096x32768, 3 seeds
 #   fp8tests the GPU-marked fp8 tests of tests/test_gpu.py
+#   cupti    scripts/gpu_cupti_cost.py: the host time CUPTI timing costs per burst, forced flush and deferred
+#   sites    the GPU-marked tests of the newly recognised sites (fp8 GEMM, GLU pairs, RoPE pairs)
 #   threads  the GPU-marked tests of NVIDIA's thread-injection rule (tests/guard/test_threads_parity.py)
 # Each step's time limit can be set as <STEP>_S (e.g. ABLATE_S=240).
 set -uo pipefail
@@ -57,7 +59,14 @@ step_threads() {
   [ -d /tmp/solx ] || timeout 60 python3 -m pip install -q --no-index --no-deps \
     --no-compile --no-cache-dir --upgrade --target /tmp/solx .whl/solx/*.whl
   PYTHONPATH=$PYTHONPATH:/tmp/solx timeout -k 5 "${THREADS_S:-240}" python3 -m pytest -q -m gpu \
-    tests/guard/test_threads_parity.py -rA -p no:cacheprovider
+    tests/guard/test_threads_parity.py -rA -p no:cacheprovider --tb=short ${THREADS_K:+-k "$THREADS_K"}
+}
+step_cupti() {
+  timeout -k 5 "${CUPTI_S:-60}" python3 scripts/gpu_cupti_cost.py
+}
+step_sites() {
+  timeout -k 5 "${SITES_S:-240}" python3 -m pytest -q -m gpu tests/graph/test_new_sites_gpu.py -rA -p no:cacheprovider \
+    --tb=short
 }
 
 summary=()
