@@ -25,10 +25,17 @@ def main() -> None:
     def fn(a, b):
         return a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6) * b
 
-    t = timer_mod.Timer(torch, dev, 256 << 20, 200_000, use_cupti=True)
-    if t.method is not TimerMethod.cupti:
-        print("cupti-python not importable:", t.notes)
-        return
+    for quiet in (False, True):
+        timer_mod._QUIET = quiet
+        t = timer_mod.Timer(torch, dev, 256 << 20, 200_000, use_cupti=True)
+        if t.method is not TimerMethod.cupti:
+            print("cupti-python not importable:", t.notes)
+            return
+        print("query API records " + ("off" if quiet else "on (all API records)"))
+        _table(t, torch, dev, x, w, fn)
+
+
+def _table(t, torch, dev, x, w, fn) -> None:
     setup = lambda k: [x, w]  # noqa: E731
     print(f"{'n':>4} {'events ms/burst':>16} {'cupti ms/burst':>15} {'of it: flush':>13} {'deferred ms/burst':>18} "
           f"{'records/burst':>14}")  # fmt: skip
@@ -61,6 +68,7 @@ def main() -> None:
         de.append((time.perf_counter() - t0) * 1e3 / 8)
         med = statistics.median
         print(f"{n:>4} {med(ev):>16.1f} {med(cu):>15.1f} {med(fl):>13.1f} {med(de):>18.1f} {med(recs):>14.0f}")
+    print(f"  {sess.quieted} query APIs without records; method after the bursts: {t.method.value} {t.notes}")
     t._close_session()
 
 

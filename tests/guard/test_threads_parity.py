@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from shared_dirs import SKIP_REASON, shared_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # shared_dirs, also where a subprocess loads this file
+from shared_dirs import SKIP_REASON, shared_path  # noqa: E402
 
 from kernelarc.exporting import export_solution
 from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
