@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from _problems import ADD_RMS_MLP, make_task
+from shared_dirs import SKIP_REASON, shared_path
 
 from kernelarc.families import families_for
 from kernelarc.families.composed import recognise
@@ -15,8 +14,8 @@ from kernelarc.guard.static import check_source
 from kernelarc.tasks.inputs import load_module, make_inputs
 from kernelarc.tasks.loader import BUILTIN_DIR, load_task
 
-SOL = Path(__file__).resolve().parents[3] / "shared" / "sol-execbench"
-needs_sol = pytest.mark.skipif(not SOL.is_dir(), reason="needs ../shared/sol-execbench")
+SOL = shared_path("sol-execbench")  # ../shared beside the checkout, or .shared/ on the GPU machine
+needs_sol = pytest.mark.skipif(not SOL.is_dir(), reason=f"sol-execbench {SKIP_REASON}")
 
 
 def _outs(x):

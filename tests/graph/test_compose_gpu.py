@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_dirs import SKIP_REASON, shared_path
 
 from kernelarc.families import families_for
 from kernelarc.tasks.inputs import load_module, make_inputs
 from kernelarc.tasks.loader import load_task
 
-SOL = Path(__file__).resolve().parents[3] / "shared" / "sol-execbench"
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SOL.is_dir(), reason="needs ../shared/sol-execbench")]
+SOL = shared_path("sol-execbench")  # ../shared beside the checkout, or .shared/ on the GPU machine
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SOL.is_dir(), reason=f"sol-execbench {SKIP_REASON}")]
 
 
 def _outs(x):

@@ -4,10 +4,9 @@ under other torch.compile settings."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from _problems import ADD_RMS_MLP, make_task
+from shared_dirs import SKIP_REASON, shared_path
 
 from kernelarc.agents.base import AgentContext
 from kernelarc.agents.search import GENERIC_FAMILY, SearchAgent, offline_team
@@ -17,8 +16,8 @@ from kernelarc.guard.judge import compiled_candidate
 from kernelarc.guard.static import check_source
 from kernelarc.tasks.loader import BUILTIN_DIR, load_task
 
-SOL = Path(__file__).resolve().parents[3] / "shared" / "sol-execbench"
-needs_sol = pytest.mark.skipif(not SOL.is_dir(), reason="needs ../shared/sol-execbench")
+SOL = shared_path("sol-execbench")  # ../shared beside the checkout, or .shared/ on the GPU machine
+needs_sol = pytest.mark.skipif(not SOL.is_dir(), reason=f"sol-execbench {SKIP_REASON}")
 
 
 def first_proposals(task, count: int = 4, per: int = 2) -> list:

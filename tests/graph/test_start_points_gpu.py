@@ -7,21 +7,20 @@ replay) builds, runs and matches the reference on fresh inputs.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from shared_dirs import SKIP_REASON, shared_path
 
 from kernelarc.families import families_for
 from kernelarc.families.composed import start_points
 from kernelarc.tasks.inputs import load_module, make_inputs
 from kernelarc.tasks.loader import load_task
 
-SOL = Path(__file__).resolve().parents[3] / "shared" / "sol-execbench"
+SOL = shared_path("sol-execbench")  # ../shared beside the checkout, or .shared/ on the GPU machine
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(not SOL.is_dir(), reason="needs ../shared/sol-execbench"),
+    pytest.mark.skipif(not SOL.is_dir(), reason=f"sol-execbench {SKIP_REASON}"),
 ]
 
 

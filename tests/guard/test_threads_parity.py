@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # shared_dirs, also where a subprocess loads this file
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/shared_dirs, also in a subprocess
 from shared_dirs import SKIP_REASON, shared_path  # noqa: E402
 
 from kernelarc.exporting import export_solution
