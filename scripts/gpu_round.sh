@@ -66,7 +66,7 @@ step_cupti() {
 }
 step_sites() {
   timeout -k 5 "${SITES_S:-240}" python3 -m pytest -q -m gpu tests/graph/test_new_sites_gpu.py -rA -p no:cacheprovider \
-    --tb=short
+    --tb=short ${SITES_K:+-k "$SITES_K"}
 }
 
 summary=()
