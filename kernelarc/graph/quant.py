@@ -127,7 +127,7 @@ def fp8_gemm_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
             continue
         last, bias = n, None
         u = only_user(last)
-        if op(u) == "add" and len(u.args) == 2 and scalar(u.kwargs.get("alpha", 1)) in (None, 1.0):
+        if op(u) == "add" and len(u.args) == 2 and scalar(u.kwargs.get("alpha", 1)) == 1.0:  # alpha literally 1
             other = u.args[1] if u.args[0] is last else u.args[0]
             if isinstance(other, Node) and node_rank(other) == 1:
                 bias, last = other, u

@@ -30,10 +30,13 @@ def quantile(xs: list[float], q: float) -> float:
 
 
 def rel_noise(xs: list[float]) -> float:
-    """Relative spread of timing samples: interquartile range over the median."""
+    """Relative spread of timing samples: interquartile range over the median; with fewer than five samples
+    (a slow call timed twice per side) the whole range, since quartiles of two or three points understate it."""
     m = median(xs)
     if not xs or not m or math.isnan(m):
         return math.inf
+    if len(xs) < 5:
+        return (max(xs) - min(xs)) / m
     return (quantile(xs, 0.75) - quantile(xs, 0.25)) / m
 
 

@@ -371,6 +371,14 @@ class Driver:
 
     def cross_check(self, wl: int, cand: Side, champ: Side | None) -> None:
         cfg = self.cfg
+        if champ is not None and cand.method is not None and champ.method is not None and cand.method != champ.method:
+            # One side's worker fell back from CUPTI to CUDA events (whose spans are a few us longer): the two
+            # would be timed by different clocks, which alone can look like a gain on short kernels.
+            raise Stop(
+                Status.runtime_error,
+                f"timers differ (challenger {cand.method.value}, champion {champ.method.value}): not compared",
+                "champion",
+            )
         for s in [cand] + ([champ] if champ else []):
             if s.method is TimerMethod.cupti and s.events.get(wl):
                 cu, ev = median(s.samples[wl]), median(s.events[wl])

@@ -398,11 +398,19 @@ class Guard:
                 cur = None
             if cur is None:
                 w = self.pool.acquire()
-                buf = JudgeBuffer(self.device, nbytes)
+                try:
+                    buf = JudgeBuffer(self.device, nbytes)
+                except BaseException:
+                    w.kill(wait=False)  # no worker is left behind by a buffer that could not be made
+                    raise
                 w.keep.append(buf)
                 cur = ChampionWorker(key, w, buf)
                 cjob = dict(job, source=champion.source, language=champion.language)
-                drv.start(Side("champion", w, buf), cjob, Role.trusted)
+                try:
+                    drv.start(Side("champion", w, buf), cjob, Role.trusted)
+                except (OSError, TimeoutError) as e:
+                    self._drop_champion(cur)
+                    raise Stop(Status.runtime_error, f"the champion's worker took no job ({e})", "champion") from None
                 if self.cfg.champion_reuse > 0:
                     self._champ = cur
             cur.uses += 1
@@ -414,6 +422,10 @@ class Guard:
             slot.users -= 1
             if side is None or side.busy or not slot.ready or self.cfg.champion_reuse <= 0:
                 slot.retired = True  # mid-command, never set up, or single-use: not served again
+            if side is not None and side.busy:
+                # A reply is still on its way: another evaluation sharing this worker would read it as the answer
+                # to its own command. Killed now, so that one sees a dead champion (not compared), not a forgery.
+                slot.worker.kill(wait=False)
             if slot.retired and self._champ is slot:
                 self._champ = None
             if slot.retired and slot.users == 0:

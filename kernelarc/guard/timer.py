@@ -132,6 +132,7 @@ class Timer:
         self.head_start = int(head_start_cycles)
         self.notes: list[str] = []
         self._session: _CuptiSession | None = None
+        self.cupti_used = False
         if self.is_cuda:
             self.flush = torch.empty(int(flush_bytes), dtype=torch.uint8, device=device)
             self.sleep = getattr(torch.cuda, "_sleep", None)
@@ -213,6 +214,7 @@ class Timer:
                 log.debug("closing the CUPTI session: %s", e)
 
     def _cupti(self, n, setup, fn, keep_at):
+        self.cupti_used = True  # its buffer thread may exist from here on, even after a fall-back to events
         self.torch.cuda.synchronize(self.device)
         if _ONE_SESSION:
             if self._session is None:
@@ -289,6 +291,8 @@ def _snapshot(torch: Any, out: Any) -> Any:
     """A copy of a call's outputs with their strides (tensors in tuples, lists and dicts); anything else as is."""
     if isinstance(out, torch.Tensor):
         return out.clone(memory_format=torch.preserve_format)
+    if isinstance(out, tuple) and hasattr(out, "_make"):  # a namedtuple
+        return out._make(_snapshot(torch, x) for x in out)
     if isinstance(out, tuple | list):
         return type(out)(_snapshot(torch, x) for x in out)
     if isinstance(out, dict):

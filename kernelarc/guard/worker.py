@@ -152,7 +152,11 @@ class Harness:
         self._rolls: dict[int, tuple[int, set[int]]] = {}
         self.sets: dict[int, list[list[Any]]] = {}
         self.held: dict[int, list[Any]] = {}
+        # Per workload, the inputs for the next checked timed call. A set stays allocated from the workload's
+        # first timed command on (a throw-away one until the judge stages), so that the device memory in use
+        # (torch.cuda.memory_allocated) is the same in checked and unchecked bursts: a kernel cannot tell them.
         self.staged: dict[int, list[Any]] = {}
+        self.fresh: set[int] = set()  # workloads whose staged set came from the judge and is not used yet
         self.uses: dict[int, int] = {}
         self.fn: Any = None
         self.timer: Any = None
@@ -329,18 +333,20 @@ class Harness:
         if strays:
             raise CandidateFailure("rejected_hack", f"candidate left {len(strays)} process(es) running (daemons)")
 
-    def emit(self, tag: Tag, wl: int, outs: list[Any]) -> Outputs:
-        """Copy the outputs into the judge's buffer, in the judge's layout; say what they looked like."""
+    def emit(self, tag: Tag, wl: int, outs: list[Any], like: list[Any] | None = None) -> Outputs:
+        """Copy the outputs into the judge's buffer, in the judge's layout; say what they looked like (``like``:
+        the call's own outputs, where ``outs`` holds a copy of their values: the layout reported is theirs)."""
         torch = self.torch
         self.fail_if_tampered()
         metas = []
-        for slot, o in zip(self.layout(self.task, wl), outs, strict=True):
+        for i, (slot, o) in enumerate(zip(self.layout(self.task, wl), outs, strict=True)):
             if slot.shape is None:
                 metas.append(OutputMeta(name=slot.name, scalar=self.scalar(o)))
                 continue
             self.view(self.buf, slot).copy_(o)
             dtype = str(o.dtype).removeprefix("torch.")
-            metas.append(OutputMeta(name=slot.name, shape=list(o.shape), strides=list(o.stride()), dtype=dtype))
+            strides = list((o if like is None else like[i]).stride())
+            metas.append(OutputMeta(name=slot.name, shape=list(o.shape), strides=strides, dtype=dtype))
         self._sync()
         del torch
         return Outputs(kind=Kind.outputs, tag=tag, wl=wl, outputs=metas)
@@ -449,7 +455,8 @@ class Harness:
 
     def do_stage(self, wl: int, seed: int) -> Ok:
         """Fresh inputs for the next burst's checked call, generated before the burst starts."""
-        self.staged[wl] = self.make_inputs(self.task, wl, seed, self.device)
+        self.staged[wl] = self.make_inputs(self.task, wl, seed, self.device)  # replaces the last: same memory
+        self.fresh.add(wl)
         return Ok(kind=Kind.ok)
 
     def _rotatable(self, wl: int) -> list[bool]:
@@ -519,9 +526,13 @@ class Harness:
             self.warnings += self.timer.notes
         sets = self.sets[wl]
         rot = self._rotatable(wl)
-        staged = self.staged.pop(wl, None) if check else None
-        if check and staged is None:
+        if wl not in self.staged:
+            self.staged[wl] = self.make_inputs(self.task, wl, self.rng.getrandbits(62), self.device)
+        if check and wl not in self.fresh:
             raise CandidateFailure("runtime_error", "internal: checked burst without staged inputs")
+        staged = self.staged[wl] if check else None
+        if check:
+            self.fresh.discard(wl)
         # The checked call's place in the burst is the judge's secret (the last one when it names none).
         at = (n - 1 if check_at is None else int(check_at)) if check else None
         if at is not None and not 0 <= at < n:
@@ -556,9 +567,10 @@ class Harness:
             raise
         except BaseException as e:  # noqa: BLE001
             raise _classify(e) from None
-        if self.timer.method is self.timer_mod.TimerMethod.cupti:
+        if self.timer.cupti_used:
             # CUPTI delivers its activity buffers on a thread of its own, which Python lists as a dummy
-            # thread once a callback ran there: the harness's, not the candidate's.
+            # thread once a callback ran there: the harness's, not the candidate's (also after a fall-back to
+            # CUDA events, which can follow a burst whose buffers that thread delivered).
             self.threads0 |= {t.ident for t in self.threading.enumerate() if t.name.startswith("Dummy-")}
         self.fail_if_tampered(full=False)
         self._no_strays()
@@ -573,9 +585,14 @@ class Harness:
             result, values = last
             outs = self._normalize(result)
             self._validate(wl, outs, last_set, [])  # shapes, dtypes, layout and aliasing of the call's own outputs
-            if values is not None:  # copied right after the call: later calls may have overwritten its outputs
-                outs = self._normalize(values)
-            out_msg = self.emit(Tag.timed, wl, outs)
+            # the copy taken right after the call (later calls may have overwritten its outputs) gives the
+            # values; the call's own outputs give the layout
+            if values is None:
+                out_msg = self.emit(Tag.timed, wl, outs)
+            else:
+                copied = self._normalize(values)
+                out_msg = self.emit(Tag.timed, wl, copied, like=outs)
+                del copied
             del outs, result, values
         del last
         return Timing(kind=Kind.timing, wl=wl, method=self.timer.method, samples_ms=samples, events_ms=events,
