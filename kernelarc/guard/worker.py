@@ -526,6 +526,10 @@ class Harness:
             self.warnings += self.timer.notes
         sets = self.sets[wl]
         rot = self._rotatable(wl)
+        if warm:  # the judge times one workload after the other: one staged set at a time, as before
+            for k in [k for k in self.staged if k != wl]:
+                del self.staged[k]
+                self.fresh.discard(k)
         if wl not in self.staged:
             self.staged[wl] = self.make_inputs(self.task, wl, self.rng.getrandbits(62), self.device)
         if check and wl not in self.fresh:
