@@ -26,3 +26,27 @@ def shared_path(name: str) -> Path:
 
 
 SKIP_REASON = "not found in $KERNELARC_SHARED, ../shared or .shared"
+
+HARNESS_SRC = shared_path("sol-execbench-harness") / "src"
+
+
+def from_harness(module: str, *names: str) -> tuple:
+    """``names`` from ``module`` of NVIDIA's vendored harness (``sol_execbench....``; no names: the module),
+    imported with its source on ``sys.path`` only while importing; the calling test skips where the harness is
+    not found or does not import (its own dependencies missing)."""
+    import importlib
+    import sys
+
+    import pytest
+
+    path = HARNESS_SRC / (module.replace(".", "/") + ".py")
+    if not path.is_file():
+        pytest.skip(f"NVIDIA's harness ({path.relative_to(HARNESS_SRC.parent)}): {SKIP_REASON}")
+    sys.path.insert(0, str(HARNESS_SRC))
+    try:
+        mod = importlib.import_module(module)
+        return tuple(getattr(mod, n) for n in names) if names else (mod,)
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        pytest.skip(f"NVIDIA's harness does not import here: {e}")
+    finally:
+        sys.path.remove(str(HARNESS_SRC))

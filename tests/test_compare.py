@@ -1,32 +1,20 @@
 """compare_output: NVIDIA's acceptance rule (run side by side with their code), messages that never raise,
 the output layout contract."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from shared_dirs import from_harness
 
 from kernelarc.guard import compare
 from kernelarc.guard.compare import _first_mismatches, compare_output, layout_error, matched_ratio, stride_mismatch
-
-HARNESS_SRC = Path(__file__).resolve().parents[2] / "shared" / "sol-execbench-harness" / "src"
 
 
 @pytest.fixture(scope="module")
 def nvidia():
     """NVIDIA's correctness module and ToleranceSpec, imported from the vendored harness (torch + pydantic)."""
-    if not (HARNESS_SRC / "sol_execbench" / "core" / "bench" / "correctness.py").is_file():
-        pytest.skip("NVIDIA's harness is not vendored at ../shared/sol-execbench-harness")
-    sys.path.insert(0, str(HARNESS_SRC))
-    try:
-        from sol_execbench.core.bench import correctness
-        from sol_execbench.core.data.workload import ToleranceSpec
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        pytest.skip(f"NVIDIA's harness does not import here: {e}")
-    finally:
-        sys.path.remove(str(HARNESS_SRC))
-    return correctness, ToleranceSpec
+    (correctness,) = from_harness("sol_execbench.core.bench.correctness")
+    (tolerance_spec,) = from_harness("sol_execbench.core.data.workload", "ToleranceSpec")
+    return correctness, tolerance_spec
 
 
 def _ref(dtype: torch.dtype, n: int = 4000, seed: int = 0) -> torch.Tensor:

@@ -284,7 +284,8 @@ def test_cpu_session_composes_and_judges_a_dispatch(tmp_path, monkeypatch):
     session = build_session(c, plain(cfg), resolve_target("cpu"), agents=[_TwoShot()], progress=Progress(False))
     session.run()
     cands = [r for r in session.records if r.kind == "candidate"]
-    assert len(cands) == 3
+    assert len(cands) == 3, [(r.candidate.family, r.verdict.status.value, r.verdict.errors, r.verdict.warnings[:3])
+                             for r in session.records]  # fmt: skip
     comp = cands[-1]
     assert comp.candidate.family == dispatch.FAMILY and comp.candidate.agent == dispatch.AGENT
     assert comp.verdict.correct, comp.verdict.errors

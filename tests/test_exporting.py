@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_dirs import from_harness, shared_path
 
 from kernelarc.exporting import export_for_task, export_solution, sol_target_hardware
 from kernelarc.models import Candidate
@@ -49,22 +50,13 @@ def run(x, y):
 """
 
 
-HARNESS_SRC = Path(__file__).resolve().parents[2] / "shared" / "sol-execbench-harness" / "src"
-SOL_PROBLEMS = Path(__file__).resolve().parents[2] / "shared" / "sol-execbench"
+SOL_PROBLEMS = shared_path("sol-execbench")
 
 
 @pytest.fixture(scope="module")
 def Solution():  # noqa: N802 - NVIDIA's pydantic class, as the harness loads it
     """NVIDIA's own Solution model (sol_execbench.core.data.solution), from the vendored harness."""
-    if not (HARNESS_SRC / "sol_execbench" / "core" / "data" / "solution.py").is_file():
-        pytest.skip(f"NVIDIA's harness is not at {HARNESS_SRC}")
-    sys.path.insert(0, str(HARNESS_SRC))
-    try:
-        from sol_execbench.core.data.solution import Solution as model
-    except ImportError as e:
-        pytest.skip(f"NVIDIA's Solution model does not import here: {e}")
-    finally:
-        sys.path.remove(str(HARNESS_SRC))
+    (model,) = from_harness("sol_execbench.core.data.solution", "Solution")
     return model
 
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/shared_dirs, also in a subprocess
-from shared_dirs import SKIP_REASON, shared_path  # noqa: E402
+from shared_dirs import HARNESS_SRC, from_harness  # noqa: E402
 
 from kernelarc.exporting import export_solution
 from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
@@ -33,7 +33,6 @@ from kernelarc.models import Candidate, Status
 from kernelarc.tasks import load_builtin
 from kernelarc.tasks.inputs import make_inputs, torch_dtype
 
-HARNESS_SRC = shared_path("sol-execbench-harness") / "src"  # beside the checkout, or .shared/ on the GPU machine
 GRAPH_TESTS = Path(__file__).resolve().parents[1] / "graph"
 
 RMS = """
@@ -101,17 +100,11 @@ def test_an_honest_torch_compile_kernel_passes(guard):
 @pytest.fixture(scope="module")
 def nvidia():
     """``check_thread_injection`` and the timed-input allocator, from the vendored harness."""
-    if not (HARNESS_SRC / "sol_execbench" / "core" / "bench" / "reward_hack.py").is_file():
-        pytest.skip(f"NVIDIA's harness: {HARNESS_SRC} {SKIP_REASON}")
-    sys.path.insert(0, str(HARNESS_SRC))
-    try:
-        from sol_execbench.core.bench.io import ShiftingMemoryPoolAllocator
-        from sol_execbench.core.bench.reward_hack import RewardHackDetected, check_thread_injection
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        pytest.skip(f"NVIDIA's harness does not import here: {e}")
-    finally:
-        sys.path.remove(str(HARNESS_SRC))
-    return check_thread_injection, RewardHackDetected, ShiftingMemoryPoolAllocator
+    (allocator,) = from_harness("sol_execbench.core.bench.io", "ShiftingMemoryPoolAllocator")
+    check, detected = from_harness(
+        "sol_execbench.core.bench.reward_hack", "check_thread_injection", "RewardHackDetected"
+    )
+    return check, detected, allocator
 
 
 def _composed_task(root: Path):
