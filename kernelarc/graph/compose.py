@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,20 @@ CUDA_GRAPH_MAX_BYTES = 64 * 2**20  # inputs copied into static buffers per call:
 
 def _var(n: Node) -> str:
     return f"v_{n.name}"
+
+
+def _namer(known: set[Node], where: str = "") -> Callable[[Any], str]:
+    """The expression for an argument in generated code: a node's variable once it is in ``known`` (a set the
+    caller may still grow), a literal as ``_fmt`` writes it; a node read before it is computed is an error."""
+
+    def name(a: Any) -> str:
+        if isinstance(a, Node):
+            if a not in known:
+                raise CompositionError(f"value {a.name} is read before it is computed{where}")
+            return _var(a)
+        return _fmt(a, name)
+
+    return name
 
 
 def _fmt(a: Any, name) -> str:
@@ -154,12 +168,7 @@ def emit_case(fname: str, plan: CasePlan, knobs: Mapping[str, Any]) -> list[str]
         outputs[sp.site.output] = sp
     defined: set[Node] = set(placeholders)
 
-    def name(a: Any) -> str:
-        if isinstance(a, Node):
-            if a not in defined:
-                raise CompositionError(f"value {a.name} is read before it is computed (inside a replaced site)")
-            return _var(a)
-        return _fmt(a, name)
+    name = _namer(defined, " (inside a replaced site)")
 
     params = ", ".join(_var(p) for p in placeholders)
     body: list[str] = []
@@ -185,15 +194,7 @@ def emit_case(fname: str, plan: CasePlan, knobs: Mapping[str, Any]) -> list[str]
 
         def fallback(site: Site = sp.site) -> list[str]:
             # the site's own nodes, for inputs a family kernel does not cover (read inside the branch only)
-            inner = set(defined) | site.nodes
-
-            def inner_name(a: Any) -> str:
-                if isinstance(a, Node):
-                    if a not in inner:
-                        raise CompositionError(f"value {a.name} is read before it is computed")
-                    return _var(a)
-                return _fmt(a, inner_name)
-
+            inner_name = _namer(set(defined) | site.nodes)
             return [_node_line(m, inner_name) for m in gm.graph.nodes if m in site.nodes]
 
         try:
