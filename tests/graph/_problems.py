@@ -8,6 +8,32 @@ from typing import Any
 
 from kernelarc.tasks.loader import Task, load_task
 
+
+def spied_family_module(task: Task, family_suffix: str, knobs: dict | None = None, *, start: bool = False,
+                        name: str = "spy") -> tuple[Any, list[int]]:  # fmt: skip
+    """The composed candidate of the family whose name ends in ``family_suffix``, rendered at its check
+    point for ``knobs`` (``start``: at its start point) and loaded, with its family kernel (``_k0_run``)
+    wrapped by a counter that calls through: the list grows by one per kernel call, so a silent fallback to
+    the graph's own ops leaves it empty. The case functions read that module global at call time."""
+    from kernelarc.families import families_for
+    from kernelarc.guard.static import check_source
+    from kernelarc.tasks.inputs import load_module
+
+    fam = next(f for f in families_for(task) if f.name.endswith(family_suffix))
+    src = fam.render(fam.start if start else fam.check_point(knobs or {}))
+    assert check_source(src).ok
+    mod = load_module(src, f"{name}_{task.name}")
+    calls: list[int] = []
+    real = mod._k0_run
+
+    def counted(*a):
+        calls.append(1)
+        return real(*a)
+
+    mod._k0_run = counted
+    return mod, calls
+
+
 # fused add + RMSNorm feeding a SwiGLU MLP (two recognised sites in one graph)
 ADD_RMS_MLP = """
 import torch

@@ -5,14 +5,12 @@ at the workload's own tolerance."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from _problems import make_task, spied_family_module
 from shared_dirs import SKIP_REASON, shared_path
+from test_rope_pairs import STACK_BSHD
 
-from kernelarc.families import families_for
 from kernelarc.tasks.inputs import load_module, make_inputs
 from kernelarc.tasks.loader import load_task
 
@@ -29,17 +27,8 @@ def _smallest(task, n: int = 2) -> list[int]:
 
 
 def _check(task, suffix: str, knobs: dict | None = None) -> None:
-    fam = next(f for f in families_for(task) if f.name.endswith(suffix))
-    mod = load_module(fam.render(fam.check_point(knobs or {})), f"gpu_new_{task.name}_{suffix}")
+    mod, calls = spied_family_module(task, suffix, knobs, name=f"gpu_new_{suffix}")  # rest=eager
     ref = load_module(task.definition.reference, f"gpu_new_ref_{task.name}")
-    calls = []
-    real = mod._k0_run
-
-    def counted(*a):
-        calls.append(1)
-        return real(*a)
-
-    mod._k0_run = counted  # rest=eager: the case functions read the module global at call time
     for i in _smallest(task):
         tol = task.workloads[i].tolerance
         atol = getattr(tol, "max_atol", None) or 2e-2
@@ -80,10 +69,6 @@ def test_rope_with_full_width_cos_inside_varlen_attention(family, halves):
 
 @pytest.mark.parametrize("family", ["rope.fused_qk", "rope.separate"])
 def test_interleaved_rope_on_the_rope_kernels(tmp_path, family):
-    sys.path.insert(0, str(Path(__file__).parent))
-    from _problems import make_task
-    from test_rope_pairs import STACK_BSHD
-
     task = make_task(
         tmp_path, "g_rope_pairs", STACK_BSHD,
         {"x": (["B", "S", "H", "D"], "bfloat16"), "cos": (["S", "D2"], "float32"), "sin": (["S", "D2"], "float32")},

@@ -4,14 +4,13 @@ family, interpreted Triton on the CPU, checked against a float64 dequantise-then
 from __future__ import annotations
 
 import torch
-from _problems import make_task
+from _problems import make_task, spied_family_module
 
 from kernelarc.families import families_for
 from kernelarc.families.composed import recognise
 from kernelarc.graph.adapters import Impl, family_ok
 from kernelarc.graph.patterns import Kind
-from kernelarc.guard.static import check_source
-from kernelarc.tasks.inputs import load_module, make_inputs
+from kernelarc.tasks.inputs import make_inputs
 
 # blockwise 1x128 activations, 128x128 weights, written with indexing instead of unsqueeze and
 # mm instead of matmul (the recogniser reads structure, not the author's spelling)
@@ -60,18 +59,8 @@ def _f64_blockwise(a, w, sa, sw):
 
 
 def _run_counted(task, suffix: str, args):
-    fam = next(f for f in families_for(task) if f.name.endswith(suffix))
-    src = fam.render(fam.start)
-    assert check_source(src).ok
-    mod = load_module(src, f"composed_{task.name}")
-    calls = []
-    inner = mod._k0_run
-
-    def counted(*a):
-        calls.append(1)
-        return inner(*a)
-
-    mod._k0_run = counted  # the family kernel, not the site's fallback, must compute the product
+    # the family kernel, not the site's fallback, must compute the product
+    mod, calls = spied_family_module(task, suffix, start=True, name="composed")
     out = mod.run(*args)
     return out, len(calls)
 

@@ -7,32 +7,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _problems import make_task
+from _problems import make_task, spied_family_module
 from test_compose import check
 
 from kernelarc.families import families_for
 from kernelarc.families.composed import recognise
 from kernelarc.graph.adapters import Impl
 from kernelarc.graph.patterns import Kind
-from kernelarc.guard.static import check_source
 from kernelarc.tasks.inputs import load_module, make_inputs
 
 
 def kernel_calls(task, family_suffix: str, knobs: dict | None = None) -> int:
     """How often the composed candidate calls its family kernel (``_k0_run``) over the task's
     workloads, counted by a wrapper that calls through (so a silent fallback to the graph's ops fails)."""
-    fam = next(f for f in families_for(task) if f.name.endswith(family_suffix))
-    src = fam.render(fam.check_point(knobs or {}))
-    assert check_source(src).ok
-    mod = load_module(src, f"spy_{task.name}")
-    calls = []
-    real = mod._k0_run
-
-    def counted(*a):
-        calls.append(1)
-        return real(*a)
-
-    mod._k0_run = counted
+    mod, calls = spied_family_module(task, family_suffix, knobs)
     for i in range(len(task.workloads)):
         mod.run(*make_inputs(task, i, 3, "cpu"))
     return len(calls)

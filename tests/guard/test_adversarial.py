@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+from cpu_guard import rmsnorm_cpu_guard
 from shared_dirs import SKIP_REASON, shared_path
 
-from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
+from kernelarc.guard.judge import reference_candidate
 from kernelarc.guard.sandbox import sandbox
 from kernelarc.models import Candidate, Status
-from kernelarc.tasks import load_builtin
 
 HONEST = """    xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
@@ -175,13 +175,8 @@ def _cand(src: str) -> Candidate:
 
 @pytest.fixture(scope="module")
 def guard():
-    task = load_builtin("rmsnorm", cpu=True)
-    g = Guard(task, None, "cpu", GuardConfig(timeout_s=20, target_ms=5, min_iters=3, max_iters=20, prestart=3))
-    ref = g.evaluate(reference_candidate(task), trusted=True)
-    assert ref.verdict.status is Status.champion, ref.verdict.errors
-    g.set_baselines(ref, None)
-    yield g
-    g.close()
+    with rmsnorm_cpu_guard(prestart=3) as g:
+        yield g
 
 
 BAD = {

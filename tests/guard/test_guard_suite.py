@@ -3,11 +3,10 @@
 import contextlib
 
 import pytest
+from cpu_guard import rmsnorm_cpu_guard
 
-from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
 from kernelarc.guard.static import check_source
 from kernelarc.models import Candidate, Status
-from kernelarc.tasks import load_builtin
 
 GOOD = """import torch
 def run(x, weight):
@@ -117,13 +116,8 @@ def run(x, weight):
 
 @pytest.fixture(scope="module")
 def guard():
-    task = load_builtin("rmsnorm", cpu=True)
-    g = Guard(task, None, "cpu", GuardConfig(timeout_s=20, target_ms=5, min_iters=3, max_iters=20, prestart=2))
-    ref = g.evaluate(reference_candidate(task), trusted=True)
-    assert ref.verdict.status is Status.champion
-    g.set_baselines(ref, None)
-    yield g
-    g.close()
+    with rmsnorm_cpu_guard(prestart=2) as g:
+        yield g
 
 
 @pytest.mark.parametrize("src", [GOOD, TRITON_GOOD], ids=["pytorch", "triton"])

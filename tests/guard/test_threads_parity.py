@@ -24,13 +24,12 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/shared_dirs, also in a subprocess
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (shared_dirs, cpu_guard), also in a subprocess
+from cpu_guard import rmsnorm_cpu_guard  # noqa: E402
 from shared_dirs import HARNESS_SRC, from_harness  # noqa: E402
 
 from kernelarc.exporting import export_solution
-from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
 from kernelarc.models import Candidate, Status
-from kernelarc.tasks import load_builtin
 from kernelarc.tasks.inputs import make_inputs, torch_dtype
 
 GRAPH_TESTS = Path(__file__).resolve().parents[1] / "graph"
@@ -68,13 +67,8 @@ COMPILED = (
 
 @pytest.fixture(scope="module")
 def guard():
-    task = load_builtin("rmsnorm", cpu=True)
-    g = Guard(task, None, "cpu", GuardConfig(timeout_s=20, target_ms=5, min_iters=3, max_iters=20, prestart=1))
-    ref = g.evaluate(reference_candidate(task), trusted=True)
-    assert ref.verdict.status is Status.champion
-    g.set_baselines(ref, None)
-    yield g
-    g.close()
+    with rmsnorm_cpu_guard(prestart=1) as g:
+        yield g
 
 
 def test_a_torch_thread_started_after_the_first_call_is_thread_injection(guard):
