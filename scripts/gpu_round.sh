@@ -13,6 +13,8 @@
 #   fp8tests the GPU-marked fp8 tests of tests/test_gpu.py
 #   cupti    scripts/gpu_cupti_cost.py: the host time CUPTI timing costs per burst, forced flush and deferred
 #   sites    the GPU-marked tests of the newly recognised sites (fp8 GEMM, GLU pairs, RoPE pairs)
+#   profile  scripts/guard_cost.py --profile on this tree: where the guard's time per candidate goes (judge and
+#            workers under cProfile; PROFILE_ARGS adds arguments)
 #   threads  the GPU-marked tests of NVIDIA's thread-injection rule (tests/guard/test_threads_parity.py)
 # Each step's time limit can be set as <STEP>_S (e.g. ABLATE_S=240).
 set -uo pipefail
@@ -63,6 +65,10 @@ step_threads() {
 }
 step_cupti() {
   timeout -k 5 "${CUPTI_S:-60}" python3 scripts/gpu_cupti_cost.py
+}
+step_profile() {
+  timeout -k 5 "${PROFILE_S:-120}" python3 scripts/guard_cost.py --tree . --tasks rmsnorm \
+    --candidates torch_rsqrt,triton_row --repeats 2 --profile "$OUT/steps/profile" ${PROFILE_ARGS:-}
 }
 step_sites() {
   timeout -k 5 "${SITES_S:-240}" python3 -m pytest -q -m gpu tests/graph/test_new_sites_gpu.py -rA -p no:cacheprovider \

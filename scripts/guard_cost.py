@@ -349,6 +349,12 @@ def main() -> int:
     ap.add_argument("--commit", help="label of the tree in the output (default: its .commit file or git HEAD)")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="compare two JSON files")
     ap.add_argument("--limit", type=float, default=0.20, help="--compare: allowed slowdown")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        help="cProfile the judge and every worker into this folder, then "
+        "print where the time went (distorts the wall times: a diagnostic, not a measurement)",
+    )
     args = ap.parse_args()
     if args.compare:
         return compare(*args.compare, args.limit)
@@ -385,6 +391,7 @@ def main() -> int:
     if device.startswith("cuda"):
         out["gpu"] = torch.cuda.get_device_name(device)
     t0 = time.monotonic()
+    prof = _start_profile(args.profile) if args.profile else None  # after kernelarc's import from the tree
     for label in args.tasks:
         if label == "rmsnorm":
             task = load_builtin("rmsnorm", cpu=device == "cpu")
@@ -398,7 +405,65 @@ def main() -> int:
     out["total_s"] = time.monotonic() - t0
     _write(args.out, out)
     print(_table(out))
+    if prof is not None:
+        _report_profile(prof, args.profile, int(prof.get("judge.evaluate", [0, 0])[1]))  # every evaluation
     return 0
+
+
+def _start_profile(where: Path) -> dict[str, list[float]]:
+    """Wall seconds and calls of the judge's steps (wrappers on the guard's classes) and, through
+    KERNELARC_PROFILE_DIR, of every worker's (kernelarc/guard/worker.py _Profile)."""
+    import tempfile
+
+    from kernelarc.guard import buffers, drive, judge
+
+    where.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="kernelarc-profile-")  # in /tmp: workers run as other users where root judges
+    os.chmod(tmp, 0o777)
+    os.environ["KERNELARC_PROFILE_DIR"] = tmp
+    spent: dict[str, list[float]] = {"_dir": [tmp]}  # type: ignore[dict-item]
+
+    def wrap(obj, name, label):
+        f = getattr(obj, name)
+        acc = spent.setdefault(label, [0.0, 0])
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[0] += time.perf_counter() - t
+                acc[1] += 1
+
+        setattr(obj, name, timed)
+
+    steps = [(judge.Guard, n) for n in ("_check_outputs", "reference", "_finish", "_drive", "evaluate")]
+    steps += [(drive.Driver, n) for n in ("burst", "time_workload", "cross_check")]
+    steps += [(judge, "compare_output"), (buffers.JudgeBuffer, "read")]
+    for obj, name in steps:
+        wrap(obj, name, f"judge.{name}")
+    return spent
+
+
+def _report_profile(spent: dict[str, list[float]], where: Path, n_evals: int) -> None:
+    import shutil
+
+    tmp = Path(spent.pop("_dir")[0])  # type: ignore[arg-type]
+    workers: dict[str, list[float]] = {}
+    for f in sorted(tmp.glob("worker-*.json")):
+        shutil.copy(f, where / f.name)
+        for k, v in json.loads(f.read_text()).items():
+            acc = workers.setdefault(k, [0.0, 0])
+            acc[0] += v["s"]
+            acc[1] += v["n"]
+    shutil.rmtree(tmp, ignore_errors=True)
+    rows = {"judge": spent, "workers (summed)": workers}
+    (where / "profile.json").write_text(json.dumps({"evaluations": n_evals, **rows}, indent=1))
+    for label, d in rows.items():
+        print(f"--- {label}: seconds per evaluation ({n_evals} evaluations), calls per evaluation")
+        for k, (sec, n) in sorted(d.items(), key=lambda kv: -kv[1][0]):
+            per, calls, each = sec / max(n_evals, 1), n / max(n_evals, 1), 1e3 * sec / max(n, 1)
+            print(f"  {k:34s} {per:8.4f} s  {calls:7.1f} calls  {each:8.3f} ms/call")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ there is only ever numbers to compare. The buffer is a file mapped by both (in /
 fits, else in the temp directory), on a GPU too: the worker copies device -> host into it and the
 judge moves the bytes back to its device. No CUDA IPC: a worker killed mid-job would leave the
 judge's shared device memory referenced for good. The worker maps the file while it is still
-privileged, before it drops to its own uid (the file is the judge's, mode 0600).
+privileged, before it drops to its own uid (the file is the judge's, mode 0600). On a GPU both sides
+page-lock their mapping (``cudaHostRegister``), so that the copies run at DMA speed: pageable, the
+device -> host -> device round trip of one 256 MB output took some 55 ms on an H200, a third of the
+guard's time per candidate; page-locked, a few.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class JudgeBuffer:
         finally:
             os.close(fd)
         self.tensor = torch.from_file(self.path, shared=True, size=nbytes, dtype=torch.uint8)
+        self.pinned = self.device.type == "cuda" and pin(self.tensor)
 
     def handle(self) -> tuple:
         return ("file", self.path, self.nbytes)
@@ -89,6 +93,9 @@ class JudgeBuffer:
         return view(self.tensor, slot).to(self.device, copy=True)
 
     def close(self) -> None:
+        if self.pinned:
+            self.pinned = False
+            unpin(self.tensor)
         if self.path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
@@ -101,6 +108,22 @@ def open_buffer(handle: tuple) -> torch.Tensor:
         _, path, nbytes = handle
         return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
     raise ValueError(f"unknown buffer handle {handle[0]!r}")
+
+
+def pin(t: torch.Tensor) -> bool:
+    """Page-lock a host tensor's memory for fast copies to and from the GPU; False where the driver refuses
+    (the copies then stay pageable: slower, as correct)."""
+    if not torch.cuda.is_available() or t.numel() == 0:
+        return False
+    try:
+        return int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)) == 0
+    except Exception:  # noqa: BLE001 - a speed-up, never a reason to fail
+        return False
+
+
+def unpin(t: torch.Tensor) -> None:
+    with contextlib.suppress(Exception):
+        torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
 
 
 def scalar(value: Any) -> bool | int | float:

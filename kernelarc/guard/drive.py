@@ -192,9 +192,10 @@ class Driver:
             "(illegal memory access, abort or segfault)"
         )
 
-    def command(self, side: Side, cmd: Cmd, expect: type, meanwhile: tuple[int, int] | None = None, **fields: Any):
-        """Send one command and wait for its reply; ``meanwhile=(wl, seed)`` computes that reference in
-        the judge while the worker works (only around untimed commands: it shares the device)."""
+    def command(self, side: Side, cmd: Cmd, expect: type, meanwhile: tuple[int, int, bool] | None = None, **fields):
+        """Send one command and wait for its reply; ``meanwhile=(wl, seed, hp)`` computes that reference (with its
+        float64 run where ``hp``) in the judge while the worker works (only around untimed commands: it shares
+        the device)."""
         t = time.perf_counter()
         side.busy = True
         try:
@@ -212,9 +213,9 @@ class Driver:
             self.res["phases"]["champion"] = self.res["phases"].get("champion", 0.0) + dt
         return msg
 
-    def reference(self, wl: int, seed: int) -> None:
+    def reference(self, wl: int, seed: int, hp: bool = True) -> None:
         try:
-            self.g.reference(wl, seed)
+            self.g.reference(wl, seed, hp)
         except Exception as e:  # noqa: BLE001 - the reference's failure is not the candidate's
             raise Stop(Status.runtime_error, f"reference failed on workload {wl}: {type(e).__name__}: {e}") from None
 
@@ -270,7 +271,7 @@ class Driver:
             self.lock()
         for wl in wls:
             for j, seed in enumerate(seeds):
-                out = self.command(cand, Cmd.check, Outputs, (wl, seed), wl=wl, seed=seed, keep=True)
+                out = self.command(cand, Cmd.check, Outputs, (wl, seed, j == 0), wl=wl, seed=seed, keep=True)
                 self.compare(cand, out, wl, seed, j)
                 if champ:
                     # The champion times on the same sets; a reused worker drops the last evaluation's first.
@@ -308,7 +309,7 @@ class Driver:
 
     def burst(self, side: Side, wl: int, n: int, check_seed: int | None = None) -> Timing:
         if check_seed is not None:
-            self.command(side, Cmd.stage, Ok, (wl, check_seed), wl=wl, seed=check_seed)
+            self.command(side, Cmd.stage, Ok, (wl, check_seed, False), wl=wl, seed=check_seed)
         t = time.perf_counter()
         # which call of the burst is checked: the judge's secret, so that a kernel counting its calls
         # cannot do the work only on the checked one

@@ -140,7 +140,7 @@ class Guard:
         self._pool: WorkerPool | None = None
         # one candidate checks or times on the device at a time, across this process and any other
         self._gpu = DeviceLock(device)
-        self._refs: OrderedDict[tuple[int, int], tuple[list, list | None]] = OrderedDict()
+        self._refs: OrderedDict[tuple[int, int], tuple[list, list | None, bool]] = OrderedDict()
         self._refs_lock = threading.Lock()
         self._ref_mod = load_module(task.definition.reference, f"reference_{task.name}")
         self._counter = 0
@@ -177,14 +177,22 @@ class Guard:
         self.close()
 
     # -- references ------------------------------------------------------------------
-    def reference(self, wl: int, seed: int) -> tuple[list, list | None]:
+    def reference(self, wl: int, seed: int, hp: bool = True) -> tuple[list, list | None]:
+        """The reference's outputs on the inputs of ``(wl, seed)`` and, where ``hp`` asks for it and the memory
+        plan allows, its float64 outputs (None otherwise). The float64 run feeds the rel_err metric only, never
+        the verdict, so the judge asks for it on one checked seed per workload (``Driver``), not on every fresh
+        seed of the timed checks: on an H200 it was a fifth of the guard's time per candidate."""
         key = (wl, seed)
         with self._refs_lock:
-            if key in self._refs:
+            cached = self._refs.get(key)
+            if cached is not None:
                 self._refs.move_to_end(key)
-                return self._refs[key]
+                if cached[2] or not hp:
+                    return cached[0], cached[1]
         inputs = make_inputs(self.task, wl, seed, self.device)
-        if wl not in self.work:
+        if cached is not None:  # computed without its float64 run: only that is missing
+            outs = cached[0]
+        elif wl not in self.work:
             try:
                 from kernelarc.sol import count_work
 
@@ -194,28 +202,30 @@ class Guard:
             except Exception as e:  # noqa: BLE001 - SOL is a metric, never a reason to fail
                 log.warning("could not count work of workload %d: %s", wl, e)
                 out = self._ref_mod.run(*inputs)
+            outs = list(out) if isinstance(out, tuple | list) else [out]
         else:
             out = self._ref_mod.run(*inputs)
-        outs = list(out) if isinstance(out, tuple | list) else [out]
-        hp = None
-        if self.cfg.hp_reference and memory_plan(self).hp_reference:
+            outs = list(out) if isinstance(out, tuple | list) else [out]
+        hps = None
+        if hp and self.cfg.hp_reference and memory_plan(self).hp_reference:
             try:
                 up = [
                     x.to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs
                 ]
                 o = self._ref_mod.run(*up)
-                hp = list(o) if isinstance(o, tuple | list) else [o]
-                if len(hp) != len(outs):
-                    hp = None
+                hps = list(o) if isinstance(o, tuple | list) else [o]
+                if len(hps) != len(outs):
+                    hps = None
             except Exception:  # noqa: BLE001 - references that insist on their dtype get no fp64 check
-                hp = None
+                hps = None
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
         with self._refs_lock:
-            self._refs[key] = (outs, hp)
+            self._refs[key] = (outs, hps, hp)
+            self._refs.move_to_end(key)
             while len(self._refs) > memory_plan(self).ref_cache_entries:
                 self._refs.popitem(last=False)
-        return outs, hp
+        return outs, hps
 
     # -- evaluation ------------------------------------------------------------------
     def evaluate(
@@ -463,7 +473,7 @@ class Guard:
         """Read the outputs from the judge's buffer, as the dtype and shape the task declares, and
         compare them with the reference of this seed. The worker's message only says what its tensors
         looked like; shape, dtype and layout are checked against the reference's here."""
-        refs, hps = self.reference(wl, seed)
+        refs, hps = self.reference(wl, seed, hp=j == 0)  # float64 (a metric): the first checked seed
         where = f"workload {wl} ({msg.tag.value}, seed {j})" if j >= 0 else f"workload {wl} (a checked timed call)"
         slots = layout(self.task, wl)
         if [m.name for m in msg.outputs] != [sl.name for sl in slots]:

@@ -87,10 +87,20 @@ def _classify(exc: BaseException) -> CandidateFailure:
 
 
 def _children() -> list[int]:
+    """Live (not zombie) child processes of this worker: from ``/proc/self/task/*/children`` (one small
+    read per thread) where the kernel has it, else from a scan of every process's ``stat``, which on a
+    host of many processes cost milliseconds after every timed burst."""
     me = str(os.getpid())
+    listed: list[int] | None = []
+    try:
+        for t in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{t}/children") as f:
+                listed += [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        listed = None
     kids = []
     try:
-        for pid in os.listdir("/proc"):
+        for pid in os.listdir("/proc") if listed is None else map(str, listed):
             if not pid.isdigit():
                 continue
             try:
@@ -107,6 +117,8 @@ def _children() -> list[int]:
 
 class Harness:
     """Executes the judge's commands for one job (see ``protocol.Cmd``); the judge decides everything."""
+
+    profile: _Profile | None = None  # the harness's own profiler (KERNELARC_PROFILE_DIR), set before serve()
 
     def __init__(self, chan: Channel, job: dict[str, Any]):
         import threading
@@ -141,6 +153,8 @@ class Harness:
         self.phases: dict[str, float] = {}
         # Mapped while still privileged (the judge's buffer file is its own), then the uid drop.
         self.buf = buffers.open_buffer(job["buffer"])
+        if str(job["device"]).startswith("cuda"):
+            buffers.pin(self.buf)  # page-locked before the uid drop and its limits: DMA-speed output copies
         self.warnings += sandbox.enter(sandbox.Role(job["role"]), job.get("uid"), job["home"], job["tmp"])
         self.threading = threading
         self.threads0 = {t.ident for t in threading.enumerate()}
@@ -375,8 +389,11 @@ class Harness:
             Cmd.stage: self.do_stage,
             Cmd.time: self.do_time,
         }
+        prof = self.profile
         self.do_import()
         while True:
+            if prof is not None:
+                prof.flush()
             cmd = self.chan.recv_command()
             kind = cmd.pop("cmd")
             if kind is Cmd.end:
@@ -603,6 +620,57 @@ class Harness:
                       excess_ms=excess, check=out_msg)  # fmt: skip
 
 
+class _Profile:
+    """``KERNELARC_PROFILE_DIR``: wall seconds and calls of the harness's steps in this worker, written there as
+    JSON after every command (scripts/guard_cost.py --profile: where the guard's time per candidate goes; a
+    diagnostic, never on in a search). Steps are timed by wrappers set on the classes before the integrity
+    snapshot, or on the harness instance (which the snapshot does not cover: nothing the candidate can use)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.spent: dict[str, list[float]] = {}
+
+    def wrap(self, obj: Any, name: str, label: str) -> None:
+        f = getattr(obj, name)
+        spent = self.spent.setdefault(label, [0.0, 0])
+
+        def timed(*a, **k):
+            t = _perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[0] += _perf_counter() - t
+                spent[1] += 1
+
+        setattr(obj, name, timed)
+
+    def flush(self) -> None:
+        import json
+
+        with contextlib.suppress(OSError), open(self.path, "w") as fh:
+            json.dump({k: {"s": round(v[0], 6), "n": v[1]} for k, v in self.spent.items()}, fh)
+
+
+def _profiler() -> _Profile | None:
+    where = os.environ.get("KERNELARC_PROFILE_DIR")
+    if not where:
+        return None
+    from kernelarc.guard import timer
+
+    prof = _Profile(os.path.join(where, f"worker-{os.getpid()}.json"))
+    for cls, name in ((timer._CuptiSession, "take"), (timer._CuptiSession, "_completed"), (timer.Timer, "_events"),
+                      (timer.Timer, "single"), (timer.Timer, "excess_ms")):  # fmt: skip
+        prof.wrap(cls, name, f"timer.{name}")
+    return prof
+
+
+def _profile_harness(prof: _Profile, h: Harness) -> None:
+    names = ["do_warmup", "do_check", "do_prepare", "do_reuse", "do_stage", "do_time", "make_inputs", "snapshot"]
+    names += ["refill", "_refresh", "_poison", "_validate", "emit", "fail_if_tampered", "_no_strays", "_sync"]
+    for name in names:
+        prof.wrap(h, name, name)
+
+
 def _die_with_parent(period_s: float = 1.0) -> None:
     """Kill this worker's process group once its parent is gone.
 
@@ -655,7 +723,11 @@ def main() -> None:
         if job.pop("cmd") is not Cmd.job:
             return
         try:
+            prof = _profiler()  # before the integrity snapshot (its class wrappers are the harness's own)
             harness = Harness(chan, job)
+            if prof is not None:
+                _profile_harness(prof, harness)
+                harness.profile = prof
             harness.serve()
         except CandidateFailure as f:
             _send_fail(chan, harness, f)
