@@ -19,6 +19,7 @@ import contextlib
 import math
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,9 +71,11 @@ def view(buf: torch.Tensor, slot: Slot) -> torch.Tensor:
 class JudgeBuffer:
     """The judge's side: allocation, the handle the worker opens, and reading outputs back."""
 
-    def __init__(self, device: str, nbytes: int):
+    def __init__(self, device: str, nbytes: int, pin_now: bool = True):
         self.device = torch.device(device)
         self.nbytes = nbytes
+        self._pinning: threading.Thread | None = None
+        self._closed = threading.Lock()
         shm = None
         with contextlib.suppress(OSError):
             st = os.statvfs("/dev/shm")
@@ -84,7 +87,23 @@ class JudgeBuffer:
         finally:
             os.close(fd)
         self.tensor = torch.from_file(self.path, shared=True, size=nbytes, dtype=torch.uint8)
-        self.pinned = self.device.type == "cuda" and pin(self.tensor)
+        self.pinned = False
+        if self.device.type == "cuda":
+            if pin_now:
+                self.pinned = pin(self.tensor)
+            else:  # a pool's buffer: page-locked while its worker starts (both take a while), off the judge's path
+                self._pinning = threading.Thread(target=self._pin, name="kernelarc-buffer-pin", daemon=True)
+                self._pinning.start()
+
+    def _pin(self) -> None:
+        self.pinned = pin(self.tensor)
+
+    def ready(self) -> JudgeBuffer:
+        """Wait for a background page-locking to end (before the first copy from the buffer)."""
+        if self._pinning is not None:
+            self._pinning.join()
+            self._pinning = None
+        return self
 
     def handle(self) -> tuple:
         return ("file", self.path, self.nbytes)
@@ -93,6 +112,9 @@ class JudgeBuffer:
         return view(self.tensor, slot).to(self.device, copy=True)
 
     def close(self) -> None:
+        if not self._closed.acquire(blocking=False):  # closed already, or being closed by another thread
+            return
+        self.ready()
         if self.pinned:
             self.pinned = False
             unpin(self.tensor)
@@ -102,7 +124,7 @@ class JudgeBuffer:
             self.path = None  # type: ignore[assignment]
 
 
-def open_buffer(handle: tuple) -> torch.Tensor:
+def open_buffer(handle: tuple | list) -> torch.Tensor:
     """The worker's side: map the judge's buffer."""
     if handle[0] == "file":
         _, path, nbytes = handle
@@ -115,8 +137,8 @@ def pin(t: torch.Tensor) -> bool:
     (the copies then stay pageable: slower, as correct)."""
     if not torch.cuda.is_available() or t.numel() == 0:
         return False
-    try:
-        return int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)) == 0
+    try:  # portable: page-locked for every CUDA context of the process, whichever thread registers it
+        return int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 1)) == 0
     except Exception:  # noqa: BLE001 - a speed-up, never a reason to fail
         return False
 

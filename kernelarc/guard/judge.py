@@ -40,6 +40,9 @@ from kernelarc.tasks.loader import Task
 log = logging.getLogger(__name__)
 
 
+# Largest output buffer a pool's worker gets at its start (bytes).
+POOL_BUFFER_MAX = 1 << 30
+
 # The one settings type of the guard (also the ``guard.*`` config keys); the old name stays an alias.
 GuardConfig = GuardSettings
 
@@ -157,7 +160,11 @@ class Guard:
     def pool(self) -> WorkerPool:
         with self._pool_lock:
             if self._pool is None:
-                self._pool = WorkerPool(self.device, self.cfg.pool_size())
+                # Each worker's output buffer is made, mapped and (GPU) page-locked while it starts, for outputs up
+                # to POOL_BUFFER_MAX (larger ones get a buffer per evaluation: idle workers would hold them).
+                nbytes = buffer_bytes(self.task, self.workloads)
+                self._pool = WorkerPool(self.device, self.cfg.pool_size(),
+                                        buffer_bytes=nbytes if nbytes <= POOL_BUFFER_MAX else 0)  # fmt: skip
             return self._pool
 
     def close(self) -> None:
@@ -331,8 +338,7 @@ class Guard:
         try:
             t = time.monotonic()
             w = self.pool.acquire()
-            cand = Side("candidate", w, JudgeBuffer(self.device, nbytes))
-            w.keep.append(cand.buffer)
+            cand = Side("candidate", w, self._buffer_of(w, nbytes))
             drv.start(cand, job, role)  # it imports while the champion's worker is found or set up
             if champion is not None:
                 slot = self._champion_worker(champion, job, nbytes, drv)
@@ -385,8 +391,7 @@ class Guard:
                 self._scan_stdout(cand.worker.log_path, res)
                 if res.pop("forged", False) and (status is None or status.correct):
                     status = Status.rejected_hack
-                cand.worker.kill(wait=False)  # killed now; reaping and the uid slot's release follow
-                cand.buffer.close()
+                cand.worker.kill(wait=False)  # killed now; reaping, its buffers' release and its uid slot's follow
             if slot is not None:
                 self._release_champion(slot, champ)
         return status, res
@@ -409,11 +414,10 @@ class Guard:
             if cur is None:
                 w = self.pool.acquire()
                 try:
-                    buf = JudgeBuffer(self.device, nbytes)
+                    buf = self._buffer_of(w, nbytes)
                 except BaseException:
                     w.kill(wait=False)  # no worker is left behind by a buffer that could not be made
                     raise
-                w.keep.append(buf)
                 cur = ChampionWorker(key, w, buf)
                 cjob = dict(job, source=champion.source, language=champion.language)
                 try:
@@ -441,10 +445,18 @@ class Guard:
             if slot.retired and slot.users == 0:
                 self._drop_champion(slot)
 
+    def _buffer_of(self, w: Any, nbytes: int) -> JudgeBuffer:
+        """The output buffer an evaluation shares with worker ``w``: the one the pool made and the worker mapped
+        while it started, where it is large enough, else one of its own (released with the worker, as that)."""
+        if w.buffer is not None and w.buffer.nbytes >= nbytes:
+            return w.buffer.ready()
+        buf = JudgeBuffer(self.device, nbytes)
+        w.keep.append(buf)
+        return buf
+
     @staticmethod
     def _drop_champion(slot: ChampionWorker) -> None:
-        slot.worker.kill(wait=False)
-        slot.buffer.close()
+        slot.worker.kill(wait=False)  # its buffers are released with it
 
     def _scan_stdout(self, path: str, res: dict) -> None:
         # The worker's log is its own file (nothing it prints reaches the judge's streams); read at most

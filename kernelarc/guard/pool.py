@@ -48,6 +48,7 @@ class Worker:
     info: dict | None = None
     keep: list[Any] = field(default_factory=list)  # judge-side resources the worker maps (output buffer)
     since: int = 0  # the worker's start time in clock ticks after boot: its processes started later
+    buffer: Any = None  # the output buffer it mapped (and page-locked) while starting, the pool's (buffers.py)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -78,6 +79,9 @@ class Worker:
             self.process.wait(timeout=10)
         with contextlib.suppress(Exception):
             sandbox().release(self.ident, self.process.pid, self.since)
+        for x in self.keep:  # the buffers it mapped: unlocked and unlinked once it is gone
+            with contextlib.suppress(Exception):
+                x.close()
         self.keep.clear()
         with contextlib.suppress(OSError):
             os.unlink(self.log_path)
@@ -94,7 +98,9 @@ def join_cleanups(timeout: float = 30.0) -> None:
         t.join(max(deadline - time.monotonic(), 0.0))
 
 
-def _spawn(device: str) -> Worker:
+def _spawn(device: str, buffer_bytes: int = 0) -> Worker:
+    """A worker process; with ``buffer_bytes``, an output buffer of that size that it maps (and, on a GPU,
+    page-locks) while it starts, where an evaluation's own buffer would pay for it on the judge's path."""
     sb = sandbox()
     ident = sb.allocate()
     judge_end, worker_end = socket.socketpair()
@@ -109,9 +115,15 @@ def _spawn(device: str) -> Worker:
         env["TRITON_INTERPRET"] = "1"
     # torch.compile compiles in the worker itself instead of a subprocess pool (no stray children).
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    buf = None
+    if buffer_bytes > 0:
+        from kernelarc.guard.buffers import JudgeBuffer
+
+        buf = JudgeBuffer(device, buffer_bytes, pin_now=False)
+    argv = [str(worker_end.fileno()), device] + ([buf.path, str(buf.nbytes)] if buf is not None else [])
     try:
         p = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, str(worker_end.fileno()), device],
+            [sys.executable, "-c", _BOOT, *argv],
             pass_fds=(worker_end.fileno(),),
             stdin=subprocess.DEVNULL,
             stdout=fd,
@@ -120,10 +132,17 @@ def _spawn(device: str) -> Worker:
             env=env,
             cwd=ident.tmp,
         )
+    except BaseException:
+        if buf is not None:
+            buf.close()
+        raise
     finally:
         worker_end.close()
         os.close(fd)
-    return Worker(p, Channel(judge_end), time.monotonic(), ident, log_path, since=sb.start_ticks(p.pid))
+    w = Worker(p, Channel(judge_end), time.monotonic(), ident, log_path, since=sb.start_ticks(p.pid), buffer=buf)
+    if buf is not None:
+        w.keep.append(buf)
+    return w
 
 
 def _log_tail(path: str, n: int = 400) -> str:
@@ -158,9 +177,10 @@ class WorkerPool:
     """Keeps ``size`` workers for one device started: every acquisition starts its replacement at once, so
     the next one finds a worker that started while the previous candidates were judged."""
 
-    def __init__(self, device: str, size: int = 2, start_timeout: float = 120.0):
+    def __init__(self, device: str, size: int = 2, start_timeout: float = 120.0, buffer_bytes: int = 0):
         self.device = device
         self.size = max(1, size)
+        self.buffer_bytes = buffer_bytes  # each worker's output buffer, made at its start (0: none)
         self.start_timeout = start_timeout
         self._lock = threading.Lock()
         self._idle: list[Worker] = []
@@ -171,7 +191,7 @@ class WorkerPool:
 
     def _spawn(self) -> Worker:
         self.stats.starts += 1
-        return _spawn(self.device)
+        return _spawn(self.device, self.buffer_bytes)
 
     @staticmethod
     def _poll(w: Worker) -> None:

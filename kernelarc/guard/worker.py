@@ -120,7 +120,7 @@ class Harness:
 
     profile: _Profile | None = None  # the harness's own profiler (KERNELARC_PROFILE_DIR), set before serve()
 
-    def __init__(self, chan: Channel, job: dict[str, Any]):
+    def __init__(self, chan: Channel, job: dict[str, Any], mapped: tuple | None = None):
         import threading
 
         import torch
@@ -152,9 +152,12 @@ class Harness:
         self.warnings: list[str] = []
         self.phases: dict[str, float] = {}
         # Mapped while still privileged (the judge's buffer file is its own), then the uid drop.
-        self.buf = buffers.open_buffer(job["buffer"])
-        if str(job["device"]).startswith("cuda"):
-            buffers.pin(self.buf)  # page-locked before the uid drop and its limits: DMA-speed output copies
+        if mapped is not None and tuple(job["buffer"]) == mapped[0]:
+            self.buf = mapped[1]  # the pool's buffer, mapped (and page-locked) while the worker started
+        else:
+            self.buf = buffers.open_buffer(job["buffer"])
+            if str(job["device"]).startswith("cuda"):
+                buffers.pin(self.buf)  # page-locked before the uid drop and its limits: DMA-speed output copies
         self.warnings += sandbox.enter(sandbox.Role(job["role"]), job.get("uid"), job["home"], job["tmp"])
         self.threading = threading
         self.threads0 = {t.ident for t in threading.enumerate()}
@@ -718,13 +721,21 @@ def main() -> None:
             torch.cuda.set_device(torch.device(device))
             torch.empty(1, device=device).fill_(1.0)
             torch.cuda.synchronize()
+        mapped = None
+        if len(sys.argv) > 4:  # the pool's output buffer: mapped and page-locked before the job, off its path
+            from kernelarc.guard import buffers
+
+            handle = ("file", sys.argv[3], int(sys.argv[4]))
+            mapped = (handle, buffers.open_buffer(handle))
+            if device.startswith("cuda"):
+                buffers.pin(mapped[1])
         chan.send_message(Ready(kind=Kind.ready, pid=os.getpid()))
         job = chan.recv_command()
         if job.pop("cmd") is not Cmd.job:
             return
         try:
             prof = _profiler()  # before the integrity snapshot (its class wrappers are the harness's own)
-            harness = Harness(chan, job)
+            harness = Harness(chan, job, mapped)
             if prof is not None:
                 _profile_harness(prof, harness)
                 harness.profile = prof
