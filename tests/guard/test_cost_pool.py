@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from kernelarc.guard.judge import Guard, GuardConfig, champion_key, reference_candidate
 from kernelarc.guard.pool import WorkerPool
@@ -226,3 +227,67 @@ def test_an_idle_worker_that_died_is_replaced_not_handed_out():
         w.kill()
     finally:
         pool.close()
+
+
+def test_pool_workers_bring_their_output_buffer_and_release_it_with_them(task):
+    # Each pool worker maps its output buffer while it starts (on a GPU also page-locking it there), so an
+    # evaluation takes the worker's buffer instead of making (and page-locking) one of its own.
+    import os
+
+    g = Guard(task, None, "cpu", _cfg())
+    try:
+        used = []
+        real = g._buffer_of
+
+        def spy(w, nbytes):
+            buf = real(w, nbytes)
+            used.append((w, buf))
+            return buf
+
+        g._buffer_of = spy
+        ev = g.evaluate(_cand("buffer"), reference_candidate(task))
+        assert ev.verdict.correct, ev.verdict.errors
+        assert len(used) == 2  # the challenger's and the champion's worker
+        for w, buf in used:
+            assert buf is w.buffer and buf.nbytes >= 1
+        (w, buf), _ = used
+        w.process.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while os.path.exists(buf.path or "") and time.monotonic() < deadline:
+            time.sleep(0.1)  # the killed challenger's cleanup closes its buffer
+        assert buf.path is None or not os.path.exists(buf.path)
+        # a worker whose buffer is too small for the evaluation gets one of its own, released with it
+        w2 = g.pool.acquire()
+        try:
+            own = real(w2, w2.buffer.nbytes + 1)
+            assert own is not w2.buffer and own in w2.keep and own.nbytes == w2.buffer.nbytes + 1
+        finally:
+            w2.kill()
+        assert own.path is None and w2.buffer.path is None
+    finally:
+        g.close()
+
+
+def test_the_float64_reference_runs_only_where_it_is_asked_for(task):
+    # The float64 run feeds the rel_err metric only: the timed checks' fresh seeds skip it, a seed computed
+    # without it gets it (and keeps its outputs) when a correctness check asks later.
+    g = Guard(task, None, "cpu", _cfg())
+    runs = []
+    real = g._ref_mod.run
+
+    def spy(*args):
+        runs.append(args[0].dtype)
+        return real(*args)
+
+    g._ref_mod.run = spy
+    try:
+        outs, hp = g.reference(0, 123, hp=False)
+        assert hp is None and runs and all(d != torch.float64 for d in runs)
+        n = len(runs)
+        outs2, hp2 = g.reference(0, 123, hp=True)
+        assert outs2 is outs and runs[n:] == [torch.float64]  # only the missing float64 run
+        assert hp2 is not None and hp2[0].dtype == torch.float64
+        assert torch.allclose(hp2[0].float(), outs[0].float(), atol=2e-2, rtol=2e-2)
+        assert g.reference(0, 123, hp=False)[1] is hp2 and len(runs) == n + 1  # cached, float64 included
+    finally:
+        g.close()
