@@ -1,0 +1,59 @@
+"""Proposals sized to the free evaluation slots: who proposes how many candidates, now.
+
+The session asks its agents for candidates only when an evaluation slot is free, and only for as many
+as can start at once (free slots, capped by the budget left), shared fairly among the agents. So every
+proposal is made with the freshest board, verdicts and champion there can be: a candidate that would
+wait in a queue behind others was proposed before their verdicts, i.e. blind to them. On the simulated
+model (issue 16) this staleness, not the team's size, drove the results: a lone agent proposing a batch
+of ``agents.per_round`` x 4 waited for verdicts it could have used.
+
+The share: one slot at a time to the agent that is first by, in order,
+
+1. the plateau breaker's redirected agent (it was told to change course: its proposal should not wait);
+2. the fewest candidates of its own still queued or in flight (an idle agent has all its own results,
+   and a team keeps one line of search per member in flight before any member gets two);
+3. the fewest candidates queued so far this session (each agent gets its share of the budget);
+4. team order.
+
+``cap`` (``agents.per_round``) is the most one agent proposes in one request: an upper bound, not the
+batch size (LLM agents make one request per call to ``propose`` with up to ``cap`` kernels). With more
+free slots than ``cap`` x agents, the session simply asks again once the first candidates have started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+
+def allot(
+    agents: Sequence[str],
+    free: int,
+    cap: int,
+    *,
+    busy: Mapping[str, int] | None = None,
+    queued: Mapping[str, int] | None = None,
+    first: Sequence[str] = (),
+) -> dict[str, int]:
+    """How many candidates each agent (by name, in team order) proposes now for ``free`` slots; agents
+    asked for none are left out. ``busy``: each agent's candidates queued or in flight; ``queued``: its
+    candidates queued so far; ``first``: agents to serve before the others (a plateau redirect)."""
+    if cap < 1:
+        raise ValueError(f"cap (agents.per_round) must be at least 1, not {cap}")
+    if len(set(agents)) != len(agents):
+        raise ValueError(f"agent names must be unique: {list(agents)}")
+    busy, queued = busy or {}, queued or {}
+    rank = {a: i for i, a in enumerate(agents)}
+    lead = set(first)
+    out: dict[str, int] = {}
+    for _ in range(max(0, free)):
+        open_ = [a for a in agents if out.get(a, 0) < cap]
+        if not open_:
+            break
+
+        def key(a: str) -> tuple:
+            given = out.get(a, 0)
+            return (a not in lead or given > 0, busy.get(a, 0) + given, queued.get(a, 0) + given, rank[a])
+
+        pick = min(open_, key=key)
+        out[pick] = out.get(pick, 0) + 1
+    return {a: out[a] for a in agents if a in out}

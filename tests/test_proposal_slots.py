@@ -1,0 +1,79 @@
+"""Proposals sized to the free evaluation slots (kernelarc.allot), in the product's loop: an agent is asked
+only for candidates that can start now, so none waits in a queue proposed blind to the verdicts ahead of it."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from kernelarc.ablate import AblateConfig, build_run
+from kernelarc.allot import allot
+
+TEAM = ["a0", "a1", "a2", "a3"]
+
+
+def test_free_slots_go_one_per_agent_idle_and_least_served_first():
+    assert allot(TEAM, 3, 2) == {"a0": 1, "a1": 1, "a2": 1}
+    # a0..a2 in flight: the slot a0's verdict freed goes to a3, which has had nothing yet
+    assert allot(TEAM, 1, 2, busy={"a1": 1, "a2": 1}, queued={"a0": 1, "a1": 1, "a2": 1}) == {"a3": 1}
+    # all idle, equally served: team order
+    assert allot(TEAM, 1, 2, queued=dict.fromkeys(TEAM, 5)) == {"a0": 1}
+    # more slots than agents: the second round of the share goes to each again before anyone gets a third
+    assert allot(TEAM[:2], 5, 3) == {"a0": 3, "a1": 2}
+    assert allot(TEAM[:2], 5, 2) == {"a0": 2, "a1": 2}  # agents.per_round caps one request
+    # the plateau breaker's redirected agent is served first, even when busy and most served
+    assert allot(TEAM, 1, 2, busy={"a3": 1}, queued={"a3": 9}, first=["a3"]) == {"a3": 1}
+    assert allot(TEAM, 0, 2) == {} and allot(TEAM, -1, 2) == {}
+
+
+def test_bad_shares_are_refused():
+    with pytest.raises(ValueError, match="per_round"):
+        allot(TEAM, 3, 0)
+    with pytest.raises(ValueError, match="unique"):
+        allot(["a", "a"], 3, 1)
+
+
+def _spied_run(count: int, per_round: int, budget: int = 24) -> tuple[list[dict], object]:
+    """A real session (simulated guard) whose agents and slot count are watched, and the calls they saw."""
+    session, state = build_run(AblateConfig(budget=budget), ["+task=matmul", f"agents.per_round={per_round}"],
+                               count, 16, True, 0)  # fmt: skip
+    calls: list[dict] = []
+    for agent in session.agents:
+        real = agent.propose
+
+        def spy(ctx, n, real=real, name=agent.name):
+            calls.append({"agent": name, "n": n, "busy": sum(session.busy.values()), "seen_verdicts": len(ctx.history),
+                          "records": len(session.records)})  # fmt: skip
+            return real(ctx, n)
+
+        agent.propose = spy
+    try:
+        session.run()
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    return calls, session
+
+
+def test_a_lone_agent_keeps_every_slot_busy_proposing_one_at_a_time():
+    calls, s = _spied_run(count=1, per_round=2)
+    slots = s.settings.parallel
+    assert slots == 3 and sum(r.kind == "candidate" for r in s.records) == 24
+    # never more than the free slots (candidates of its own queued or in flight count against them)
+    assert all(c["busy"] + c["n"] <= slots for c in calls), calls
+    # the first request is capped by agents.per_round, the session asks again for the last free slot
+    assert [c["n"] for c in calls[:2]] == [2, 1]
+    # from then on one candidate per verdict, proposed while the other two are in flight
+    steady = calls[2:]
+    assert steady and sum(c["n"] == 1 and c["busy"] == slots - 1 for c in steady) >= len(steady) - 2
+
+
+def test_a_team_shares_the_slots_and_each_proposal_sees_the_verdict_before_it():
+    calls, s = _spied_run(count=4, per_round=2)
+    assert all(c["n"] == 1 for c in calls), calls  # one free slot at a time after the start: one candidate
+    assert [c["agent"] for c in calls[:4]] == [a.name for a in s.agents]  # the start, then the idle fourth
+    per = [sum(r.kind == "candidate" and r.candidate.agent == a.name for r in s.records) for a in s.agents]
+    assert per == [6, 6, 6, 6], per
+    # each request after the first three comes right after a verdict: the records grew since the last request
+    recs = [c["records"] for c in calls[3:]]
+    assert all(b > a for a, b in zip(recs, recs[1:], strict=False)), recs
