@@ -123,3 +123,23 @@ def test_concurrent_gpu_sessions_share_the_cards_memory():
     assert share_device_memory(["+task=rmsnorm"], 139.8, 10) == ["+task=rmsnorm", "guard.memory_gb=11"]
     assert share_device_memory(["guard.memory_gb=30"], 139.8, 10) == ["guard.memory_gb=30"]  # the user's choice
     assert share_device_memory([], 139.8, 1) == []  # one session per card plans for the card
+
+
+def test_several_tasks_share_one_pool_and_stream_their_runs(tmp_path):
+    """ablate.tasks runs every task's sessions in one pool; each run's result lands in its task's runs.jsonl as it
+    ends (what a time limit that cuts the ablation leaves), and each task gets its own table."""
+    out = tmp_path / "abl"
+    argv = ["ablate.tasks=[matmul,rmsnorm]", "ablate.seeds=1", "ablate.budget=6", "ablate.memory=[16]",
+            "ablate.plateau=[true]", "ablate.jobs=1", "ablate.max_minutes=30", f"ablate.out={out}"]  # fmt: skip
+    assert main(argv) == 0
+    for task in ("matmul", "rmsnorm"):
+        lines = [json.loads(x) for x in (out / task / "runs.jsonl").read_text().splitlines()]
+        assert sorted(r["count"] for r in lines) == [1, 4] and all(r["evaluated"] == 6 for r in lines)
+        doc = json.loads((out / task / "results.json").read_text())
+        assert f"+task={task}" in doc["overrides"] and len(doc["runs"]) == 2
+    try:
+        main(["ablate.max_minutes=0", f"ablate.out={out}"])
+    except ValueError as e:
+        assert "max_minutes" in str(e)
+    else:
+        raise AssertionError("a non-positive per-run cap must be refused")
