@@ -12,7 +12,9 @@ The share: one slot at a time to the agent that is first by, in order,
 1. the plateau breaker's redirected agent (it was told to change course: its proposal should not wait);
 2. the fewest candidates of its own still queued or in flight (an idle agent has all its own results,
    and a team keeps one line of search per member in flight before any member gets two);
-3. the fewest candidates queued so far this session (each agent gets its share of the budget);
+3. the fewest candidates queued so far this session, over the agent's ``weight`` (each agent gets its
+   share of the budget; with ``agents.credit``, the share follows the agent's win rate, see :func:`credit`:
+   strategies that earn their keep get more of the budget, and none is starved);
 4. team order.
 
 ``cap`` (``agents.per_round``) is the most one agent proposes in one request: an upper bound, not the
@@ -22,7 +24,8 @@ free slots than ``cap`` x agents, the session simply asks again once the first c
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 
 def allot(
@@ -33,15 +36,19 @@ def allot(
     busy: Mapping[str, int] | None = None,
     queued: Mapping[str, int] | None = None,
     first: Sequence[str] = (),
+    weight: Mapping[str, float] | None = None,
 ) -> dict[str, int]:
     """How many candidates each agent (by name, in team order) proposes now for ``free`` slots; agents
     asked for none are left out. ``busy``: each agent's candidates queued or in flight; ``queued``: its
-    candidates queued so far; ``first``: agents to serve before the others (a plateau redirect)."""
+    candidates queued so far; ``first``: agents to serve before the others (a plateau redirect); ``weight``:
+    each agent's share of the budget, relative (default 1 each)."""
     if cap < 1:
         raise ValueError(f"cap (agents.per_round) must be at least 1, not {cap}")
     if len(set(agents)) != len(agents):
         raise ValueError(f"agent names must be unique: {list(agents)}")
-    busy, queued = busy or {}, queued or {}
+    busy, queued, weight = busy or {}, queued or {}, weight or {}
+    if any(not w > 0 for w in weight.values()):
+        raise ValueError(f"weights must be positive: {dict(weight)}")
     rank = {a: i for i, a in enumerate(agents)}
     lead = set(first)
     out: dict[str, int] = {}
@@ -52,8 +59,16 @@ def allot(
 
         def key(a: str) -> tuple:
             given = out.get(a, 0)
-            return (a not in lead or given > 0, busy.get(a, 0) + given, queued.get(a, 0) + given, rank[a])
+            share = (queued.get(a, 0) + given) / weight.get(a, 1.0)
+            return (a not in lead or given > 0, busy.get(a, 0) + given, share, rank[a])
 
         pick = min(open_, key=key)
         out[pick] = out.get(pick, 0) + 1
     return {a: out[a] for a in agents if a in out}
+
+
+def credit(history: Mapping[str, Sequence[tuple[Any, Any]]], is_win: Callable[[str], bool]) -> dict[str, float]:
+    """Each agent's win rate so far, smoothed: (wins + 1) / (judged + 2), where ``history`` maps an agent to
+    its judged (candidate, verdict) pairs and ``is_win`` says whether a candidate id is on the board as a
+    win (promoted, or a family record). Before any verdict every agent weighs 1/2: equal shares."""
+    return {a: (sum(bool(is_win(c.id)) for c, _ in h) + 1) / (len(h) + 2) for a, h in history.items()}

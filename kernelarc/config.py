@@ -57,6 +57,7 @@ class AgentsConfig:
         }
     )
     tune_llm_knobs: bool = True  # search agents tune knobs that LLM kernels declare
+    credit: bool = True  # strategies earn their keep: slots (a generalist's operators) shared by win rate
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from kernelarc import dispatch
 from kernelarc.agents.base import AgentContext
-from kernelarc.allot import allot
+from kernelarc.allot import allot, credit
 from kernelarc.guard.judge import Evaluation, Guard
 from kernelarc.guard.memory import max_parallel
 from kernelarc.guard.settings import GuardSettings
@@ -51,6 +51,7 @@ class LoopSettings:
     usd: float | None  # budget.usd
     per_round: int  # the most candidates one agent proposes in one request (kernelarc.allot sizes requests)
     memory_limit: int | None  # board findings an agent sees
+    credit: bool  # agents.credit: slots shared by each agent's win rate (kernelarc.allot.credit), else evenly
     parallel: int  # candidates in flight per device (fewer where the judge's memory plan says so)
     calibrate: bool
     dispatch: bool
@@ -262,7 +263,9 @@ class SearchSession(SessionPhases):
             # an agent that concludes about its attempts in its next proposal (LLM) waits for their verdicts
             names = [a.name for a in self.agents if a.name not in asked
                      and not (getattr(a, "waits_for_verdicts", False) and self.busy.get(a.name, 0))]  # fmt: skip
-            plan = allot(names, free, self.settings.per_round, busy=self.busy, queued=self.queued, first=lead)
+            weight = credit(self.history, self.board.is_win) if self.settings.credit else None
+            plan = allot(names, free, self.settings.per_round, busy=self.busy, queued=self.queued, first=lead,
+                         weight=weight)  # fmt: skip
             if not plan:
                 break
             asked |= set(plan)

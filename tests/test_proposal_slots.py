@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from kernelarc.ablate import AblateConfig, build_run
-from kernelarc.allot import allot
+from kernelarc.allot import allot, credit
 
 TEAM = ["a0", "a1", "a2", "a3"]
 
@@ -34,9 +34,26 @@ def test_bad_shares_are_refused():
         allot(["a", "a"], 3, 1)
 
 
-def _spied_run(count: int, per_round: int, budget: int = 24) -> tuple[list[dict], object]:
+def test_weights_share_the_budget_by_win_rate_and_starve_nobody():
+    # a0 has won often: it is served until its share over its weight is the others' (3 of 4 idle slots here)
+    w = {"a0": 0.6, "a1": 0.2, "a2": 0.2, "a3": 0.2}
+    assert allot(TEAM, 1, 2, queued={"a0": 2, "a1": 1, "a2": 1, "a3": 1}, weight=w) == {"a0": 1}
+    assert allot(TEAM, 1, 2, queued={"a0": 4, "a1": 1, "a2": 1, "a3": 1}, weight=w) == {"a1": 1}
+    with pytest.raises(ValueError, match="positive"):
+        allot(TEAM, 1, 2, weight={"a0": 0.0})
+
+    class C:
+        def __init__(self, i):
+            self.id = i
+
+    wins = {"w1", "w2"}
+    got = credit({"a": [(C("w1"), None), (C("w2"), None)], "b": [(C("x"), None)] * 4, "c": []}, wins.__contains__)
+    assert got == {"a": 3 / 4, "b": 1 / 6, "c": 1 / 2}
+
+
+def _spied_run(count: int, per_round: int, budget: int = 24, *extra: str) -> tuple[list[dict], object]:
     """A real session (simulated guard) whose agents and slot count are watched, and the calls they saw."""
-    session, state = build_run(AblateConfig(budget=budget), ["+task=matmul", f"agents.per_round={per_round}"],
+    session, state = build_run(AblateConfig(budget=budget), ["+task=matmul", f"agents.per_round={per_round}", *extra],
                                count, 16, True, 0)  # fmt: skip
     calls: list[dict] = []
     for agent in session.agents:
@@ -69,7 +86,7 @@ def test_a_lone_agent_keeps_every_slot_busy_proposing_one_at_a_time():
 
 
 def test_a_team_shares_the_slots_and_each_proposal_sees_the_verdict_before_it():
-    calls, s = _spied_run(count=4, per_round=2)
+    calls, s = _spied_run(4, 2, 24, "agents.credit=false")
     assert all(c["n"] == 1 for c in calls), calls  # one free slot at a time after the start: one candidate
     assert [c["agent"] for c in calls[:4]] == [a.name for a in s.agents]  # the start, then the idle fourth
     per = [sum(r.kind == "candidate" and r.candidate.agent == a.name for r in s.records) for a in s.agents]
@@ -77,3 +94,15 @@ def test_a_team_shares_the_slots_and_each_proposal_sees_the_verdict_before_it():
     # each request after the first three comes right after a verdict: the records grew since the last request
     recs = [c["records"] for c in calls[3:]]
     assert all(b > a for a, b in zip(recs, recs[1:], strict=False)), recs
+
+
+def test_with_credit_the_agents_that_win_get_more_of_the_budget():
+    """agents.credit (the default): a member's share of the slots follows its win rate on the board."""
+    _, s = _spied_run(4, 2, 48)
+    assert s.settings.credit
+    judged = {a.name: s.history[a.name] for a in s.agents}
+    rate = {a: (sum(s.board.is_win(c.id) for c, _ in h) + 1) / (len(h) + 2) for a, h in judged.items()}
+    n = {a: len(h) for a, h in judged.items()}
+    assert sum(n.values()) == 48 and min(n.values()) >= 4, n  # nobody starved
+    best, worst = max(rate, key=rate.get), min(rate, key=rate.get)
+    assert n[best] > n[worst], (n, rate)
