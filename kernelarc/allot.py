@@ -13,7 +13,8 @@ The share: one slot at a time to the agent that is first by, in order,
 2. the fewest candidates of its own still queued or in flight (an idle agent has all its own results,
    and a team keeps one line of search per member in flight before any member gets two);
 3. the fewest candidates queued so far this session, over the agent's ``weight`` (each agent gets its
-   share of the budget; with ``agents.credit``, the share follows the agent's win rate, see :func:`credit`:
+   share of the budget; with ``agents.credit``, the share follows the agent's win rate, see :func:`credit`
+   and :func:`frontier_wins`:
    strategies that earn their keep get more of the budget, and none is starved);
 4. team order.
 
@@ -24,8 +25,11 @@ free slots than ``cap`` x agents, the session simply asks again once the first c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from kernelarc.models import Status
 
 
 def allot(
@@ -67,8 +71,24 @@ def allot(
     return {a: out[a] for a in agents if a in out}
 
 
+def frontier_wins(judged: Sequence[tuple[Any, Any]], margin: float = 0.01) -> set[str]:
+    """Ids of the judged (candidate, verdict) pairs, in judgment order, that earned their keep: promoted over
+    the champion, or a family kernel faster by ``margin`` than every family kernel judged before it (while
+    the library leads, that is the search's progress). A family's first or best kernel far behind that
+    frontier is no win: it spent a slot and moved nothing."""
+    best = math.inf
+    out: set[str] = set()
+    for c, v in judged:
+        lat = v.latency_ms if v.correct else None
+        if v.status is Status.champion or (c.family and lat and lat * (1 + margin) < best):
+            out.add(c.id)
+        if c.family and lat and math.isfinite(lat):
+            best = min(best, lat)
+    return out
+
+
 def credit(history: Mapping[str, Sequence[tuple[Any, Any]]], is_win: Callable[[str], bool]) -> dict[str, float]:
     """Each agent's win rate so far, smoothed: (wins + 1) / (judged + 2), where ``history`` maps an agent to
-    its judged (candidate, verdict) pairs and ``is_win`` says whether a candidate id is on the board as a
-    win (promoted, or a family record). Before any verdict every agent weighs 1/2: equal shares."""
+    its judged (candidate, verdict) pairs and ``is_win`` says whether a candidate id earned its keep
+    (:func:`frontier_wins`). Before any verdict every agent weighs 1/2: equal shares."""
     return {a: (sum(bool(is_win(c.id)) for c, _ in h) + 1) / (len(h) + 2) for a, h in history.items()}

@@ -25,7 +25,7 @@ from typing import Any
 
 from kernelarc import dispatch
 from kernelarc.agents.base import AgentContext
-from kernelarc.allot import allot, credit
+from kernelarc.allot import allot, credit, frontier_wins
 from kernelarc.guard.judge import Evaluation, Guard
 from kernelarc.guard.memory import max_parallel
 from kernelarc.guard.settings import GuardSettings
@@ -263,7 +263,10 @@ class SearchSession(SessionPhases):
             # an agent that concludes about its attempts in its next proposal (LLM) waits for their verdicts
             names = [a.name for a in self.agents if a.name not in asked
                      and not (getattr(a, "waits_for_verdicts", False) and self.busy.get(a.name, 0))]  # fmt: skip
-            weight = credit(self.history, self.board.is_win) if self.settings.credit else None
+            weight = None
+            if self.settings.credit:
+                judged = [(r.candidate, r.verdict) for r in self.records if r.kind == "candidate"]
+                weight = credit(self.history, frontier_wins(judged).__contains__)
             plan = allot(names, free, self.settings.per_round, busy=self.busy, queued=self.queued, first=lead,
                          weight=weight)  # fmt: skip
             if not plan:

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from kernelarc.ablate import AblateConfig, build_run
-from kernelarc.allot import allot, credit
+from kernelarc.allot import allot, credit, frontier_wins
 
 TEAM = ["a0", "a1", "a2", "a3"]
 
@@ -49,6 +49,18 @@ def test_weights_share_the_budget_by_win_rate_and_starve_nobody():
     wins = {"w1", "w2"}
     got = credit({"a": [(C("w1"), None), (C("w2"), None)], "b": [(C("x"), None)] * 4, "c": []}, wins.__contains__)
     assert got == {"a": 3 / 4, "b": 1 / 6, "c": 1 / 2}
+
+
+def test_a_win_moves_the_frontier_a_weak_familys_first_kernel_does_not():
+    from kernelarc.models import Candidate, Status, Verdict
+
+    def judged(fam, ms, status=Status.correct_slower):
+        c = Candidate(source=f"# {fam} {ms}", language="triton", family=fam)
+        return c, Verdict(candidate_id=c.id, status=status, latency_ms=ms)
+
+    seq = [judged("a", 2.0), judged("b", 3.0), judged("a", 1.5), judged("a", 1.495), judged(None, 9.0, Status.champion),
+           judged("b", 1.0, Status.incorrect)]  # fmt: skip
+    assert frontier_wins(seq) == {seq[0][0].id, seq[2][0].id, seq[4][0].id}
 
 
 def _spied_run(count: int, per_round: int, budget: int = 24, *extra: str) -> tuple[list[dict], object]:
@@ -97,11 +109,12 @@ def test_a_team_shares_the_slots_and_each_proposal_sees_the_verdict_before_it():
 
 
 def test_with_credit_the_agents_that_win_get_more_of_the_budget():
-    """agents.credit (the default): a member's share of the slots follows its win rate on the board."""
+    """agents.credit (the default): a member's share of the slots follows its win rate (frontier moves)."""
     _, s = _spied_run(4, 2, 48)
     assert s.settings.credit
     judged = {a.name: s.history[a.name] for a in s.agents}
-    rate = {a: (sum(s.board.is_win(c.id) for c, _ in h) + 1) / (len(h) + 2) for a, h in judged.items()}
+    wins = frontier_wins([(r.candidate, r.verdict) for r in s.records if r.kind == "candidate"])
+    rate = {a: (sum(c.id in wins for c, _ in h) + 1) / (len(h) + 2) for a, h in judged.items()}
     n = {a: len(h) for a, h in judged.items()}
     assert sum(n.values()) == 48 and min(n.values()) >= 4, n  # nobody starved
     best, worst = max(rate, key=rate.get), min(rate, key=rate.get)

@@ -283,11 +283,12 @@ class SearchAgent:
             self.families.setdefault(f.name, f)
         self.mix = mix
         # strategies that earn their keep: the generalist draws each operator by its share times its win rate
-        # so far (wins + 1) / (tries + 2), as a team shares its evaluation slots by each member's (agents.credit)
+        # so far (wins + 1) / (tries + 2), as a team shares its evaluation slots by each member's (agents.credit;
+        # a win: promoted, or faster than every family kernel before it, see kernelarc.allot.frontier_wins)
         self.credit = credit
         self._op_of: dict[str, Operator] = {}  # candidate id -> the operator that proposed it
         self._op_stats: dict[Operator, list[int]] = {op: [0, 0] for op, _ in mix}  # operator -> [tries, wins]
-        self._fam_best: dict[str, float] = {}  # family -> fastest latency of its kernels this agent has seen judged
+        self._fam_best: dict[str, float] = {}  # "" -> the fastest family kernel this agent has seen judged
         self.classes = sorted({k.strategy for f in fams for k in f.knobs}) or list(STRATEGIES)
         self._parents: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
         self._momentum: list[tuple[str, dict[str, Any], list[tuple[str, Any, Any]], float]] = []
@@ -734,15 +735,16 @@ class SearchAgent:
         return Proposal(out)
 
     def _credit(self, candidate: Candidate, verdict: Verdict, lat: float | None) -> None:
-        """A try of the operator that proposed the candidate, and a win if the guard promoted it or it is its
-        family's first correct kernel or beat the family's best by the record margin (the board's wins)."""
+        """A try of the operator that proposed the candidate, and a win if the guard promoted it or it moved the
+        frontier: faster than every family kernel judged before it, by the record margin (the first one too).
+        A family's first or best kernel far behind the frontier is no win: it cost a slot and moved nothing."""
         fam = candidate.family
-        best = self._fam_best.get(fam or "")
+        best = self._fam_best.get("")
         win = verdict.status is Status.champion or (
             lat is not None and fam is not None and (best is None or lat * (1 + RECORD_MARGIN) < best)
         )
         if lat is not None and fam is not None and math.isfinite(lat):
-            self._fam_best[fam] = min(best if best is not None else math.inf, lat)
+            self._fam_best[""] = min(best if best is not None else math.inf, lat)
         op = self._op_of.pop(candidate.id, None)
         if op is not None:
             stats = self._op_stats.setdefault(op, [0, 0])
