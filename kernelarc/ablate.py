@@ -66,6 +66,9 @@ class AblateConfig:
     # mode=candidates: a wall-clock cap per run (budget.minutes) on top of the candidate budget, so that an
     # ablation on the real guard ends in time; a run it cuts has fewer candidates (the table's cands column)
     max_minutes: float | None = None
+    # no new runs: the tables, results.json and plots from the runs.jsonl already in out (or out/<task>), e.g.
+    # of an ablation that a time limit cut before its report
+    report_only: bool = False
     out: str = "ablation"
     tasks: list[str] = field(default_factory=list)  # several tasks in one command: one sub-folder of out each
     mlflow: bool = False
@@ -366,6 +369,15 @@ def _run_jobs(jobs: list[tuple], n: int, outs: list[Path]) -> list[RunResult | d
     return [r for r in results if r is not None]
 
 
+def _load_runs(out: Path) -> list[Outcome]:
+    """The runs an earlier ablation streamed to ``out/runs.jsonl`` (those it finished)."""
+    path = out / "runs.jsonl"
+    if not path.is_file():
+        raise RuntimeError(f"no {path}: nothing to report")
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [d if "error" in d else RunResult(**d) for d in rows]
+
+
 def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResult], list[dict[str, Any]], Path]:
     session_overrides, gpus = _prepare(ab, session_overrides)
     jobs = _jobs(ab, session_overrides, gpus)
@@ -457,11 +469,11 @@ def main(argv: list[str] | None = None) -> int:
         subs.append((sub, over, len(jobs), len(jobs) + len(mine)))
         jobs += mine
         outs += [Path(out_dir)] * len(mine)
-    done = _run_jobs(jobs, ab.jobs, outs)
+    done = [] if ab.report_only else _run_jobs(jobs, ab.jobs, outs)
     rc = 0
     for sub, over, a, b in subs:
         try:
-            results, rows, out = _report(sub, over, done[a:b])
+            results, rows, out = _report(sub, over, _load_runs(Path(sub.out)) if ab.report_only else done[a:b])
         except RuntimeError as e:  # every run of this task failed: say so, go on with the next task
             print(f"\n## {' '.join(over)}: {e}", flush=True)
             rc = 1
@@ -472,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         if steps:
             print(f"\nThe memory curve, paired by seed:\n\n{steps_table(steps)}", flush=True)
         print(f"\n{len(results)} runs; results, table and plots in {out}/", flush=True)
-    print(f"\n{len(done)} runs in {time.monotonic() - t:.0f} s", flush=True)
+    if not ab.report_only:
+        print(f"\n{len(done)} runs in {time.monotonic() - t:.0f} s", flush=True)
     return rc
 
 

@@ -137,6 +137,13 @@ def test_several_tasks_share_one_pool_and_stream_their_runs(tmp_path):
         assert sorted(r["count"] for r in lines) == [1, 4] and all(r["evaluated"] == 6 for r in lines)
         doc = json.loads((out / task / "results.json").read_text())
         assert f"+task={task}" in doc["overrides"] and len(doc["runs"]) == 2
+    # a cut ablation's report: its tables again from the streamed runs, no new session
+    first = (out / "matmul" / "results.json").read_text()
+    (out / "matmul" / "results.json").unlink()
+    (out / "rmsnorm" / "runs.jsonl").write_text((out / "rmsnorm" / "runs.jsonl").read_text().splitlines()[0] + "\n")
+    assert main([*argv, "ablate.report_only=true"]) == 0
+    assert json.loads((out / "matmul" / "results.json").read_text())["rows"] == json.loads(first)["rows"]
+    assert len(json.loads((out / "rmsnorm" / "results.json").read_text())["runs"]) == 1
     try:
         main(["ablate.max_minutes=0", f"ablate.out={out}"])
     except ValueError as e:
