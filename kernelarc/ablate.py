@@ -6,13 +6,11 @@ only in config: ``agents.count`` x ``memory.limit`` x plateau on/off, over seeds
 simulated one (:mod:`kernelarc.simguard`, a deterministic cost model) by default, or the real one
 (``ablate.guard=real``, on a GPU).
 
-Budgets: ``ablate.mode=candidates`` gives every arm the same number of candidates, and (with
-``ablate.equal_batch=true``, the default) the same number of candidates per proposal round: one agent
-proposes ``agents.per_round`` x the largest team's size at once, as the team does together, so both
-keep the same evaluations in flight (``equal_batch=false``: a single agent proposes ``per_round`` and
-sees each verdict sooner, a sequential search that would leave GPU slots idle);
-``ablate.mode=wallclock`` the same minutes (the simulated guard then takes ``ablate.eval_s`` seconds
-per evaluation, so a team that keeps more evaluations in flight gets more of them done).
+Budgets: ``ablate.mode=candidates`` gives every arm the same number of candidates; every arm keeps the
+same evaluations in flight, since the session itself sizes proposals to the free evaluation slots
+(:mod:`kernelarc.allot`: a lone agent proposes for every free slot, a team shares them), so no arm
+proposes blind to verdicts it could have waited for; ``ablate.mode=wallclock`` the same minutes (the
+simulated guard then takes ``ablate.eval_s`` seconds per evaluation).
 
 Per arm: mean, median and spread (standard deviation, min, max) of the final champion's latency
 over the best known (the model's optimum on the simulated guard, the best latency any run reached
@@ -38,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,12 +62,15 @@ class AblateConfig:
     model_seed: int = 0  # the simulated cost model's seed
     library_gap: float = 1.30  # the simulated library's latency over the families' optimum
     patience: int = 10  # plateau patience when the plateau is on
-    jobs: int = 2  # runs in parallel (processes); with guard=real each takes one GPU
+    jobs: int = 2  # runs in parallel (processes, all tasks' runs in one pool); guard=real: GPUs dealt round robin
+    # mode=candidates: a wall-clock cap per run (budget.minutes) on top of the candidate budget, so that an
+    # ablation on the real guard ends in time; a run it cuts has fewer candidates (the table's cands column)
+    max_minutes: float | None = None
+    # no new runs: the tables, results.json and plots from the runs.jsonl already in out (or out/<task>), e.g.
+    # of an ablation that a time limit cut before its report
+    report_only: bool = False
     out: str = "ablation"
     tasks: list[str] = field(default_factory=list)  # several tasks in one command: one sub-folder of out each
-    # every arm proposes as many candidates per round as the largest team (a smaller team's agents propose
-    # more each), so all arms keep the same number of candidates in flight; false: agents.per_round for all
-    equal_batch: bool = True
     mlflow: bool = False
     tracking_uri: str | None = None
 
@@ -104,10 +105,9 @@ def _compose(overrides: list[str]):
         return compose("config", overrides=overrides)
 
 
-def run_one(ab: AblateConfig, session_overrides: list[str], count: int, memory: int | None, plateau: bool,
-            seed: int, gpu: int | None = None, sessions: list | None = None) -> RunResult:  # fmt: skip
-    """One search session of one arm and seed (in its own fresh state folder); ``sessions``, when given,
-    receives the finished session (its records, board and agents, for a closer look)."""
+def build_run(ab: AblateConfig, session_overrides: list[str], count: int, memory: int | None, plateau: bool,
+              seed: int, gpu: int | None = None) -> tuple[Any, str]:  # fmt: skip
+    """The search session of one arm and seed, not started, and its fresh state folder (remove it after)."""
     from kernelarc.app import resolve_gpu, typed
     from kernelarc.config import plain
     from kernelarc.simguard import simulated_guard_factory
@@ -124,7 +124,7 @@ def run_one(ab: AblateConfig, session_overrides: list[str], count: int, memory: 
     if ab.mode == "wallclock":
         over += [f"budget.candidates={10**6}", f"budget.minutes={ab.minutes}"]
     else:
-        over += [f"budget.candidates={ab.budget}", "budget.minutes=1000000"]
+        over += [f"budget.candidates={ab.budget}", f"budget.minutes={ab.max_minutes or 1000000}"]
     if sim:
         over += ["gpu=cpu", "search.calibrate=false"]
     else:
@@ -132,14 +132,20 @@ def run_one(ab: AblateConfig, session_overrides: list[str], count: int, memory: 
         over += ["search.calibrate=false", "guard.compile_baseline=false"]
         over += [f"executor.gpus=[{gpu}]"] if gpu is not None else []
     cfg = _compose(session_overrides + over)
-    if ab.equal_batch and count < max(ab.counts):
-        cfg.agents.per_round = max(1, round(cfg.agents.per_round * max(ab.counts) / count))
     c = typed(cfg)
     target = resolve_gpu(c)
     delay = ab.eval_s if ab.mode == "wallclock" else 0.0
     make = simulated_guard_factory(ab.model_seed, ab.library_gap, delay_s=delay) if sim else None
     # every arm is built by the same wiring from its config; only the guard may be the simulated one
-    session = build_session(c, plain(cfg), target, progress=Progress(False), make_guard=make)
+    return build_session(c, plain(cfg), target, progress=Progress(False), make_guard=make), state
+
+
+def run_one(ab: AblateConfig, session_overrides: list[str], count: int, memory: int | None, plateau: bool,
+            seed: int, gpu: int | None = None, sessions: list | None = None) -> RunResult:  # fmt: skip
+    """One search session of one arm and seed (in its own fresh state folder); ``sessions``, when given,
+    receives the finished session (its records, board and agents, for a closer look)."""
+    session, state = build_run(ab, session_overrides, count, memory, plateau, seed, gpu)
+    sim = ab.guard == "sim"
     t = time.monotonic()
     summary = session.run()
     dt = time.monotonic() - t
@@ -280,59 +286,6 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plots(results: list[RunResult], rows: list[dict[str, Any]], out: Path) -> list[Path]:
-    """best_so_far.png (mean champion latency / best known per arm) and memory_curve.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    arms: dict[str, list[RunResult]] = {}
-    for r in results:
-        arms.setdefault(arm_key(r.count, r.memory, r.plateau), []).append(r)
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for key, rs in sorted(arms.items()):
-        n = max(len(r.curve) for r in rs)
-        mean = []
-        for i in range(n):
-            vals = [r.curve[min(i, len(r.curve) - 1)] / r.best_ms for r in rs if r.curve]
-            vals = [v for v in vals if math.isfinite(v)]
-            mean.append(statistics.fmean(vals) if vals else math.nan)
-        ax.plot(range(1, n + 1), mean, label=key, lw=1.4)
-    ax.set_xlabel("candidates evaluated")
-    ax.set_ylabel("champion latency / best known (mean over seeds)")
-    ax.set_title("best so far per arm")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    p = out / "best_so_far.png"
-    fig.savefig(p, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    paths.append(p)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for count in sorted({r["agents"] for r in rows}):
-        for plateau in (True, False):
-            pts = [r for r in rows if r["agents"] == count and r["plateau"] is plateau]
-            if not pts:
-                continue
-            pts.sort(key=lambda r: _mem_order(r["memory"]))
-            xs = list(range(len(pts)))
-            ax.errorbar(xs, [r["mean"] for r in pts], yerr=[r["std"] / math.sqrt(r["runs"]) for r in pts],
-                        marker="o", capsize=3,
-                        label=f"agents={count} plateau={'on' if plateau else 'off'}")  # fmt: skip
-            ax.set_xticks(xs, ["all" if r["memory"] is None else str(r["memory"]) for r in pts])
-    ax.set_xlabel("memory.limit (wins and traps shown to each agent)")
-    ax.set_ylabel("final champion latency / best known (mean ± s.e.)")
-    ax.set_title("memory curve")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    p = out / "memory_curve.png"
-    fig.savefig(p, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    paths.append(p)
-    return paths
-
-
 def share_device_memory(overrides: list[str], total_gb: float, sessions_per_gpu: int) -> list[str]:
     """Concurrent real-guard sessions on one GPU each plan their inputs, copies and workers for the whole
     card unless told otherwise (on the H200, ten rmsnorm sessions ran out of memory at start-up): give each
@@ -353,11 +306,14 @@ def _job(args: tuple) -> RunResult | dict[str, Any]:
         return {"arm": arm_key(count, memory, plateau), "seed": seed, "error": f"{type(e).__name__}: {e}"[:500]}
 
 
-def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResult], list[dict[str, Any]], Path]:
+def _prepare(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[str], int | None]:
+    """The checked session overrides of one task (matmul unless given) and the GPUs the runs share."""
     if ab.mode not in ("candidates", "wallclock"):
         raise ValueError(f"ablate.mode must be candidates or wallclock, not {ab.mode!r}")
     if ab.guard not in ("sim", "real"):
         raise ValueError(f"ablate.guard must be sim or real, not {ab.guard!r}")
+    if ab.max_minutes is not None and ab.max_minutes <= 0:
+        raise ValueError(f"ablate.max_minutes must be positive, not {ab.max_minutes}")
     if not any(o.lstrip("+").startswith("task=") for o in session_overrides):
         session_overrides = ["+task=matmul", *session_overrides]
     gpus = None
@@ -370,19 +326,70 @@ def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResu
             session_overrides = share_device_memory(session_overrides, total_gb, math.ceil(ab.jobs / max(gpus, 1)))
         else:  # the real guard on the CPU (Triton interpreter, tiny workloads): slow, for checking the path
             log.warning("ablate.guard=real without a CUDA GPU: sessions run on the CPU")
+    return session_overrides, gpus
+
+
+def _jobs(ab: AblateConfig, session_overrides: list[str], gpus: int | None, first: int = 0) -> list[tuple]:
+    """Every run of one task, seed by seed (so that a cut ablation leaves its arms balanced); ``first``: the
+    runs queued before these (GPUs are dealt round robin over all of them)."""
     jobs = []
     for seed in range(ab.seed0, ab.seed0 + ab.seeds):
         for count in ab.counts:
             for memory in ab.memory:
                 for plateau in ab.plateau:
-                    gpu = len(jobs) % max(1, min(ab.jobs, gpus)) if gpus else None
+                    gpu = (first + len(jobs)) % max(1, min(ab.jobs, gpus)) if gpus else None
                     jobs.append((ab, session_overrides, count, memory, plateau, seed, gpu))
-    if ab.jobs > 1:
+    return jobs
+
+
+def _run_jobs(jobs: list[tuple], n: int, outs: list[Path]) -> list[RunResult | dict[str, Any]]:
+    """All runs, ``n`` at a time; each one's result is appended to ``runs.jsonl`` in its task's folder
+    (``outs[i]`` for ``jobs[i]``) as it ends, so an ablation cut by a time limit keeps what it measured."""
+    for out in set(outs):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "runs.jsonl").write_text("")
+
+    def keep(i: int, r: RunResult | dict[str, Any]) -> None:
+        with (outs[i] / "runs.jsonl").open("a") as f:
+            f.write(json.dumps(asdict(r) if isinstance(r, RunResult) else r) + "\n")
+
+    results: list[RunResult | dict[str, Any] | None] = [None] * len(jobs)
+    if n > 1:
         # spawned, not forked: a parent that has touched CUDA cannot hand it to forked children
-        with ProcessPoolExecutor(max_workers=ab.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            results = list(pool.map(_job, jobs))
+        with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futs = {pool.submit(_job, j): i for i, j in enumerate(jobs)}
+            for fut in as_completed(futs):
+                i = futs[fut]
+                results[i] = fut.result()
+                keep(i, results[i])
     else:
-        results = [_job(j) for j in jobs]
+        for i, j in enumerate(jobs):
+            results[i] = _job(j)
+            keep(i, results[i])
+    return [r for r in results if r is not None]
+
+
+def _load_runs(out: Path) -> list[Outcome]:
+    """The runs an earlier ablation streamed to ``out/runs.jsonl`` (those it finished)."""
+    path = out / "runs.jsonl"
+    if not path.is_file():
+        raise RuntimeError(f"no {path}: nothing to report")
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [d if "error" in d else RunResult(**d) for d in rows]
+
+
+def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResult], list[dict[str, Any]], Path]:
+    session_overrides, gpus = _prepare(ab, session_overrides)
+    jobs = _jobs(ab, session_overrides, gpus)
+    return _report(ab, session_overrides, _run_jobs(jobs, ab.jobs, [Path(ab.out)] * len(jobs)))
+
+
+Outcome = RunResult | dict[str, Any]  # a run's result, or its arm, seed and error
+
+
+def _report(ab: AblateConfig, session_overrides: list[str],
+            results: list[Outcome]) -> tuple[list[RunResult], list[dict[str, Any]], Path]:  # fmt: skip
+    """One task's table, memory steps, results.json, plots (and MLflow run) from its runs."""
     failed = [r for r in results if isinstance(r, dict)]
     results = [r for r in results if isinstance(r, RunResult)]
     if not results:
@@ -403,6 +410,8 @@ def ablate(ab: AblateConfig, session_overrides: list[str]) -> tuple[list[RunResu
     curve = f"\n\nThe memory curve, paired by seed:\n\n{steps_table(steps)}\n" if steps else "\n"
     (out / "table.md").write_text(table(rows) + curve + note + ("\n" if note else ""))
     try:
+        from kernelarc.ablate_plots import plots
+
         pngs = plots(results, rows, out)
     except ImportError as e:  # a machine without matplotlib still gets the table and the JSON
         log.warning("no plots: %s", e)
@@ -450,22 +459,33 @@ def main(argv: list[str] | None = None) -> int:
     if ab.tasks and any(o.lstrip("+").startswith("task=") for o in rest):
         raise SystemExit("kernelarc.ablate: give either ablate.tasks=[...] or +task=NAME, not both")
     todo = [(f"{ab.out}/{t}", [f"+task={t}", *rest]) for t in ab.tasks] or [(ab.out, rest)]
-    rc = 0
+    t = time.monotonic()
+    # every task's runs in one pool: with several tasks no wave of runs waits for a task's last stragglers
+    subs, jobs, outs = [], [], []
     for out_dir, over in todo:
-        t = time.monotonic()
         sub = AblateConfig(**{**asdict(ab), "out": out_dir, "tasks": []})
+        over, gpus = _prepare(sub, over)
+        mine = _jobs(sub, over, gpus, first=len(jobs))
+        subs.append((sub, over, len(jobs), len(jobs) + len(mine)))
+        jobs += mine
+        outs += [Path(out_dir)] * len(mine)
+    done = [] if ab.report_only else _run_jobs(jobs, ab.jobs, outs)
+    rc = 0
+    for sub, over, a, b in subs:
         try:
-            results, rows, out = ablate(sub, over)
+            results, rows, out = _report(sub, over, _load_runs(Path(sub.out)) if ab.report_only else done[a:b])
         except RuntimeError as e:  # every run of this task failed: say so, go on with the next task
             print(f"\n## {' '.join(over)}: {e}", flush=True)
             rc = 1
             continue
-        print(f"\n## {' '.join(over) or '+task=matmul'}\n")
+        print(f"\n## {' '.join(over)}\n")
         print(table(rows), flush=True)
         steps = memory_steps(results)
         if steps:
             print(f"\nThe memory curve, paired by seed:\n\n{steps_table(steps)}", flush=True)
-        print(f"\n{len(results)} runs in {time.monotonic() - t:.0f} s; results, table and plots in {out}/", flush=True)
+        print(f"\n{len(results)} runs; results, table and plots in {out}/", flush=True)
+    if not ab.report_only:
+        print(f"\n{len(done)} runs in {time.monotonic() - t:.0f} s", flush=True)
     return rc
 
 

@@ -150,7 +150,7 @@ def build_agents(cfg: KernelArcConfig, task) -> list[Any]:
         if backend == "search":
             from kernelarc.agents.search import SearchAgent
 
-            agents.append(SearchAgent(name, strategy, task, seed=cfg.seed))
+            agents.append(SearchAgent(name, strategy, task, seed=cfg.seed, credit=cfg.agents.credit))
         else:
             from kernelarc.agents.briefs import load_brief
             from kernelarc.agents.llm import AgentConfigError, AnthropicAgent

@@ -43,7 +43,7 @@ class SweepConfig:
 class AgentsConfig:
     count: int = 4
     backend: str = "auto"  # search | anthropic | sweep | auto (anthropic when ANTHROPIC_API_KEY is set)
-    per_round: int = 2  # candidates each agent proposes per round
+    per_round: int = 2  # the most candidates one agent proposes per request (requests are sized to free slots)
     model: str = "claude-sonnet-4-5"
     max_tokens: int = 8000
     temperature: float | None = None  # anthropic 2.14 sends it only as an extra body field
@@ -57,6 +57,7 @@ class AgentsConfig:
         }
     )
     tune_llm_knobs: bool = True  # search agents tune knobs that LLM kernels declare
+    credit: bool = True  # strategies earn their keep: slots (a generalist's operators) shared by win rate
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from kernelarc import dispatch
 from kernelarc.agents.base import AgentContext
+from kernelarc.allot import allot, credit, frontier_wins
 from kernelarc.guard.judge import Evaluation, Guard
 from kernelarc.guard.memory import max_parallel
 from kernelarc.guard.settings import GuardSettings
@@ -48,8 +49,9 @@ class LoopSettings:
     candidates: int  # budget.candidates
     minutes: float  # budget.minutes
     usd: float | None  # budget.usd
-    per_round: int  # candidates each agent proposes per round
+    per_round: int  # the most candidates one agent proposes in one request (kernelarc.allot sizes requests)
     memory_limit: int | None  # board findings an agent sees
+    credit: bool  # agents.credit: slots shared by each agent's win rate (kernelarc.allot.credit), else evenly
     parallel: int  # candidates in flight per device (fewer where the judge's memory plan says so)
     calibrate: bool
     dispatch: bool
@@ -250,13 +252,36 @@ class SearchSession(SessionPhases):
                 budget_left=self._budget_left(),
             )
 
-    def _propose_round(self, pool: ThreadPoolExecutor) -> list[Candidate]:
-        per = self.settings.per_round
-        # An agent proposes again only once its earlier candidates have verdicts, so that every
-        # proposal can learn from the agent's own results.
-        ready = [a for a in self.agents if self.busy.get(a.name, 0) == 0]
-        futs = {pool.submit(a.propose, self._context(a), per): a for a in ready}
+    def _propose_round(self, pool: ThreadPoolExecutor, free: int) -> list[Candidate]:
+        """Candidates for ``free`` evaluation slots: only as many as can start now, shared among the agents
+        by kernelarc.allot (agents.per_round the most per agent and request), so each is proposed with the
+        freshest board and verdicts. Agents that come back with fewer leave their slots to the others."""
         mine: dict[str, list[Candidate]] = {}
+        asked: set[str] = set()
+        while free > 0:
+            lead = list(self.redirect.agents) if self.redirect is not None else []
+            # an agent that concludes about its attempts in its next proposal (LLM) waits for their verdicts
+            names = [a.name for a in self.agents if a.name not in asked
+                     and not (getattr(a, "waits_for_verdicts", False) and self.busy.get(a.name, 0))]  # fmt: skip
+            weight = None
+            if self.settings.credit:
+                judged = [(r.candidate, r.verdict) for r in self.records if r.kind == "candidate"]
+                weight = credit(self.history, frontier_wins(judged).__contains__)
+            plan = allot(names, free, self.settings.per_round, busy=self.busy, queued=self.queued, first=lead,
+                         weight=weight)  # fmt: skip
+            if not plan:
+                break
+            asked |= set(plan)
+            got = self._ask(pool, plan, mine)
+            free -= got
+            if self.redirect is not None and any(n in self.redirect.agents for n in plan):
+                self.redirect = None
+        return self._interleave(mine)
+
+    def _ask(self, pool: ThreadPoolExecutor, plan: dict[str, int], mine: dict[str, list[Candidate]]) -> int:
+        """Ask each agent of ``plan`` for its number of candidates (in parallel); the new ones go to ``mine``."""
+        futs = {pool.submit(a.propose, self._context(a), plan[a.name]): a for a in self.agents if a.name in plan}
+        got = 0
         for fut, agent in futs.items():
             try:
                 prop = fut.result()
@@ -274,15 +299,13 @@ class SearchSession(SessionPhases):
             for f in prop.failures:
                 self.ui.line(f"  agent {agent.name}: {f[:150]}")
             with self.lock:
-                for c in prop.candidates:
-                    if c.id not in self.seen:
-                        self.seen.add(c.id)
-                        self.busy[c.agent] = self.busy.get(c.agent, 0) + 1
-                        mine.setdefault(agent.name, []).append(c)
-        out = self._interleave(mine)
-        if self.redirect is not None and any(a.name in self.redirect.agents for a in ready):
-            self.redirect = None
-        return out
+                # no more than asked for: an extra would wait in the queue, proposed blind to the verdicts ahead
+                for c in [c for c in prop.candidates if c.id not in self.seen][: plan[agent.name]]:
+                    self.seen.add(c.id)
+                    self.busy[c.agent] = self.busy.get(c.agent, 0) + 1
+                    mine.setdefault(agent.name, []).append(c)
+                    got += 1
+        return got
 
     def _interleave(self, mine: dict[str, list[Candidate]]) -> list[Candidate]:
         """The round's candidates in a fair queue order: one per agent in turn, the agents that have had the
@@ -412,7 +435,8 @@ class SearchSession(SessionPhases):
             while True:
                 budget_open = self._submit(flight, epool)
                 if budget_open and not flight.queue and flight.room():
-                    new = self._propose_round(apool)
+                    free = min(flight.slots, self._budget_left()) - len(flight.inflight)
+                    new = self._propose_round(apool, free)
                     if new:
                         stalls = 0
                         flight.queue.extend(new)

@@ -106,7 +106,8 @@ def loop_settings(cfg: KernelArcConfig, guard: GuardSettings) -> LoopSettings:
     b, s = cfg.budget, cfg.search
     return LoopSettings(
         candidates=b.candidates, minutes=b.minutes, usd=b.usd, per_round=cfg.agents.per_round,
-        memory_limit=cfg.memory.limit, parallel=cfg.executor.parallel, calibrate=s.calibrate, dispatch=s.dispatch,
+        memory_limit=cfg.memory.limit, credit=cfg.agents.credit, parallel=cfg.executor.parallel,
+        calibrate=s.calibrate, dispatch=s.dispatch,
         dispatch_min_gain=s.dispatch_min_gain, dispatch_route_margin=s.dispatch_route_margin,
         dispatch_baselines=s.dispatch_baselines, guard=guard,
     )  # fmt: skip

@@ -93,7 +93,7 @@ def test_a_team_without_memory_still_builds_on_its_siblings_bests():
     from kernelarc.ablate import AblateConfig, run_one
 
     sessions: list = []
-    run_one(AblateConfig(budget=16), ["+task=matmul"], 4, 0, True, 0, sessions=sessions)
+    run_one(AblateConfig(budget=16), ["+task=matmul", "agents.credit=false"], 4, 0, True, 0, sessions=sessions)
     (s,) = sessions
     assert s.settings.memory_limit == 0 and s.board.view(0) == [] and len(s.board.leaderboard()) == 4
     agent_of = {r.candidate.id: r.candidate.agent for r in s.records}
@@ -101,7 +101,7 @@ def test_a_team_without_memory_still_builds_on_its_siblings_bests():
     cross = [r for r in s.records if r.kind == "candidate" and r.index < min(champ, default=16)
              and agent_of.get(r.candidate.parent, r.candidate.agent) != r.candidate.agent]  # fmt: skip
     assert cross, "no agent built on a sibling's point"
-    # the queue is fair: each of the four agents had a quarter of the budget
+    # the queue is fair: each of the four agents had a quarter of the budget (agents.credit=false: even shares)
     per = [sum(r.kind == "candidate" and r.candidate.agent == a.name for r in s.records) for a in s.agents]
     assert per == [4, 4, 4, 4], per
 
@@ -123,3 +123,30 @@ def test_concurrent_gpu_sessions_share_the_cards_memory():
     assert share_device_memory(["+task=rmsnorm"], 139.8, 10) == ["+task=rmsnorm", "guard.memory_gb=11"]
     assert share_device_memory(["guard.memory_gb=30"], 139.8, 10) == ["guard.memory_gb=30"]  # the user's choice
     assert share_device_memory([], 139.8, 1) == []  # one session per card plans for the card
+
+
+def test_several_tasks_share_one_pool_and_stream_their_runs(tmp_path):
+    """ablate.tasks runs every task's sessions in one pool; each run's result lands in its task's runs.jsonl as it
+    ends (what a time limit that cuts the ablation leaves), and each task gets its own table."""
+    out = tmp_path / "abl"
+    argv = ["ablate.tasks=[matmul,rmsnorm]", "ablate.seeds=1", "ablate.budget=6", "ablate.memory=[16]",
+            "ablate.plateau=[true]", "ablate.jobs=1", "ablate.max_minutes=30", f"ablate.out={out}"]  # fmt: skip
+    assert main(argv) == 0
+    for task in ("matmul", "rmsnorm"):
+        lines = [json.loads(x) for x in (out / task / "runs.jsonl").read_text().splitlines()]
+        assert sorted(r["count"] for r in lines) == [1, 4] and all(r["evaluated"] == 6 for r in lines)
+        doc = json.loads((out / task / "results.json").read_text())
+        assert f"+task={task}" in doc["overrides"] and len(doc["runs"]) == 2
+    # a cut ablation's report: its tables again from the streamed runs, no new session
+    first = (out / "matmul" / "results.json").read_text()
+    (out / "matmul" / "results.json").unlink()
+    (out / "rmsnorm" / "runs.jsonl").write_text((out / "rmsnorm" / "runs.jsonl").read_text().splitlines()[0] + "\n")
+    assert main([*argv, "ablate.report_only=true"]) == 0
+    assert json.loads((out / "matmul" / "results.json").read_text())["rows"] == json.loads(first)["rows"]
+    assert len(json.loads((out / "rmsnorm" / "results.json").read_text())["runs"]) == 1
+    try:
+        main(["ablate.max_minutes=0", f"ablate.out={out}"])
+    except ValueError as e:
+        assert "max_minutes" in str(e)
+    else:
+        raise AssertionError("a non-positive per-run cap must be refused")

@@ -48,6 +48,10 @@ class Proposal:
 class Agent(Protocol):
     name: str  # unique in a session, e.g. "agent0-tiling"
     strategy: str  # one of kernelarc.families.STRATEGIES
+    # Optional (default False): True for an agent that must not be asked again while a candidate of its own
+    # waits for its verdict (LLM agents: their conclusion about it comes with their next proposal). Others
+    # are asked whenever an evaluation slot is free and it is their turn (kernelarc.allot).
+    # waits_for_verdicts: bool
 
     def propose(self, ctx: AgentContext, n: int) -> Proposal:
         """Up to ``n`` new candidates (ids not in ctx.seen)."""

@@ -941,6 +941,10 @@ class AnthropicAgent:
         sleep: the sleep function used for backoff (tests may inject one).
     """
 
+    # Asked again only once its candidates have verdicts (kernelarc.allot): its conclusion about an attempt
+    # comes with its next proposal, and each request costs a model call, so it never proposes blind to its own.
+    waits_for_verdicts = True
+
     def __init__(
         self,
         name: str,

@@ -30,7 +30,7 @@ from typing import Any
 
 from kernelarc.agents.base import AgentContext, Proposal
 from kernelarc.agents.surrogate import Surrogate, repair
-from kernelarc.board import Kind
+from kernelarc.board import RECORD_MARGIN, Kind
 from kernelarc.families import STRATEGIES, Family, Knob, families_for
 from kernelarc.models import Candidate, Finding, Status, Verdict
 from kernelarc.tasks.loader import Task
@@ -271,7 +271,8 @@ class SearchAgent:
     """One offline agent: a specialist operator, or the generalist that mixes them all."""
 
     def __init__(self, name: str, strategy: str, task: Task, seed: int = 0, families: list[Family] | None = None,
-                 mix: tuple[tuple[Operator, float], ...] = GENERALIST_MIX, rank: int | None = None):  # fmt: skip
+                 mix: tuple[tuple[Operator, float], ...] = GENERALIST_MIX, rank: int | None = None,
+                 credit: bool = True):  # fmt: skip
         self.name = name
         self.strategy = strategy
         self.task = task
@@ -281,6 +282,13 @@ class SearchAgent:
         for f in generic_families(task):
             self.families.setdefault(f.name, f)
         self.mix = mix
+        # strategies that earn their keep: the generalist draws each operator by its share times its win rate
+        # so far (wins + 1) / (tries + 2), as a team shares its evaluation slots by each member's (agents.credit;
+        # a win: promoted, or faster than every family kernel before it, see kernelarc.allot.frontier_wins)
+        self.credit = credit
+        self._op_of: dict[str, Operator] = {}  # candidate id -> the operator that proposed it
+        self._op_stats: dict[Operator, list[int]] = {op: [0, 0] for op, _ in mix}  # operator -> [tries, wins]
+        self._fam_best: dict[str, float] = {}  # "" -> the fastest family kernel this agent has seen judged
         self.classes = sorted({k.strategy for f in fams for k in f.knobs}) or list(STRATEGIES)
         self._parents: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
         self._momentum: list[tuple[str, dict[str, Any], list[tuple[str, Any, Any]], float]] = []
@@ -302,12 +310,18 @@ class SearchAgent:
         """This proposal's operator and, for ``focus``, its knob class."""
         s = self.strategy
         if s == "generalist":
-            ops, weights = zip(*self.mix, strict=True)
+            ops, shares = zip(*self.mix, strict=True)
+            weights = [w * self.win_rate(op) for op, w in self.mix] if self.credit else list(shares)
             op = self.rng.choices(ops, weights=weights)[0]
             return op, (self.rng.choice(self.classes) if op is Operator.focus else None)
         if s in ("exploit", "explore", "transplant"):
             return Operator(s), None
         return Operator.focus, s
+
+    def win_rate(self, op: Operator) -> float:
+        """The operator's win rate so far, smoothed: (wins + 1) / (tries + 2) (1/2 before any verdict)."""
+        tries, wins = self._op_stats.get(op, [0, 0])
+        return (wins + 1) / (tries + 2)
 
     # -- board statistics -------------------------------------------------------------
     def _info(self, ctx: AgentContext) -> _Info:
@@ -681,6 +695,7 @@ class SearchAgent:
                 if cand is not None:
                     seen.add(cand.id)
                     self._parents[cand.id] = (None, None)
+                    self._op_of[cand.id] = op
                     out.append(cand)
                     continue
             for attempt in range(60):
@@ -712,10 +727,29 @@ class SearchAgent:
                     continue
                 seen.add(cand.id)
                 self._parents[cand.id] = (parent, base if parent else None)
+                if got is None:  # a plateau redirect's candidate is the breaker's, not the operator's
+                    self._op_of[cand.id] = op
                 out.append(cand)
                 break
             redirect = None  # the plateau's redirect is spent on the first candidate
         return Proposal(out)
+
+    def _credit(self, candidate: Candidate, verdict: Verdict, lat: float | None) -> None:
+        """A try of the operator that proposed the candidate, and a win if the guard promoted it or it moved the
+        frontier: faster than every family kernel judged before it, by the record margin (the first one too).
+        A family's first or best kernel far behind the frontier is no win: it cost a slot and moved nothing."""
+        fam = candidate.family
+        best = self._fam_best.get("")
+        win = verdict.status is Status.champion or (
+            lat is not None and fam is not None and (best is None or lat * (1 + RECORD_MARGIN) < best)
+        )
+        if lat is not None and fam is not None and math.isfinite(lat):
+            self._fam_best[""] = min(best if best is not None else math.inf, lat)
+        op = self._op_of.pop(candidate.id, None)
+        if op is not None:
+            stats = self._op_stats.setdefault(op, [0, 0])
+            stats[0] += 1
+            stats[1] += int(win)
 
     @staticmethod
     def _render_id(fam: Family, point: dict[str, Any]) -> str:
@@ -727,6 +761,7 @@ class SearchAgent:
     def observe(self, candidate: Candidate, verdict: Verdict) -> str | None:
         parent, base = self._parents.pop(candidate.id, (None, None))
         lat = verdict.latency_ms if verdict.correct else None
+        self._credit(candidate, verdict, lat)
         if lat is not None and math.isfinite(lat):
             self._lat[candidate.id] = lat
             parent_lat = self._lat.get(parent) if parent else None
