@@ -40,10 +40,23 @@ step_cost() {
     bash scripts/guard_cost.sh run "$OUT/steps/guard_cost" --tasks rmsnorm --candidates torch_rsqrt,triton_row --repeats 3
 }
 step_ablate() {
-  timeout -k 10 "${ABLATE_S:-240}" python3 -m kernelarc.ablate ablate.guard=real \
+  # one workload per task, one seed per candidate, no float64 reference: the comparison is the search's, not
+  # the guard's; all 30 runs share one pool (ablate.jobs), each streamed to runs.jsonl as it ends (a cut step
+  # keeps them: ablate.report_only=true rebuilds the tables and plots)
+  timeout -k 10 "${ABLATE_S:-420}" python3 -m kernelarc.ablate ablate.guard=real \
     "ablate.tasks=[${ABLATE_TASKS:-rmsnorm,fused_add_rmsnorm,swiglu}]" ablate.counts=[1,4] ablate.memory=[16] \
     ablate.plateau=[true] ablate.seeds="${ABLATE_SEEDS:-5}" ablate.budget="${ABLATE_BUDGET:-10}" \
-    ablate.jobs="${ABLATE_JOBS:-8}" ablate.out="$OUT/steps/ablation" guard.target_ms=20 guard.seeds=2 executor.parallel=2
+    ablate.jobs="${ABLATE_JOBS:-10}" ablate.max_minutes="${ABLATE_MAX_MIN:-3}" ablate.out="$OUT/steps/ablation" \
+    "task.workloads=[0]" guard.hp_reference=false guard.seeds=1 guard.target_ms=20 guard.timeout_s=60 \
+    executor.parallel=2
+  local rc=$?
+  if [ $rc -ne 0 ]; then  # cut: the tables and plots from what finished
+    timeout 60 python3 -m kernelarc.ablate ablate.guard=real \
+      "ablate.tasks=[${ABLATE_TASKS:-rmsnorm,fused_add_rmsnorm,swiglu}]" ablate.counts=[1,4] ablate.memory=[16] \
+      ablate.plateau=[true] ablate.seeds="${ABLATE_SEEDS:-5}" ablate.budget="${ABLATE_BUDGET:-10}" \
+      ablate.out="$OUT/steps/ablation" ablate.report_only=true
+  fi
+  return $rc
 }
 step_fp8() {
   timeout -k 5 "${FP8_S:-180}" python3 scripts/gpu_fp8_check.py --out "$OUT/steps" --budget-s "${FP8_BUDGET_S:-140}" \
