@@ -41,6 +41,7 @@ from kernelarc.graph.adapters import (
     patch_eps,
     patch_glu_act,
     patch_glu_pair,
+    patch_glu_round_act,
     patch_rope_full_cos,
     patch_rope_interleaved,
     rope_full_cos,
@@ -265,9 +266,11 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
                     pkey = (kernel.name, "interleaved")
                 elif s.kind is Kind.glu:
                     src = patch_glu_act(kernel_src, s.params["act"])
+                    if s.params.get("act_round"):  # the reference rounds act(gate) before the product
+                        src = patch_glu_round_act(src, s.params["act_round"])
                     if not s.params.get("packed"):  # gate and up as two tensors
                         src = patch_glu_pair(src)
-                    pkey = (kernel.name, s.params["act"], bool(s.params.get("packed")))
+                    pkey = (kernel.name, s.params["act"], bool(s.params.get("packed")), s.params.get("act_round"))
                 if pkey not in part_of:
                     part_of[pkey] = f"_k{len(part_of)}_"
                     parts[part_of[pkey]] = src
