@@ -34,6 +34,12 @@ within a CTA; two CTAs per SM (64x128 tiles, 4 warps, 4 stages: 98 KB, 152 regis
 across CTAs. Deferring each promotion by one K block in the source did not help: Triton then stopped
 pipelining the TMA loads (one buffer) and still waited with 0 pending.
 
+Precision (knob ``MMA``): e4m3 tensor-core operands (fast; Hopper's fp8 wgmma accumulates with a 13-bit
+mantissa, so each K tile's sum is off an fp32 sum by up to 2^-13), or both tiles upcast to bf16 in
+registers (exact for every e4m3 value) for a bf16 wgmma that sums in fp32, as the reference's
+dequantise-then-fp32-matmul does (half the tensor-core rate). The output is rounded to nearest even in
+both, under the interpreter too (its casts truncate).
+
 A CUTLASS sibling, ``fp8_matmul.cutlass_sm90`` (``cutlass_fp8_gemm.py``), runs CUTLASS's own blockwise
 mainloop for the same task.
 
@@ -65,6 +71,7 @@ REG_OVERHEAD = 32  # addresses, scales, loop state (AOT sweep of the bf16 famili
 
 def _mainloop_smem(k: Mapping[str, Any]) -> int:
     bufs = k["num_stages"] if _uses_wgmma(k["BLOCK_M"], k["num_warps"]) else k["num_stages"] - 1
+    # MMA=bf16 adds none (AOT for sm_90a: 131 KB at 128x128x128 and 4 stages, as the fp8 operands take)
     return max(bufs, 1) * (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * ELEM
 
 
@@ -75,6 +82,8 @@ def _regs_estimate(k: Mapping[str, Any], warps: int) -> float:
     regs = 2 * tile + REG_OVERHEAD
     if not _uses_wgmma(k["BLOCK_M"], warps) or k["num_stages"] == 1:
         regs += (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] / (4 * threads)  # fp8 quads in registers
+    if k.get("MMA") == "bf16":  # the upcast passes both tiles through registers as bf16 pairs
+        regs += (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] / (2 * threads)
     return regs
 
 
@@ -110,12 +119,26 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _SCALE = 128  # edge of the scale blocks (1x128 activations, 128x128 weights)
 SCALE_BLOCK = tl.constexpr(_SCALE)
+MMA_BF16 = tl.constexpr({mma_bf16})  # operands upcast to bf16 (exact) before the dot: fp32 sums
+IN_INTERPRETER = tl.constexpr(INTERPRET)  # its bf16 casts truncate and its bf16 dots multiply integers
+
+
+@triton.jit
+def _to_bf16(x):
+    # compiled code rounds to nearest even (cvt.rn); the interpreter truncates, so it rounds by hand
+    # first (the result is then exact in bf16), or a CPU run would differ from the GPU's by an ulp
+    if IN_INTERPRETER:
+        u = x.to(tl.uint32, bitcast=True)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+        x = u.to(tl.float32, bitcast=True)
+    return x.to(tl.bfloat16)
 '''
 
 
 def _header(family: str, knobs: Mapping[str, Any], extra_imports: str = "") -> str:
     shown = ", ".join(f"{k}={knobs[k]!r}" for k in sorted(knobs))
-    return _HEADER.format(family=family, knobs=shown, extra_imports=extra_imports)
+    mma_bf16 = knobs["MMA"] == "bf16"
+    return _HEADER.format(family=family, knobs=shown, extra_imports=extra_imports, mma_bf16=mma_bf16)
 
 
 def _consts(values: Mapping[str, Any]) -> str:
@@ -188,6 +211,12 @@ def _k_step_lines(load_lines: list[str], indent: int) -> list[str]:
     """Body of the K loop: load the operand tiles, then blockwise-scaled or plain accumulation."""
     body = [
         *load_lines,
+        "if MMA_BF16:",
+        "    a = a.to(tl.bfloat16)",
+        "    b = b.to(tl.bfloat16)",
+        "    if IN_INTERPRETER:  # the interpreter's dot reads bf16 storage as integers: fp32 holds them exactly",
+        "        a = a.to(tl.float32)",
+        "        b = b.to(tl.float32)",
         "if BLOCKWISE:",
         *_indent(_BLOCK_SCALE_LINES, 4),
         "else:",
@@ -233,7 +262,7 @@ def _tiled_kernel_src() -> str:
         "        offs_m = offs_m.to(tl.int64)",
         "    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]",
         "    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)",
-        "    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)",
+        "    tl.store(c_ptrs, _to_bf16(acc), mask=c_mask)",
     ]
     return "\n".join(lines) + "\n"
 
@@ -288,11 +317,11 @@ def valid_tiled(k: Mapping[str, Any]) -> bool:
 def _subtile_store_lines(subtile: int, indent: str) -> list[str]:
     """Epilogue: convert and TMA-store the accumulator in ``subtile`` column slices."""
     if subtile == 1:
-        return [f"{indent}c_desc.store([off_cm, off_cn], acc.to(dtype))"]
+        return [f"{indent}c_desc.store([off_cm, off_cn], _to_bf16(acc))"]
     return [
         f"{indent}acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))",
-        f"{indent}c_desc.store([off_cm, off_cn], acc0.to(dtype))",
-        f"{indent}c_desc.store([off_cm, off_cn + SUB_N], acc1.to(dtype))",
+        f"{indent}c_desc.store([off_cm, off_cn], _to_bf16(acc0))",
+        f"{indent}c_desc.store([off_cm, off_cn + SUB_N], _to_bf16(acc1))",
     ]
 
 
@@ -307,7 +336,6 @@ def _persistent_kernel_src(k: Mapping[str, Any]) -> str:
         "                      GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, SUB_N: tl.constexpr,",
         "                      FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, C_TMA: tl.constexpr,",
         "                      BLOCKWISE: tl.constexpr):",
-        "    dtype = c_ptr.dtype.element_ty",
         "    start_pid = tl.program_id(0)",
         "    num_pid_m = tl.cdiv(M, BLOCK_M)",
         "    num_pid_n = tl.cdiv(N, BLOCK_N)",
@@ -345,7 +373,7 @@ def _persistent_kernel_src(k: Mapping[str, Any]) -> str:
         "            rows = off_cm + tl.arange(0, BLOCK_M)",
         "            cols = off_cn + tl.arange(0, BLOCK_N)",
         "            c_ptrs = c_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]",
-        "            tl.store(c_ptrs, acc.to(dtype), mask=(rows[:, None] < M) & (cols[None, :] < N))",
+        "            tl.store(c_ptrs, _to_bf16(acc), mask=(rows[:, None] < M) & (cols[None, :] < N))",
     ]
     return "\n".join(lines) + "\n"
 
@@ -443,10 +471,20 @@ _K_BK = Knob("BLOCK_K", (32, 64, 128), "tiling", "depth of one K step; divides t
 _K_GROUP = Knob("GROUP_M", (1, 2, 4, 8, 16, 32), "scheduling", "row-blocks per L2-friendly group")
 _K_WARPS = Knob("num_warps", (4, 8, 16), "scheduling", "warps per program")
 _K_STAGES = Knob("num_stages", (1, 2, 3, 4, 5, 6, 7), "scheduling", "software-pipeline depth")
-_TILE_KNOBS = (_K_BM, _K_BN, _K_BK, _K_GROUP, _K_WARPS, _K_STAGES)
+# Hopper's e4m3 wgmma keeps 13 mantissa bits in its accumulator and truncates the rest (DeepSeek-V3's
+# report, SageAttention2), so each K tile's sum is off the fp32 dequantise-then-matmul of the reference
+# by up to 2^-13 relative; promotion every <= 128 K bounds it but cannot remove it. Where the product is
+# re-quantised downstream (a blockwise cast to e4m3 of an activation computed from it), that error moves
+# bf16 roundings and whole fp8 steps: Quant/004 matched 91.7% of elements at its tolerance on the H200
+# (a simulated 13-bit accumulator gives 93%, exact products summed in fp32 100%). bf16 tiles hold every
+# e4m3 value exactly and bf16 wgmma sums in fp32: the reference's numbers at half the tensor-core rate.
+_K_MMA = Knob("MMA", ("fp8", "bf16"), "precision", "tensor-core operands: e4m3 (fast, 13-bit accumulator) "
+              "or bf16 (exact upcast, fp32 sums like the reference)")  # fmt: skip
+_TILE_KNOBS = (_K_BM, _K_BN, _K_BK, _K_GROUP, _K_WARPS, _K_STAGES, _K_MMA)
 # conservative start (never a tuned point): one warpgroup, 64x64 tiles, a 128-deep K step (one
 # scale block per step: the recipe's own granularity), double buffering
-_TILE_START = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+_TILE_START = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 2,
+               "MMA": "fp8"}  # fmt: skip
 
 TILED = Family(
     name="fp8_matmul.tiled",

@@ -28,6 +28,7 @@ from kernelarc.graph.patches import (  # noqa: F401 - re-exported: the compositi
     patch_eps,
     patch_glu_act,
     patch_glu_pair,
+    patch_glu_round_act,
     patch_rope_full_cos,
     patch_rope_interleaved,
 )

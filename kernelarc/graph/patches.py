@@ -39,6 +39,20 @@ def patch_glu_act(source: str, act: str) -> str:
     return pat.sub(lambda m: f"{m.group(1)}y = ({expr}) * u", source)
 
 
+def patch_glu_round_act(source: str, dtype: str) -> str:
+    """A rendered SwiGLU family module that rounds ``act(gate)`` to ``dtype`` (bfloat16 / float16) before
+    the product, as a reference of separate low-precision ops does (the family's fp32 product is then
+    rounded once more at the store, as the reference's product is)."""
+    tl_dtype = {"bfloat16": "tl.bfloat16", "float16": "tl.float16"}.get(dtype)
+    if tl_dtype is None:
+        raise AdapterError(f"no rounding of the gate activation to {dtype!r}")
+    pat = re.compile(r"^(\s*)y = \((.+)\) \* u$", re.M)
+    source, n = pat.subn(lambda m: f"{m.group(1)}y = _cast_out({m.group(2)}, {tl_dtype}).to(tl.float32) * u", source)
+    if n != 1:
+        raise AdapterError(f"rendered SwiGLU kernel: 'y = (act) * u' matched {n} times (expected once)")
+    return source
+
+
 # A rendered SwiGLU module reads gate and up as the two halves of one [M, 2N] row; a gate and an up
 # that are separate tensors (two projections) take the same kernel with a second base pointer. Each
 # rewrite must match exactly once, so a family whose source drifts is refused (AdapterError), never

@@ -111,6 +111,24 @@ def _fp8_mode(sa: dict[str, Any], sb: dict[str, Any], block: int) -> str | None:
 SCALE_BLOCK = 128  # the fp8 families' (and the recipes') block edge
 
 
+def requantised(n: Node) -> bool:
+    """Whether a value computed from ``n`` is cast to e4m3 further down the graph (an activation the
+    reference quantises again for the next fp8 GEMM, as an MoE expert's gate-up feeds its down
+    projection). Such a cast turns a product's sub-ulp differences into whole fp8 steps and moved block
+    scales, so the site needs the reference's fp32 sums, not the fp8 tensor cores' 13-bit ones."""
+    seen: set[Node] = set()
+    todo = list(n.users)
+    while todo:
+        u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if op(u) in _UP and node_dtype(u) in FP8_DTYPES:
+            return True
+        todo.extend(u.users)
+    return False
+
+
 def fp8_gemm_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
     out: list[Site] = []
     for n in gm.graph.nodes:
@@ -153,6 +171,7 @@ def fp8_gemm_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
             "back_b": [v if not isinstance(v, Node) else f"back_b{i}" for i, v in enumerate(back_b)],
             "acc_dtype": str(node_dtype(n)).replace("torch.", ""),
             "out_dtype": str(node_dtype(last)).replace("torch.", ""),
+            "requant": requantised(last),
         }
         site = _site(Kind.fp8_gemm, last, inputs, params)
         if site is not None:
@@ -161,4 +180,4 @@ def fp8_gemm_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
     return out
 
 
-__all__ = ["FP8_DTYPES", "SCALE_BLOCK", "dequant_of", "fp8_gemm_sites"]
+__all__ = ["FP8_DTYPES", "SCALE_BLOCK", "dequant_of", "fp8_gemm_sites", "requantised"]

@@ -190,3 +190,60 @@ def test_flashinfer_problems_get_the_builtin_families(problem, builtin):
     assert {f.name for f in families_for(builtin)} <= offered
     fam = next(f for f in families_for(builtin))
     check(task, fam.name, workloads=(1,))
+
+
+# a reference with a script block (a demo call), as some SOL-ExecBench references have
+RMS_SCRIPT = (
+    RMS_EPS5
+    + """
+
+def _demo_inputs():
+    return torch.randn(2, 3, 64), torch.ones(64)
+
+
+if __name__ == "__main__":
+    print(run(*_demo_inputs()).shape)
+"""
+)
+
+
+def test_a_references_script_block_is_dropped_from_the_candidate(tmp_path):
+    # the "__main__" literal is what the guard's static check rejects (sys.modules["__main__"]); the block
+    # is dead code in an imported candidate, so the composition drops it and the candidate passes
+    assert not check_source(RMS_SCRIPT).ok
+    task = make_task(tmp_path, "p_rms_script", RMS_SCRIPT,
+                     {"h": (["B", "S", "H"], "bfloat16"), "gamma": (["H"], "bfloat16")},
+                     {"y": (["B", "S", "H"], "bfloat16")}, [{"B": 2, "S": 3, "H": 64}])  # fmt: skip
+    fams = families_for(task)
+    assert {"composed.p_rms_script.library", "composed.p_rms_script.rmsnorm.rowblock"} <= {f.name for f in fams}
+    for fam in fams:
+        src = fam.render(fam.start)
+        assert "__main__" not in src and "_ref__demo_inputs" in src, fam.name  # only the block goes
+        assert check_source(src).ok, (fam.name, check_source(src))
+    check(task, "rmsnorm.rowblock", workloads=(0,))
+
+
+def test_drop_main_guard_drops_only_the_script_block():
+    from kernelarc.graph.compose import drop_main_guard
+
+    src = "x = 1\nif '__main__' == __name__:\n    x = 2\n    print(x)\ny = x\n"
+    assert drop_main_guard(src) == "x = 1\ny = x\n"
+    kept = [
+        "if __name__ == '__main__':\n    x = 2\nelse:\n    x = 3\n",  # the else branch runs on import
+        "if __name__ != '__main__':\n    x = 2\n",
+        "if x == '__main__':\n    x = 2\n",
+    ]
+    for s in kept:
+        assert drop_main_guard(s) == s
+
+
+@needs_sol
+@pytest.mark.parametrize("problem", ["Quant/003_fp8_mlp_gate_up_projection", "Quant/014_fp8_yarn_rope_embedding"])
+def test_sol_references_with_a_script_block_compose_past_the_static_check(problem):
+    task = load_task(SOL / problem)
+    assert not check_source(task.definition.reference).ok  # the reference itself carries the block
+    fams = families_for(task)
+    assert fams
+    for fam in fams:
+        rep = check_source(fam.render(fam.start))
+        assert rep.ok, (fam.name, rep)
