@@ -247,3 +247,23 @@ def test_sol_references_with_a_script_block_compose_past_the_static_check(proble
     for fam in fams:
         rep = check_source(fam.render(fam.start))
         assert rep.ok, (fam.name, rep)
+
+
+def test_generic_variants_of_a_reference_with_a_main_block_pass_the_static_check(tmp_path):
+    # The generic family (torch.compile variants, offered for any problem) embeds the reference too: without its
+    # `if __name__ == "__main__":` demo, whose "__main__" literal the static check rejects.
+    from kernelarc.agents.search import generic_families
+    from kernelarc.guard.static import check_source
+
+    ref = (
+        "import torch\n\n\ndef run(x):\n    return x * 2\n\n\n"
+        'if __name__ == "__main__":\n    print(run(torch.randn(4, device="cuda")))\n'
+    )
+    task = make_task(tmp_path, "g_main_block", ref, {"x": (["N"], "float32")}, {"y": (["N"], "float32")}, [{"N": 16}])
+    assert not check_source(ref).ok  # the rule the block trips
+    fam = generic_families(task)[0]
+    for knob in fam.knobs:
+        for value in knob.values:
+            out = fam.render(fam.check_point({knob.name: value}))
+            assert check_source(out).ok, (knob.name, value, check_source(out).violations)
+            assert "__main__" not in out and "def run(x):" in out
