@@ -245,17 +245,17 @@ class _TwoShot:
     """An agent that proposes two kernels, each slow on a different workload, then nothing."""
 
     def __init__(self):
-        self.name, self.strategy, self.done = "scripted", "tiling", False
+        self.name, self.strategy = "scripted", "tiling"
+        self.left = [64, 100]
 
     def propose(self, ctx, n):
+        # at most n a request, as the loop asks (it keeps no more than it asked for)
         from kernelarc.agents.base import Proposal
 
-        if self.done:
-            return Proposal(candidates=[])
-        self.done = True
+        mine, self.left = self.left[:n], self.left[n:]
         return Proposal(candidates=[Candidate(source=SLOW_ON.format(n=w), language="pytorch", agent=self.name,
                                               strategy=self.strategy, family=f"slow_on_{w}", knobs={"n": w})
-                                    for w in (64, 100)])  # fmt: skip
+                                    for w in mine])  # fmt: skip
 
     def observe(self, cand, verdict):
         return None
