@@ -36,15 +36,8 @@ def plots(results: list[Any], rows: list[dict[str, Any]], out: Path) -> list[Pat
             vals = [v for v in vals if math.isfinite(v)]
             mean.append(statistics.fmean(vals) if vals else math.nan)
         ax.plot(range(1, n + 1), mean, label=key, lw=1.4)
-    ax.set_xlabel("candidates evaluated")
-    ax.set_ylabel("champion latency / best known (mean over seeds)")
-    ax.set_title("best so far per arm")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    p = out / "best_so_far.png"
-    fig.savefig(p, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    paths.append(p)
+    paths.append(_save(fig, ax, "candidates evaluated", "champion latency / best known (mean over seeds)",
+                       "best so far per arm", 7, out / "best_so_far.png"))  # fmt: skip
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for count in sorted({r["agents"] for r in rows}):
         for plateau in (True, False):
@@ -57,13 +50,20 @@ def plots(results: list[Any], rows: list[dict[str, Any]], out: Path) -> list[Pat
                         marker="o", capsize=3,
                         label=f"agents={count} plateau={'on' if plateau else 'off'}")  # fmt: skip
             ax.set_xticks(xs, ["all" if r["memory"] is None else str(r["memory"]) for r in pts])
-    ax.set_xlabel("memory.limit (wins and traps shown to each agent)")
-    ax.set_ylabel("final champion latency / best known (mean ± s.e.)")
-    ax.set_title("memory curve")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    p = out / "memory_curve.png"
-    fig.savefig(p, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    paths.append(p)
+    paths.append(_save(fig, ax, "memory.limit (wins and traps shown to each agent)",
+                       "final champion latency / best known (mean ± s.e.)", "memory curve", 8,
+                       out / "memory_curve.png"))  # fmt: skip
     return paths
+
+
+def _save(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, legend_size: int, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size)
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
