@@ -406,49 +406,37 @@ def main() -> int:
     _write(args.out, out)
     print(_table(out))
     if prof is not None:
-        _report_profile(prof, args.profile, int(prof.get("judge.evaluate", [0, 0])[1]))  # every evaluation
+        _report_profile(*prof, args.profile)
     return 0
 
 
-def _start_profile(where: Path) -> dict[str, list[float]]:
-    """Wall seconds and calls of the judge's steps (wrappers on the guard's classes) and, through
-    KERNELARC_PROFILE_DIR, of every worker's (kernelarc/guard/worker.py _Profile)."""
+def _start_profile(where: Path) -> tuple[Any, Path]:
+    """Wall seconds and calls of the judge's steps (the workers' step timer, ``StepProfile``, on the guard's
+    classes) and, through KERNELARC_PROFILE_DIR, of every worker's; the folder the workers write to."""
     import tempfile
 
     from kernelarc.guard import buffers, drive, judge
+    from kernelarc.guard.worker import StepProfile
 
     where.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="kernelarc-profile-")  # in /tmp: workers run as other users where root judges
     os.chmod(tmp, 0o777)
     os.environ["KERNELARC_PROFILE_DIR"] = tmp
-    spent: dict[str, list[float]] = {"_dir": [tmp]}  # type: ignore[dict-item]
-
-    def wrap(obj, name, label):
-        f = getattr(obj, name)
-        acc = spent.setdefault(label, [0.0, 0])
-
-        def timed(*a, **k):
-            t = time.perf_counter()
-            try:
-                return f(*a, **k)
-            finally:
-                acc[0] += time.perf_counter() - t
-                acc[1] += 1
-
-        setattr(obj, name, timed)
-
+    prof = StepProfile(str(where / "judge.json"))
     steps = [(judge.Guard, n) for n in ("_check_outputs", "reference", "_finish", "_drive", "evaluate")]
     steps += [(drive.Driver, n) for n in ("burst", "time_workload", "cross_check")]
     steps += [(judge, "compare_output"), (buffers.JudgeBuffer, "read")]
     for obj, name in steps:
-        wrap(obj, name, f"judge.{name}")
-    return spent
+        prof.wrap(obj, name, f"judge.{name}")
+    return prof, Path(tmp)
 
 
-def _report_profile(spent: dict[str, list[float]], where: Path, n_evals: int) -> None:
+def _report_profile(prof: Any, tmp: Path, where: Path) -> None:
     import shutil
 
-    tmp = Path(spent.pop("_dir")[0])  # type: ignore[arg-type]
+    prof.flush()
+    spent = prof.spent
+    n_evals = int(spent.get("judge.evaluate", [0, 0])[1])  # every evaluation, the reference's and warm-ups too
     workers: dict[str, list[float]] = {}
     for f in sorted(tmp.glob("worker-*.json")):
         shutil.copy(f, where / f.name)

@@ -124,12 +124,15 @@ class JudgeBuffer:
             self.path = None  # type: ignore[assignment]
 
 
-def open_buffer(handle: tuple | list) -> torch.Tensor:
-    """The worker's side: map the judge's buffer."""
-    if handle[0] == "file":
-        _, path, nbytes = handle
-        return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
-    raise ValueError(f"unknown buffer handle {handle[0]!r}")
+def open_buffer(handle: tuple | list, page_lock: bool = False) -> torch.Tensor:
+    """The worker's side: map the judge's buffer (and, with ``page_lock``, page-lock the mapping)."""
+    if handle[0] != "file":
+        raise ValueError(f"unknown buffer handle {handle[0]!r}")
+    _, path, nbytes = handle
+    t = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+    if page_lock:
+        pin(t)
+    return t
 
 
 def pin(t: torch.Tensor) -> bool:

@@ -118,7 +118,7 @@ def _children() -> list[int]:
 class Harness:
     """Executes the judge's commands for one job (see ``protocol.Cmd``); the judge decides everything."""
 
-    profile: _Profile | None = None  # the harness's own profiler (KERNELARC_PROFILE_DIR), set before serve()
+    profile: StepProfile | None = None  # the harness's own profiler (KERNELARC_PROFILE_DIR), set before serve()
 
     def __init__(self, chan: Channel, job: dict[str, Any], mapped: tuple | None = None):
         import threading
@@ -155,9 +155,8 @@ class Harness:
         if mapped is not None and tuple(job["buffer"]) == mapped[0]:
             self.buf = mapped[1]  # the pool's buffer, mapped (and page-locked) while the worker started
         else:
-            self.buf = buffers.open_buffer(job["buffer"])
-            if str(job["device"]).startswith("cuda"):
-                buffers.pin(self.buf)  # page-locked before the uid drop and its limits: DMA-speed output copies
+            # page-locked before the uid drop and its limits: DMA-speed output copies
+            self.buf = buffers.open_buffer(job["buffer"], page_lock=str(job["device"]).startswith("cuda"))
         self.warnings += sandbox.enter(sandbox.Role(job["role"]), job.get("uid"), job["home"], job["tmp"])
         self.threading = threading
         self.threads0 = {t.ident for t in threading.enumerate()}
@@ -623,11 +622,12 @@ class Harness:
                       excess_ms=excess, check=out_msg)  # fmt: skip
 
 
-class _Profile:
-    """``KERNELARC_PROFILE_DIR``: wall seconds and calls of the harness's steps in this worker, written there as
-    JSON after every command (scripts/guard_cost.py --profile: where the guard's time per candidate goes; a
-    diagnostic, never on in a search). Steps are timed by wrappers set on the classes before the integrity
-    snapshot, or on the harness instance (which the snapshot does not cover: nothing the candidate can use)."""
+class StepProfile:
+    """Wall seconds and calls of wrapped steps, written as JSON to ``path`` on ``flush``. In a worker
+    (``KERNELARC_PROFILE_DIR``) after every command, and in the judge, by scripts/guard_cost.py --profile: where
+    the guard's time per candidate goes; a diagnostic, never on in a search. A worker's steps are timed by
+    wrappers set on the classes before the integrity snapshot, or on the harness instance (which the snapshot
+    does not cover: nothing the candidate can use)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -654,20 +654,20 @@ class _Profile:
             json.dump({k: {"s": round(v[0], 6), "n": v[1]} for k, v in self.spent.items()}, fh)
 
 
-def _profiler() -> _Profile | None:
+def _profiler() -> StepProfile | None:
     where = os.environ.get("KERNELARC_PROFILE_DIR")
     if not where:
         return None
     from kernelarc.guard import timer
 
-    prof = _Profile(os.path.join(where, f"worker-{os.getpid()}.json"))
+    prof = StepProfile(os.path.join(where, f"worker-{os.getpid()}.json"))
     for cls, name in ((timer._CuptiSession, "take"), (timer._CuptiSession, "_completed"), (timer.Timer, "_events"),
                       (timer.Timer, "single"), (timer.Timer, "excess_ms")):  # fmt: skip
         prof.wrap(cls, name, f"timer.{name}")
     return prof
 
 
-def _profile_harness(prof: _Profile, h: Harness) -> None:
+def _profile_harness(prof: StepProfile, h: Harness) -> None:
     names = ["do_warmup", "do_check", "do_prepare", "do_reuse", "do_stage", "do_time", "make_inputs", "snapshot"]
     names += ["refill", "_refresh", "_poison", "_validate", "emit", "fail_if_tampered", "_no_strays", "_sync"]
     for name in names:
@@ -726,9 +726,7 @@ def main() -> None:
             from kernelarc.guard import buffers
 
             handle = ("file", sys.argv[3], int(sys.argv[4]))
-            mapped = (handle, buffers.open_buffer(handle))
-            if device.startswith("cuda"):
-                buffers.pin(mapped[1])
+            mapped = (handle, buffers.open_buffer(handle, page_lock=device.startswith("cuda")))
         chan.send_message(Ready(kind=Kind.ready, pid=os.getpid()))
         job = chan.recv_command()
         if job.pop("cmd") is not Cmd.job:
