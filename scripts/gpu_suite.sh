@@ -9,7 +9,8 @@
 # Usage, on the device machine (repo root, wheels carried in .whl and .whl/solx, problems and the
 # harness copied into the ignored folder .shared):
 #   SHARDS=8 bash scripts/gpu_suite.sh .shared/sol-execbench SUITE_SECONDS HARNESS_SECONDS [overrides...]
-# (HARNESS_PAR=4 harness runs at a time, HARNESS_CALL_S=90 s per harness call; PROBLEMS="a b" for a subset)
+# (HARNESS_PAR=4 harness runs at a time, HARNESS_CALL_S=90 s per harness call; PROBLEMS="a b" for a subset;
+#  ORDER="L2 Quant" to queue those groups first; HARNESS_SECONDS=0 skips the harness)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 TREE=$(realpath "$1"); SUITE_S=$2; HARNESS_S=$3; shift 3
@@ -34,6 +35,12 @@ say "installed; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
 if [ -n "${PROBLEMS:-}" ]; then read -r -a PROBS <<<"$PROBLEMS"  # a chosen subset, in this order
 else mapfile -t PROBS < <(cd "$TREE" && find . -name definition.json -printf '%h\n' | sed 's|^\./||' | sort); fi
+# ORDER="L2 Quant": those groups' problems first, in that order (heavy sessions first keep the shards busy to the end)
+if [ -n "${ORDER:-}" ]; then
+  mapfile -t PROBS < <(printf '%s\n' "${PROBS[@]}" | awk -v order="$ORDER" \
+    'BEGIN { n = split(order, o, " "); for (i = 1; i <= n; i++) rank[o[i]] = i }
+     { g = $0; sub(/\/.*/, "", g); r = (g in rank) ? rank[g] : n + 1; printf "%d\t%s\n", r, $0 }' | sort -s -k1,1n | cut -f2)
+fi
 say "${#PROBS[@]} problems, $SHARDS shards, suite ${SUITE_S}s, overrides: $*"
 # Every shard gets the whole list and takes problems from one queue (suite.claims): a shard that drew
 # quick problems goes on with the next one instead of idling while another works through slow ones.
@@ -58,7 +65,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 say "suite shards done"
 
 PROBLIST="${PROBS[*]}" python3 - "$OUT" <<'EOF'
-import json, os, pathlib, sys
+import json, math, os, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 rows = []
 for t in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/table.json")):
@@ -70,6 +77,10 @@ by = {}
 for r in rows:
     by[r["status"]] = by.get(r["status"], 0) + 1
 print("suite rows:", len(rows), by)
+built = [r for r in rows if r.get("champion_family") not in (None, "reference", "torch.compile")]
+tc = [r["speedup_vs_compile"] for r in rows if isinstance(r.get("speedup_vs_compile"), (int, float)) and r["speedup_vs_compile"] > 0]
+gm = math.exp(sum(map(math.log, tc)) / len(tc)) if tc else float("nan")
+print(f"KernelArc-built champion on {len(built)} of {len(rows)} rows; x torch.compile known on {len(tc)}, geomean {gm:.3f}")
 missing = sorted(set(os.environ.get("PROBLIST", "").split()) - {r["problem"] for r in rows})
 print(f"problems without a row ({len(missing)}):", " ".join(missing) or "none")
 for r in rows:
