@@ -437,6 +437,18 @@ class Tracker:
             raise RuntimeError("no session: call Tracker.start_session() first")
         return self.parent_run_id
 
+    def _missing(self, run_id: str) -> bool:
+        """True when the store has no run ``run_id`` (any other error is raised)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_run(run_id)
+        except MlflowException as e:
+            if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                return True
+            raise
+        return False
+
     def _log_batch(self, run_id: str, params=(), metrics=(), tags=()) -> None:
         """log_batch honoring MLflow's per-call limits (one call in the common case)."""
         params, metrics, tags = list(params), list(metrics), list(tags)
@@ -516,6 +528,13 @@ class Tracker:
             raise RuntimeError(f"session {self.parent_run_id} is still open: call end_session() first")
         flat = flatten(redact(_to_container(config) or {}))
         with self._lock:
+            lost = None
+            if resume_run_id and self._missing(resume_run_id):
+                # The state folder outlived its store (a store on a machine's /tmp, a deleted mlflow.db):
+                # the session resumes from its own state under a new run that names the one it lost.
+                log.warning("MLflow run %s of the saved session is not in %s: resuming under a new run",
+                            resume_run_id, self.uri)  # fmt: skip
+                lost, resume_run_id = resume_run_id, None
             if resume_run_id:
                 run = self.client.get_run(resume_run_id)
                 if run.info.experiment_id != self.experiment_id:
@@ -551,7 +570,8 @@ class Tracker:
                 tags={"kernelarc.kind": "session", "kernelarc.task": self.task, "kernelarc.gpu": self.gpu},
             )
             run_id = run.info.run_id
-            self._log_batch(run_id, params=self._params(flat, keep_none=True))
+            tags = self._tags({"kernelarc.resumed_from_lost_run": lost}) if lost else []
+            self._log_batch(run_id, params=self._params(flat, keep_none=True), tags=tags)
             self.parent_run_id = run_id
             self._seq = 0
             self._last_step = 0

@@ -299,6 +299,21 @@ def test_resume_reopens_parent_and_finds_candidates(workdir):
         other.start_session({}, resume_run_id=pid)
 
 
+def test_resume_from_a_store_without_the_run_opens_a_new_run_that_names_it(workdir):
+    # The state folder outlived its store (the suite's per-shard stores live on a machine's /tmp): the
+    # session goes on under a new run instead of crashing on "Run with id=... not found".
+    tr = Tracker(None, TASK, GPU)
+    pid = tr.start_session({"seed": 0})
+    tr.end_session("KILLED")
+    fresh = Tracker(f"sqlite:///{workdir}/fresh.db", TASK, GPU)
+    new = fresh.start_session({"seed": 0}, resume_run_id=pid)
+    assert new != pid
+    run = fresh.client.get_run(new)
+    assert run.data.tags["kernelarc.resumed_from_lost_run"] == pid
+    assert run.data.params["seed"] == "0"
+    fresh.end_session()
+
+
 def test_session_metrics_plot_and_end(workdir):
     tr = Tracker(None, TASK, GPU)
     pid = tr.start_session({})

@@ -470,6 +470,10 @@ class SearchAgent:
         if own and self.rng.random() < 0.5:
             _, _, point, cid, _ = own[0]
             return fam, point, cid, f"climbing {fam.name} from its best point"
+        # A family's first kernel is its start point (the family's own best guess, e.g. softmax.rowblock's
+        # 92%-of-copy point): a random or ported first point can lead every later proposal away from it.
+        if info.tried.get(fam.name, 0) == 0:
+            return fam, dict(fam.start), None, f"starting family {fam.name}"
         src = [(w[0].name, w[1]) for w in info.wins if w[0].language != "pytorch"][:1]
         src = src or [(k[1].name, k[2]) for k in info.known if k[1].language != "pytorch"][:1]
         ported = self._port(fam, *src[0]) if src else None
