@@ -218,8 +218,17 @@ class Part:
     """One part's source after renaming, with the imports taken out of it."""
 
     body: str
-    imports: list[tuple[str, set[str]]]  # (statement text, names it binds)
+    imports: list[tuple[str, dict[str, str]]]  # (statement text, {name it binds: what it binds it to})
     names: set[str]  # the part's module-level names after renaming
+
+
+def _binds(node: ast.Import | ast.ImportFrom) -> dict[str, str]:
+    """What each name an import statement binds refers to: ``import torch.nn.functional`` binds
+    ``torch`` to the package ``torch``, as ``import torch`` does, so the two agree."""
+    if isinstance(node, ast.Import):
+        return {a.asname or a.name.split(".")[0]: a.name if a.asname else a.name.split(".")[0] for a in node.names}
+    mod = "." * node.level + (node.module or "")
+    return {a.asname or a.name: f"{mod}:{a.name}" for a in node.names}
 
 
 def rename_part(source: str, prefix: str) -> Part:
@@ -242,7 +251,7 @@ def rename_part(source: str, prefix: str) -> Part:
             raise CompositionError(f"statement on line {lo} shares its line with another statement")
         drop.update(range(lo - 1, hi))
         if hoist:
-            imports.append((ast.unparse(node), {(a.asname or a.name).split(".")[0] for a in node.names}))
+            imports.append((ast.unparse(node), _binds(node)))
     rest = [n for i, n in enumerate(tree.body) if not isinstance(n, ast.Import | ast.ImportFrom)]
     for n in rest:  # (_walk_scope does not enter functions: imports there are local and fine)
         for sub in _walk_scope([n]):
@@ -285,13 +294,14 @@ def compose(routes: Sequence[Route], default: Candidate, axes: dict[int, dict[st
     if len(cands) < 2:
         raise CompositionError("a dispatch needs at least two different kernels")
     parts = [rename_part(c.source, f"_p{i}_") for i, c in enumerate(cands)]
-    hoisted: dict[str, str] = {}  # bound name -> import statement
+    hoisted: dict[str, tuple[str, str]] = {}  # bound name -> (what it refers to, the first statement binding it)
     order: list[str] = []
     for p in parts:
         for text, names in p.imports:
-            for n in names:
-                if hoisted.setdefault(n, text) != text:
-                    raise CompositionError(f"parts import different things as {n!r}: {hoisted[n]!r} vs {text!r}")
+            for n, what in names.items():
+                first = hoisted.setdefault(n, (what, text))
+                if first[0] != what:
+                    raise CompositionError(f"parts import different things as {n!r}: {first[1]!r} vs {text!r}")
             if text not in order:
                 order.append(text)
     if "torch" not in hoisted:

@@ -101,6 +101,26 @@ def test_composition_refuses_what_it_cannot_keep_apart():
         dispatch.compose([dispatch.Route(_cand(plain), [1], [("s",)], [1.0])], default=_cand(plain))
 
 
+def test_parts_importing_different_submodules_of_torch_compose():
+    # On the H200 every composed SOL-ExecBench champion whose parts imported torch.nn.attention in one and
+    # torch.nn.functional in the other got no dispatch: both statements bind the name torch to one package.
+    sdpa = "import torch.nn.attention\n\n\ndef run(x):\n    return x * 2\n"
+    fn = (
+        "import torch.nn.functional\nfrom torch import nn as tnn\n\n\n"
+        "def run(x):\n    return torch.nn.functional.relu(x) * 0 + x * 3\n"
+    )
+    sig = dispatch.input_signature([torch.ones(2, 3)])
+    src = dispatch.compose([dispatch.Route(_cand(fn), [1], [sig], [0.5])], default=_cand(sdpa))
+    assert "import torch.nn.attention" in src and "import torch.nn.functional" in src
+    mod = load_module(src, "composite_submodules")
+    assert torch.equal(mod.run(torch.ones(2, 3)), torch.full((2, 3), 3.0))
+    assert torch.equal(mod.run(torch.ones(4, 3)), torch.full((4, 3), 2.0))
+    # the same name bound to different things still refuses
+    other = "from torch import fft as tnn\n\n\ndef run(x):\n    return x\n"
+    with pytest.raises(dispatch.CompositionError, match="different things as 'tnn'"):
+        dispatch.compose([dispatch.Route(_cand(other), [1], [sig], [0.5])], default=_cand(fn))
+
+
 def _verdict(c: Candidate, per: dict[int, float], champion: dict[int, float] | None = None) -> Verdict:
     lat = math.exp(sum(math.log(x) for x in per.values()) / len(per))
     wls = [WorkloadResult(index=i, latency_ms=ms, champion_ms=(champion or {}).get(i)) for i, ms in per.items()]
