@@ -126,7 +126,9 @@ def build_run(ab: AblateConfig, session_overrides: list[str], count: int, memory
     else:
         over += [f"budget.candidates={ab.budget}", f"budget.minutes={ab.max_minutes or 1000000}"]
     if sim:
-        over += ["gpu=cpu", "search.calibrate=false"]
+        # a simulated torch.compile costs no time, so it is measured before the search, as the recorded
+        # simulated ablations were (beside the search it would only take the first round's slot)
+        over += ["gpu=cpu", "search.calibrate=false", "search.compile_beside_search=false"]
     else:
         # both arms alike: no calibration, no torch.compile baseline (minutes of compile on some tasks)
         over += ["search.calibrate=false", "guard.compile_baseline=false"]

@@ -101,6 +101,9 @@ class SearchConfig:
     dispatch_min_gain: float = 0.01  # ...when its predicted geomean beats the champion's by this much
     dispatch_route_margin: float = 0.02  # a workload leaves the default kernel only for one this much faster
     dispatch_baselines: bool = True  # the reference and torch.compile baselines may be parts (routes) too
+    # torch.compile of the reference is measured beside the first candidates (one of the evaluation slots)
+    # instead of before the search: its compile no longer holds a short budget's search
+    compile_beside_search: bool = True
 
 
 @dataclass

@@ -59,6 +59,7 @@ class LoopSettings:
     dispatch_route_margin: float
     dispatch_baselines: bool
     guard: GuardSettings
+    compile_beside_search: bool = True  # search.compile_beside_search
 
 
 @dataclass
@@ -69,6 +70,8 @@ class _Flight:
     queue: list[Candidate] = field(default_factory=list)
     rematch: list[Candidate] = field(default_factory=list)  # crowned against a champion that has since moved
     inflight: dict[Future, tuple[Candidate, str | None]] = field(default_factory=dict)  # -> (candidate, champion)
+    baselines: dict[Future, str] = field(default_factory=dict)  # in-flight baselines (trusted) -> label
+    baseline_queue: list[tuple[str, Candidate, float]] = field(default_factory=list)  # (label, candidate, timeout)
     submitted: int = 0
     said_time: bool = False
 
@@ -121,6 +124,7 @@ class SearchSession(SessionPhases):
         self.timing_seconds = 0.0
         self.dispatch_tried: set[tuple] = set()  # plans already composed (kernelarc.dispatch)
         self.baseline_notes: dict[str, str] = {}  # baseline -> why it is not a baseline (skipped, failed)
+        self.deferred_baselines: list[tuple[str, Candidate, float]] = []  # measured beside the search (label, cand, s)
         self._signatures: dict[int, tuple] | None = None
         # Verdicts in submission order (the oldest in flight first) instead of as evaluations finish: what a
         # deterministic guard (the simulated one) asks for, so a run depends on its seed, not on thread timing.
@@ -427,6 +431,7 @@ class SearchSession(SessionPhases):
         # do not fit beside the reference (its note says so; test doubles and Ray guards have no plan here).
         per = max(1, self.settings.parallel)
         flight = _Flight(sum(max_parallel(g, per) if isinstance(g, Guard) else per for g in self.guards))
+        flight.baseline_queue, self.deferred_baselines = list(self.deferred_baselines), []
         with (
             ThreadPoolExecutor(max_workers=flight.slots) as epool,
             ThreadPoolExecutor(max_workers=max(1, len(self.agents))) as apool,
@@ -435,7 +440,8 @@ class SearchSession(SessionPhases):
             while True:
                 budget_open = self._submit(flight, epool)
                 if budget_open and not flight.queue and flight.room():
-                    free = min(flight.slots, self._budget_left()) - len(flight.inflight)
+                    searching = len(flight.inflight) - len(flight.baselines)
+                    free = min(flight.slots - len(flight.inflight), self._budget_left() - searching)
                     new = self._propose_round(apool, free)
                     if new:
                         stalls = 0
@@ -457,14 +463,21 @@ class SearchSession(SessionPhases):
         if out_of_time and flight.inflight and not flight.said_time:
             flight.said_time = True
             self.ui.line(f"  ⏱ time budget reached; finishing the {len(flight.inflight)} candidate(s) in flight")
-        budget_open = self._budget_left() - len(flight.inflight) > 0 and not out_of_time
+        while flight.baseline_queue and flight.room():
+            # a baseline takes a slot but no candidate budget; it is measured even once the budget is spent
+            label, cand, timeout = flight.baseline_queue.pop(0)
+            self.ui.line(f"measuring baseline: {label} (at most {timeout:.0f} s) beside the search ...")
+            fut = pool.submit(self._evaluate, cand, self.champion, True, timeout, 0)
+            flight.inflight[fut] = (cand, self.champion.id if self.champion else None)
+            flight.baselines[fut] = label
+        budget_open = self._budget_left() - (len(flight.inflight) - len(flight.baselines)) > 0 and not out_of_time
         while budget_open and flight.room() and (flight.queue or flight.rematch):
             cand = flight.rematch.pop(0) if flight.rematch else flight.queue.pop(0)
             champ = self.champion
             fut = pool.submit(self._evaluate, cand, champ, False, None, flight.submitted)
             flight.submitted += 1
             flight.inflight[fut] = (cand, champ.id if champ else None)
-            budget_open = self._budget_left() - len(flight.inflight) > 0
+            budget_open = self._budget_left() - (len(flight.inflight) - len(flight.baselines)) > 0
         return budget_open
 
     def _collect(self, flight: _Flight) -> None:
@@ -481,7 +494,14 @@ class SearchSession(SessionPhases):
             except Exception as e:  # noqa: BLE001 - the guard returns verdicts; this is a bug guard
                 log.exception("evaluation of %s failed", cand.id)
                 ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error, errors=[str(e)]))
-            self._on_verdict(cand, ev, champ_id, flight.rematch)
+            label = flight.baselines.pop(fut, None)
+            if label is None:
+                self._on_verdict(cand, ev, champ_id, flight.rematch)
+            elif ev.verdict.status is Status.champion and (self.champion.id if self.champion else None) != champ_id:
+                # faster than the champion it was timed beside, which has since been beaten: again, beside the new one
+                flight.baseline_queue.append((label, cand, self.settings.guard.timeout_s))
+            else:
+                self._record_baseline(label, cand, ev, champ_id)
         if done and not any(c.family == dispatch.FAMILY for c in flight.pending()):
             composite = self._dispatch_candidate()
             if composite is not None:

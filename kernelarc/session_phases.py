@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from kernelarc.guard.judge import Evaluation, compiled_candidate, reference_candidate
-from kernelarc.models import Status, Verdict
+from kernelarc.models import Candidate, Status, Verdict
 from kernelarc.sinks import RegistrySink, TrackerSink
 from kernelarc.state import Record, StateLog
 from kernelarc.tasks.loader import Task
@@ -105,6 +105,9 @@ class SessionPhases:
             self.sinks.tracker.metrics(0, **{f"calibration.{k}": v for k, v in nums.items()})
 
     def _baselines(self) -> None:
+        """The reference, measured before anything else (nothing can be judged without it); torch.compile
+        of it beside the search's first candidates (``deferred_baselines``, started by the loop), so that
+        its compile (tens of seconds for a large graph, most of a short budget) does not hold the search."""
         done = {(r.kind, r.candidate.strategy) for r in self.records}
         g = self.settings.guard
         todo = [("reference", reference_candidate(self.task))]
@@ -126,6 +129,9 @@ class SessionPhases:
                     self.baseline_notes[label] = "skipped: no time left in budget.minutes"
                     self.ui.line(f"  {label}: skipped (no time left in budget.minutes={self.settings.minutes})")
                     continue
+                if self.settings.compile_beside_search:
+                    self.deferred_baselines.append((label, cand, timeout))
+                    continue
             self.ui.line(f"measuring baseline: {label} (at most {timeout:.0f} s) ...")
             try:
                 ev = self._evaluate(cand, self.champion, True, timeout, 0)
@@ -133,23 +139,9 @@ class SessionPhases:
                 log.exception("baseline %s failed", label)
                 ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error,
                                         errors=[f"{type(e).__name__}: {e}"]))  # fmt: skip
-            rec = Record(-1, "baseline", cand, ev.verdict, ev.samples, self.champion.id if self.champion else None)
-            self._apply_baseline(cand, ev)
-            if ev.verdict.correct:
-                self.guards[0].refresh_metrics(ev)  # its own metrics against the baselines known now
-            self.state.append(rec)
-            self._replay(rec)
-            self._to_sinks(rec)
-            v = ev.verdict
-            self.ui.line(
-                f"  {label}: {v.status.value}"
-                + (f", {v.latency_ms:.4f} ms" if v.latency_ms else "")
-                + (f" ({v.errors[0].splitlines()[0][:100]})" if v.errors else "")
-            )
+            self._record_baseline(label, cand, ev, self.champion.id if self.champion else None)
         for r in self.records:
-            if r.kind == "baseline" and r.candidate.strategy != "reference" and not r.verdict.correct:
-                first = r.verdict.errors[0].splitlines()[0][:200] if r.verdict.errors else ""
-                self.baseline_notes[r.candidate.strategy] = f"{r.verdict.status.value}: {first}".rstrip(": ")
+            self._note_baseline(r)
         ref = next((r for r in self.records if r.kind == "baseline" and r.candidate.strategy == "reference"), None)
         if ref is None or not ref.verdict.correct:
             why = "; ".join(e.splitlines()[0][:300] for e in ref.verdict.errors) if ref else "not measured"
@@ -159,6 +151,29 @@ class SessionPhases:
                 hint = (f"; judging the reference alone needs more than budget.minutes={self.settings.minutes} "
                         f"plus guard.timeout_s={self.settings.guard.timeout_s:g}: raise them")  # fmt: skip
             raise SessionFailed(f"the task's reference failed in the guard ({status}): {why}{hint}")
+
+    def _record_baseline(self, label: str, cand: Candidate, ev: Evaluation, champion_id: str | None) -> None:
+        """A baseline's verdict into the state, the guards' baselines, the sinks and the UI."""
+        rec = Record(-1, "baseline", cand, ev.verdict, ev.samples, champion_id)
+        with self.lock:
+            self._apply_baseline(cand, ev)
+            if ev.verdict.correct:
+                self.guards[0].refresh_metrics(ev)  # its own metrics against the baselines known now
+            self.state.append(rec)
+            self._replay(rec)
+        self._to_sinks(rec)
+        self._note_baseline(rec)
+        v = ev.verdict
+        self.ui.line(
+            f"  {label}: {v.status.value}"
+            + (f", {v.latency_ms:.4f} ms" if v.latency_ms else "")
+            + (f" ({v.errors[0].splitlines()[0][:100]})" if v.errors else "")
+        )
+
+    def _note_baseline(self, r: Record) -> None:
+        if r.kind == "baseline" and r.candidate.strategy != "reference" and not r.verdict.correct:
+            first = r.verdict.errors[0].splitlines()[0][:200] if r.verdict.errors else ""
+            self.baseline_notes[r.candidate.strategy] = f"{r.verdict.status.value}: {first}".rstrip(": ")
 
     def _incumbent(self) -> None:
         """The registry's champion from earlier sessions, re-measured side by side in this run."""

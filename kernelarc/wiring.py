@@ -109,7 +109,7 @@ def loop_settings(cfg: KernelArcConfig, guard: GuardSettings) -> LoopSettings:
         memory_limit=cfg.memory.limit, credit=cfg.agents.credit, parallel=cfg.executor.parallel,
         calibrate=s.calibrate, dispatch=s.dispatch,
         dispatch_min_gain=s.dispatch_min_gain, dispatch_route_margin=s.dispatch_route_margin,
-        dispatch_baselines=s.dispatch_baselines, guard=guard,
+        dispatch_baselines=s.dispatch_baselines, guard=guard, compile_beside_search=s.compile_beside_search,
     )  # fmt: skip
 
 
