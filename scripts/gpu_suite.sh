@@ -86,7 +86,8 @@ print(f"problems without a row ({len(missing)}):", " ".join(missing) or "none")
 for r in rows:
     f = lambda k, s=".2f": format(r[k], s) if isinstance(r.get(k), (int, float)) else "-"
     print(f"{r['problem'][:58]:58s} {r['status']:9s} {str(r.get('champion_family'))[:28]:28s} "
-          f"ref {f('speedup_vs_reference')} tc {f('speedup_vs_compile')} n={r.get('evaluated')} "
+          f"ref {f('speedup_vs_reference')} tc {f('speedup_vs_compile')} dc {f('speedup_vs_compile_drift_corrected')} "
+          f"n={r.get('evaluated')} "
           f"{(r.get('reason') or '')[:60]}")
 EOF
 
