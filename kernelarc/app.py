@@ -124,7 +124,9 @@ def relevant_strategies(names: list[str], task_name: str) -> list[str]:
     return [n for n in names if n in owned] + [n for n in names if n not in owned]
 
 
-def build_agents(cfg: KernelArcConfig, task) -> list[Any]:
+def build_agents(cfg: KernelArcConfig, task, library: dict | None = None) -> list[Any]:
+    """The team. ``library``: kernel family -> knobs of the registry's champions of the built-in tasks
+    (kernelarc.registry.kernel_library), start points for a composed problem's sites."""
     backend = backend_of(cfg)
     if backend == "sweep":
         from kernelarc.agents.sweep import SweepError, build_sweep_agents
@@ -150,7 +152,7 @@ def build_agents(cfg: KernelArcConfig, task) -> list[Any]:
         if backend == "search":
             from kernelarc.agents.search import SearchAgent
 
-            agents.append(SearchAgent(name, strategy, task, seed=cfg.seed, credit=cfg.agents.credit))
+            agents.append(SearchAgent(name, strategy, task, seed=cfg.seed, credit=cfg.agents.credit, library=library))
         else:
             from kernelarc.agents.briefs import load_brief
             from kernelarc.agents.llm import AgentConfigError, AnthropicAgent

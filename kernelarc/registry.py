@@ -416,6 +416,47 @@ class Registry:
         return candidate
 
 
+def kernel_library(uri: str | None, gpu: str, families: dict[str, set[str]]) -> dict[str, tuple[dict[str, Any], str]]:
+    """The registry as a kernel library: for each built-in task of ``families`` (task -> the kernel families
+    a problem can use for it), the knobs of ``models:/kernelarc.<task>.<gpu>@champion`` where that champion
+    is one of those families; ``{family: (knobs, "kernelarc.<task>.<gpu> v<version>")}``. Read from the
+    version tags (nothing is downloaded). A store that cannot be read gives an empty library and a warning:
+    the search then starts from the families' own start points."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    out: dict[str, tuple[dict[str, Any], str]] = {}
+    if not families:
+        return out
+    try:
+        uri = uri or default_tracking_uri()
+        prepare_sqlite(uri)
+        with store_init_lock(uri):
+            client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        for task, names in sorted(families.items()):
+            name = model_name(task, gpu)
+            try:
+                mv = client.get_model_version_by_alias(name, CHAMPION)
+            except MlflowException as exc:
+                if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+                    continue  # no champion registered for that task on this GPU
+                raise
+            fam = mv.tags.get("family")
+            if fam not in names:
+                continue  # a baseline, a dispatch or another task's family: nothing to start a site from
+            try:
+                knobs = json.loads(mv.tags.get("knobs") or "{}")
+            except ValueError:
+                continue
+            if isinstance(knobs, dict) and knobs:
+                out[fam] = (knobs, f"{name} v{mv.version}")
+    except Exception as e:  # noqa: BLE001 - a library that cannot be read costs the start points, not the session
+        log.warning("kernel library: the registry at %s could not be read (%s); using the families' start points",
+                    uri, str(e).splitlines()[0][:200])  # fmt: skip
+        return {}
+    return out
+
+
 def _specs(tensors: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"name": n, "dtype": t.get("dtype"), "shape": t.get("shape")} for n, t in tensors.items()]
 

@@ -132,6 +132,25 @@ def build_tracking(cfg: KernelArcConfig, raw_config: dict, task: Task, target: A
     return tracker, (RegistrySink(tracker, task, target.name, devices[0]) if spec.register else None)
 
 
+def kernel_library(cfg: KernelArcConfig, task: Task, target: Any, progress: Progress) -> dict[str, dict] | None:
+    """The registry as a kernel library for a SOL-ExecBench problem searched offline: the champions of the
+    built-in tasks whose kernel families its sites use, on this GPU (kernelarc.registry.kernel_library)."""
+    if not hasattr(task, "path") or not cfg.tracking.enabled or not cfg.tracking.register:
+        return None
+    from kernelarc.app import backend_of
+
+    if backend_of(cfg) != "search":
+        return None
+    from kernelarc.families.composed import library_tasks
+    from kernelarc.registry import kernel_library as lookup
+
+    wanted = library_tasks(task, families_for(task))
+    found = lookup(cfg.tracking.uri, target.name, wanted) if wanted else {}
+    for fam, (_knobs, where) in sorted(found.items()):
+        progress.line(f"kernel library: {fam} starts from {where}@champion")
+    return {fam: knobs for fam, (knobs, _) in found.items()} or None
+
+
 def build_session(cfg: KernelArcConfig, raw_config: dict, target: Any, *, progress: Progress | None = None,
                   agents: list | None = None, task: Task | None = None,
                   make_guard: GuardFactory | None = None) -> SearchSession:  # fmt: skip
@@ -150,7 +169,7 @@ def build_session(cfg: KernelArcConfig, raw_config: dict, target: Any, *, progre
     if agents is None:
         from kernelarc.app import build_agents
 
-        agents = build_agents(cfg, task)
+        agents = build_agents(cfg, task, kernel_library(cfg, task, target, progress))
     settings = guard_settings(cfg, task, on_cpu)
     key = session_key(cfg, target.name)
     state_dir = Path(cfg.search.state_dir) / task.name / target.name / key

@@ -276,7 +276,7 @@ class SearchAgent:
 
     def __init__(self, name: str, strategy: str, task: Task, seed: int = 0, families: list[Family] | None = None,
                  mix: tuple[tuple[Operator, float], ...] = GENERALIST_MIX, rank: int | None = None,
-                 credit: bool = True):  # fmt: skip
+                 credit: bool = True, library: Mapping[str, Mapping[str, Any]] | None = None):  # fmt: skip
         self.name = name
         self.strategy = strategy
         self.task = task
@@ -305,7 +305,9 @@ class SearchAgent:
         # shared out across the team by rank so that a tiny budget measures them before anything else.
         from kernelarc.families.composed import start_points
 
-        self._seeds: list[tuple[Family, dict[str, Any]]] = start_points(task, fams) if hasattr(task, "path") else []
+        # ``library``: registered champions' kernel knobs (kernelarc.registry.kernel_library)
+        composed = hasattr(task, "path")
+        self._seeds: list[tuple[Family, dict[str, Any]]] = start_points(task, fams, library) if composed else []
         m = re.match(r"agent(\d+)", name)
         self.rank = rank if rank is not None else int(m.group(1)) if m else 0
 

@@ -359,8 +359,13 @@ def rest_compute_ops(rec: Recognition, kind: Kind | None = None) -> int:
     return count
 
 
-def start_points(task, families: list[Family]) -> list[tuple[Family, dict[str, Any]]]:
+def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str, Any]] | None = None
+                 ) -> list[tuple[Family, dict[str, Any]]]:  # fmt: skip
     """The first points worth measuring for a composed problem, most promising first.
+
+    ``kernels`` (kernel family -> knobs: the registry's champion of that family's built-in task on this
+    GPU, ``kernelarc.registry.kernel_library``): each composed family of such a kernel gets, right after
+    its own start point, the same point with the champion's kernel knobs (a tuned kernel for the site).
 
     The first kernel family of the leading recognised kind (``KIND_PRIORITY``; Triton before CUTLASS:
     nvcc builds take a minute of a tiny budget) with the rest of the graph under torch.compile when the
@@ -422,6 +427,8 @@ def start_points(task, families: list[Family]) -> list[tuple[Family, dict[str, A
     order += [at(library, rest if lib_sites else "inductor", cuda_graph=True)]
     order += [at(library, "eager" if rest == "inductor" else "inductor")] if lib_sites and rest == "inductor" else []
     order += [at(f, rest_of[k]) for k in kinds for f in by_kind[k][1:]]
+    if kernels:
+        order = _with_library(order, prefix, kernels)
     out: list[tuple[Family, dict[str, Any]]] = []
     seen: set[tuple[str, tuple]] = set()
     for item in order:
@@ -431,6 +438,47 @@ def start_points(task, families: list[Family]) -> list[tuple[Family, dict[str, A
         if key not in seen:
             seen.add(key)
             out.append(item)
+    return out
+
+
+def library_tasks(task, families: list[Family]) -> dict[str, set[str]]:
+    """Built-in task -> the kernel families a composed problem's families use for it (what
+    ``kernelarc.registry.kernel_library`` looks up)."""
+    from kernelarc.families import all_families
+
+    prefix = f"composed.{task.name}."
+    out: dict[str, set[str]] = {}
+    for f in families:
+        base = all_families().get(f.name.removeprefix(prefix)) if f.name.startswith(prefix) else None
+        if base is not None and base.task:
+            out.setdefault(base.task, set()).add(base.name)
+    return out
+
+
+def _with_library(order: list, prefix: str, library: Mapping[str, Mapping[str, Any]]) -> list:
+    """``order`` with, after the first point of each composed family whose kernel the library holds, that
+    point with the library's kernel knobs (only knobs the kernel family has, with values it allows)."""
+    out: list = []
+    done: set[str] = set()
+    for item in order:
+        out.append(item)
+        if item is None or item[0].name in done:
+            continue
+        fam, point = item
+        knobs = library.get(fam.name.removeprefix(prefix))
+        if not knobs:
+            continue
+        done.add(fam.name)
+        tuned = dict(point)
+        for k in fam.knobs:
+            if k.name in knobs and knobs[k.name] in k.values:
+                tuned[k.name] = knobs[k.name]
+        try:
+            tuned = fam.check_point(tuned)
+        except ValueError:
+            continue
+        if tuned != point and fam.valid(tuned):
+            out.append((fam, tuned))
     return out
 
 
