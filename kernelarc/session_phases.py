@@ -240,6 +240,7 @@ class SessionPhases:
             "sol_fraction": v.sol_fraction if v else None,
             "speedup_vs_baseline": v.speedup_vs_baseline if v else None,
             "speedup_vs_compile": v.speedup_vs_compile if v else None,
+            "speedup_vs_baseline_drift_corrected": self._drift_corrected_speedup("reference"),
             "speedup_vs_compile_drift_corrected": self._drift_corrected_speedup("torch.compile"),
             "evaluated": self.evaluated,
             "by_status": self._by_status(),

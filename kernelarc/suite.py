@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 CHILD_ENV = "KERNELARC_SUITE_CHILD"  # set in a problem's subprocess (suite.isolation=process)
 COLUMNS = (
     "problem", "definition", "status", "champion_family", "speedup_vs_reference", "speedup_vs_compile",
-    "speedup_vs_compile_drift_corrected", "sol_score", "sol_fraction", "latency_ms", "evaluated", "elapsed_min",
-    "workloads", "reason", "mlflow_run_id", "registry_version", "harness_verdict", "harness_passed", "harness_speedup",
+    "speedup_vs_reference_drift_corrected", "speedup_vs_compile_drift_corrected", "sol_score", "sol_fraction",
+    "latency_ms", "evaluated", "elapsed_min", "workloads", "reason", "mlflow_run_id", "registry_version",
+    "harness_verdict", "harness_passed", "harness_speedup",
 )  # fmt: skip
 
 
@@ -67,7 +68,8 @@ class ProblemResult(BaseModel):
     champion_family: str | None = None
     speedup_vs_reference: float | None = None
     speedup_vs_compile: float | None = None
-    speedup_vs_compile_drift_corrected: float | None = None  # both on the session's first time base
+    speedup_vs_reference_drift_corrected: float | None = None  # both on the session's first time base
+    speedup_vs_compile_drift_corrected: float | None = None  # (chained side-by-side ratios)
     sol_score: float | None = None
     sol_fraction: float | None = None
     latency_ms: float | None = None
@@ -166,6 +168,7 @@ def result_from_summary(problem: str, summary: dict[str, Any], workloads: list[i
         problem=problem, definition=summary.get("task"), status=status,
         champion_family=summary.get("champion_family"), speedup_vs_reference=summary.get("speedup_vs_baseline"),
         speedup_vs_compile=summary.get("speedup_vs_compile"),
+        speedup_vs_reference_drift_corrected=summary.get("speedup_vs_baseline_drift_corrected"),
         speedup_vs_compile_drift_corrected=summary.get("speedup_vs_compile_drift_corrected"),
         sol_score=summary.get("sol_score"),
         sol_fraction=summary.get("sol_fraction"), latency_ms=summary.get("latency_ms"),

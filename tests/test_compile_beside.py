@@ -4,6 +4,8 @@ SOL-ExecBench sessions with 1.5-minute budgets judged no candidate behind their 
 
 import time
 
+import pytest
+
 from kernelarc.ablate import _compose
 from kernelarc.app import resolve_gpu, typed
 from kernelarc.config import plain
@@ -94,3 +96,4 @@ def test_the_speedup_over_torch_compile_follows_the_side_by_side_ratios(tmp_path
     assert s.champion.strategy != "torch.compile"
     assert summary["speedup_vs_compile_drift_corrected"] >= 1.9
     assert summary["speedup_vs_compile"] >= 1.9
+    assert summary["speedup_vs_baseline_drift_corrected"] == pytest.approx(summary["speedup_vs_baseline"], rel=0.05)
