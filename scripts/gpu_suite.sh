@@ -29,7 +29,12 @@ export PYTHONPATH=/tmp/site:$PWD
 # image is malformed"), and one store per process never needs it.
 STORES=/tmp/kernelarc-stores
 mkdir -p "$STORES"
-if [ -f .state/state.tgz ]; then tar xzf .state/state.tgz -C / && say "restored state of an earlier call"; fi
+if [ -f .state/state.tgz ]; then tar xzf .state/state.tgz -C / && say "restored state of an earlier call"
+elif ls -d .kernelarc/suite_shard* >/dev/null 2>&1; then
+  # a warm machine keeps the checkout's ignored folders but not /tmp's stores: sessions cut by an earlier
+  # call would resume with their budget partly spent; set them aside (kept) so every problem starts fresh
+  stale=.kernelarc.stale-$(date +%s); mv .kernelarc "$stale" && say "an earlier call's .kernelarc moved to $stale"
+fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 say "installed; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
@@ -122,6 +127,20 @@ print(f"harness evaluated {len(ev)}:")
 for r in ev:
     print(f"  {r['problem'][:60]:60s} {r['harness_verdict']:10s} {r.get('harness_passed')} x{r.get('harness_speedup')}")
 EOF
+# what each session judged, small enough to come back when state.tgz does not (over the 16 MiB limit)
+python3 - "$OUT" <<'EOF3'
+import json, pathlib, sys
+out = {}
+for f in sorted(pathlib.Path(".kernelarc").glob("*/*/*/evaluations.jsonl")):
+    recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    crowned = [r for r in recs if r["verdict"]["status"] == "champion" and r["kind"] != "final"]
+    brief = lambda r: {"kind": r["kind"], "family": r["candidate"].get("family") or r["candidate"].get("strategy"),
+                       "knobs": r["candidate"].get("knobs"), "status": r["verdict"]["status"],
+                       "ms": r["verdict"].get("latency_ms"), "error": (r["verdict"].get("errors") or [""])[0][:200]}
+    out[str(f.parent)] = {"champion": brief(crowned[-1]) if crowned else None, "judged": [brief(r) for r in recs]}
+pathlib.Path(sys.argv[1], "sessions.json").write_text(json.dumps(out, indent=1, default=str))
+print(f"sessions.json: {len(out)} sessions")
+EOF3
 tar czf "$OUT/state.tgz" -P "$PWD/.kernelarc" "$STORES" 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 say "end"
