@@ -14,13 +14,14 @@ board, plateau detector, sinks and the loop's settings) from the config, once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kernelarc import dispatch
@@ -71,15 +72,36 @@ class _Flight:
     rematch: list[Candidate] = field(default_factory=list)  # crowned against a champion that has since moved
     inflight: dict[Future, tuple[Candidate, str | None]] = field(default_factory=dict)  # -> (candidate, champion)
     baselines: dict[Future, str] = field(default_factory=dict)  # in-flight baselines (trusted) -> label
-    baseline_queue: list[tuple[str, Candidate, float]] = field(default_factory=list)  # (label, candidate, timeout)
+    # (label, candidate, timeout, its first verdict when it is timed again beside a champion that moved)
+    baseline_queue: list[tuple[str, Candidate, float, Evaluation | None]] = field(default_factory=list)
+    guard_of: dict[Future, int] = field(default_factory=dict)  # the guard each evaluation in flight runs on
+    first: dict[Future, Evaluation] = field(default_factory=dict)  # a baseline timed again -> its first verdict
+    timeouts: dict[str, float] = field(default_factory=dict)  # baseline candidate id -> the time it was given
     submitted: int = 0
     said_time: bool = False
 
     def room(self) -> bool:
         return len(self.inflight) < self.slots
 
+    def idlest(self, guards: int) -> int:
+        """The guard with the fewest evaluations in flight (the first of those): baselines and candidates
+        share the devices, none gets more than its share of slots."""
+        load = [0] * max(1, guards)
+        for i in self.guard_of.values():
+            load[i] += 1
+        return min(range(len(load)), key=lambda i: (load[i], i))
+
     def pending(self) -> list[Candidate]:
         return [c for c, _ in self.inflight.values()] + self.queue + self.rematch
+
+
+def _uncrowned(ev: Evaluation) -> Evaluation:
+    """A baseline's verdict of champion over a champion that has since been beaten, when it cannot be timed
+    again beside the new one: correct, measured, not crowned."""
+    v = ev.verdict.model_copy(update={"status": Status.correct_slower, "errors": [
+        *ev.verdict.errors, "faster than the champion it was timed beside, which was beaten meanwhile; "
+        "not timed again beside the new one (no time left, or that timing failed)"]})  # fmt: skip
+    return replace(ev, verdict=v)
 
 
 class SearchSession(SessionPhases):
@@ -135,6 +157,17 @@ class SearchSession(SessionPhases):
         """The MLflow tracker (kernelarc.tracking.Tracker) once the session has opened it, else None."""
         return self.sinks.tracker.tracker if self.sinks.tracker is not None else None
 
+    def _forget_lost_store(self) -> None:
+        """The saved session's MLflow run is not in this store (kernelarc.tracking resumed it under a new run):
+        its registry versions and child runs are not there either, so none is pointed at; the champion is
+        registered again from its record when the session ends (RegistrySink.version_of)."""
+        self.versions.clear()
+        for r in self.records:
+            r.version, r.run_id = None, None
+        self.state.save_meta({k: v for k, v in self.state.meta().items() if k != "versions"})
+        self.ui.line("the saved session's MLflow run is not in this store: resuming under a new run, "
+                     "its champion registered again at the end")  # fmt: skip
+
     def _save_versions(self) -> None:
         """Registry versions go to the state folder as soon as they exist (a resumed session must
         find its champion's version, a baseline's too, to point the alias at it)."""
@@ -176,7 +209,10 @@ class SearchSession(SessionPhases):
             return
         is_ref = cand.strategy == "reference"
         for g in self.guards:
-            g.set_baselines(ev if is_ref else None, None if is_ref else ev)
+            try:
+                g.set_baselines(ev if is_ref else None, None if is_ref else ev)
+            except Exception as e:  # noqa: BLE001 - a Ray actor lost mid-search; a restarted one gets them again
+                log.warning("could not hand the %s baseline to a guard: %s", cand.strategy, e)
 
     def _to_sinks(self, rec: Record, lessons: list[str] | None = None) -> None:
         """Hand a measured record to the sinks; a registry version they made goes to the state folder."""
@@ -400,6 +436,8 @@ class SearchSession(SessionPhases):
         try:
             open_tracking(self.state, self.sinks.tracker, self.sinks.registry,
                           meta.get("parent_run_id") if resumed else None)  # fmt: skip
+            if resumed and meta.get("parent_run_id") and self.sinks.parent_run_id not in (None, meta["parent_run_id"]):
+                self._forget_lost_store()
             self.ui.line(f"task {self.task.name} on {self.target.name} ({', '.join(self.devices)}), "
                          f"{len(self.guards[0].workloads)} workloads, {len(self.agents)} agents")  # fmt: skip
             self._calibrate()
@@ -431,52 +469,79 @@ class SearchSession(SessionPhases):
         # do not fit beside the reference (its note says so; test doubles and Ray guards have no plan here).
         per = max(1, self.settings.parallel)
         flight = _Flight(sum(max_parallel(g, per) if isinstance(g, Guard) else per for g in self.guards))
-        flight.baseline_queue, self.deferred_baselines = list(self.deferred_baselines), []
+        flight.baseline_queue = [(label, cand, t, None) for label, cand, t in self.deferred_baselines]
+        flight.timeouts = {cand.id: t for _, cand, t in self.deferred_baselines}
+        self.deferred_baselines = []
         with (
             ThreadPoolExecutor(max_workers=flight.slots) as epool,
             ThreadPoolExecutor(max_workers=max(1, len(self.agents))) as apool,
         ):
-            stalls = 0
-            while True:
-                budget_open = self._submit(flight, epool)
-                if budget_open and not flight.queue and flight.room():
-                    searching = len(flight.inflight) - len(flight.baselines)
-                    free = min(flight.slots - len(flight.inflight), self._budget_left() - searching)
-                    new = self._propose_round(apool, free)
-                    if new:
-                        stalls = 0
-                        flight.queue.extend(new)
-                        continue
-                    stalls += 1
-                    if stalls >= 3 and not flight.inflight:
-                        self.ui.line("agents have nothing new to propose; stopping")
-                        break
-                    if not flight.inflight:
-                        continue
-                if not flight.inflight:
+            try:
+                self._loop(flight, epool, apool)
+            except BaseException:
+                # an interrupt (or a bug): stop the guards' workers first, so that the pools' exit does not
+                # wait for evaluations in flight (a torch.compile baseline may have minutes left)
+                epool.shutdown(wait=False, cancel_futures=True)
+                for g in self.guards:
+                    with contextlib.suppress(Exception):
+                        g.close()
+                raise
+
+    def _loop(self, flight: _Flight, epool: ThreadPoolExecutor, apool: ThreadPoolExecutor) -> None:
+        """Propose, submit and collect until the budget or the ideas run out (and nothing is in flight)."""
+        stalls = 0
+        while True:
+            budget_open = self._submit(flight, epool)
+            if budget_open and not flight.queue and flight.room():
+                searching = len(flight.inflight) - len(flight.baselines)
+                free = min(flight.slots - len(flight.inflight), self._budget_left() - searching)
+                new = self._propose_round(apool, free)
+                if new:
+                    stalls = 0
+                    flight.queue.extend(new)
+                    continue
+                stalls += 1
+                if stalls >= 3 and not flight.inflight:
+                    self.ui.line("agents have nothing new to propose; stopping")
                     break
-                self._collect(flight)
+                if not flight.inflight:
+                    continue
+            if not flight.inflight:
+                break
+            self._collect(flight)
 
     def _submit(self, flight: _Flight, pool: ThreadPoolExecutor) -> bool:
         """Start queued candidates (rematches first) while budget and slots allow; whether budget is left."""
         out_of_time = self._out_of_time()
-        if out_of_time and flight.inflight and not flight.said_time:
+        searching = len(flight.inflight) - len(flight.baselines)
+        if out_of_time and searching and not flight.said_time:
             flight.said_time = True
-            self.ui.line(f"  ⏱ time budget reached; finishing the {len(flight.inflight)} candidate(s) in flight")
+            self.ui.line(f"  ⏱ time budget reached; finishing the {searching} candidate(s) in flight")
         while flight.baseline_queue and flight.room():
-            # a baseline takes a slot but no candidate budget; it is measured even once the budget is spent
-            label, cand, timeout = flight.baseline_queue.pop(0)
-            self.ui.line(f"measuring baseline: {label} (at most {timeout:.0f} s) beside the search ...")
-            fut = pool.submit(self._evaluate, cand, self.champion, True, timeout, 0)
+            # a baseline takes a slot but no candidate budget
+            label, cand, timeout, first = flight.baseline_queue.pop(0)
+            if first is not None and out_of_time:
+                # no time to time it again beside the new champion: its first verdict stands, not crowned
+                self._record_baseline(label, cand, _uncrowned(first), None)
+                continue
+            again = " again, beside the new champion" if first is not None else " beside the search"
+            self.ui.line(f"measuring baseline: {label} (at most {timeout:.0f} s){again} ...")
+            g = flight.idlest(len(self.guards))
+            fut = pool.submit(self._evaluate, cand, self.champion, True, timeout, g)
             flight.inflight[fut] = (cand, self.champion.id if self.champion else None)
             flight.baselines[fut] = label
+            flight.guard_of[fut] = g
+            if first is not None:
+                flight.first[fut] = first
         budget_open = self._budget_left() - (len(flight.inflight) - len(flight.baselines)) > 0 and not out_of_time
         while budget_open and flight.room() and (flight.queue or flight.rematch):
             cand = flight.rematch.pop(0) if flight.rematch else flight.queue.pop(0)
             champ = self.champion
-            fut = pool.submit(self._evaluate, cand, champ, False, None, flight.submitted)
+            g = flight.idlest(len(self.guards))
+            fut = pool.submit(self._evaluate, cand, champ, False, None, g)
             flight.submitted += 1
             flight.inflight[fut] = (cand, champ.id if champ else None)
+            flight.guard_of[fut] = g
             budget_open = self._budget_left() - (len(flight.inflight) - len(flight.baselines)) > 0
         return budget_open
 
@@ -489,17 +554,23 @@ class SearchSession(SessionPhases):
             done, _ = wait(list(flight.inflight), return_when=FIRST_COMPLETED, timeout=5)
         for fut in done:
             cand, champ_id = flight.inflight.pop(fut)
+            flight.guard_of.pop(fut, None)
             try:
                 ev = fut.result()
             except Exception as e:  # noqa: BLE001 - the guard returns verdicts; this is a bug guard
                 log.exception("evaluation of %s failed", cand.id)
                 ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error, errors=[str(e)]))
             label = flight.baselines.pop(fut, None)
+            first = flight.first.pop(fut, None)
             if label is None:
                 self._on_verdict(cand, ev, champ_id, flight.rematch)
             elif ev.verdict.status is Status.champion and (self.champion.id if self.champion else None) != champ_id:
-                # faster than the champion it was timed beside, which has since been beaten: again, beside the new one
-                flight.baseline_queue.append((label, cand, self.settings.guard.timeout_s))
+                # faster than the champion it was timed beside, which has since been beaten: again, beside the
+                # new one, with the time it was given (its compile is not cached across workers)
+                flight.baseline_queue.append((label, cand, flight.timeouts.get(cand.id, 0.0), first or ev))
+            elif first is not None and not ev.verdict.correct:
+                # timed again and failed this time (a timeout, say): the first, correct verdict stands, not crowned
+                self._record_baseline(label, cand, _uncrowned(first), None)
             else:
                 self._record_baseline(label, cand, ev, champ_id)
         if done and not any(c.family == dispatch.FAMILY for c in flight.pending()):

@@ -9,7 +9,8 @@ import pytest
 from kernelarc.ablate import _compose
 from kernelarc.app import resolve_gpu, typed
 from kernelarc.config import plain
-from kernelarc.models import Status
+from kernelarc.guard.judge import Evaluation
+from kernelarc.models import Status, Verdict
 from kernelarc.simguard import CostModel, SimulatedGuard
 from kernelarc.ui import Progress
 from kernelarc.wiring import build_session
@@ -39,7 +40,7 @@ class SlowCompileGuard(SimulatedGuard):
         return super().evaluate(cand, champion, **kw)
 
 
-def _session(tmp_path, compile_factor: float, *extra: str, reference_factor: float = 1.0):
+def _session(tmp_path, compile_factor: float, *extra: str, reference_factor: float = 1.0, guard_cls=None):
     cfg = _compose(["+task=matmul", "gpu=cpu", "search.calibrate=false", "agents.backend=search", "agents.count=2",
                     "executor.parallel=2", "budget.candidates=6", "budget.minutes=5", "tracking.enabled=false",
                     "search.progress=false", f"search.state_dir={tmp_path}", *extra])  # fmt: skip
@@ -47,7 +48,7 @@ def _session(tmp_path, compile_factor: float, *extra: str, reference_factor: flo
     guards: list[SlowCompileGuard] = []
 
     def make(task, device):
-        guards.append(SlowCompileGuard(task, CostModel(task, seed=0), compile_factor=compile_factor,
+        guards.append((guard_cls or SlowCompileGuard)(task, CostModel(task, seed=0), compile_factor=compile_factor,
                                        reference_factor=reference_factor))  # fmt: skip
         return guards[-1]
 
@@ -97,3 +98,37 @@ def test_the_speedup_over_torch_compile_follows_the_side_by_side_ratios(tmp_path
     assert summary["speedup_vs_compile_drift_corrected"] >= 1.9
     assert summary["speedup_vs_compile"] >= 1.9
     assert summary["speedup_vs_baseline_drift_corrected"] == pytest.approx(summary["speedup_vs_baseline"], rel=0.05)
+
+
+class FailsSecondTime(SlowCompileGuard):
+    """torch.compile's second timing (beside a champion that moved) times out."""
+
+    def evaluate(self, cand, champion=None, **kw):
+        if cand.strategy == "torch.compile" and self.compile_champions:
+            self.compile_champions.append(champion.id if champion else None)
+            return Evaluation(Verdict(candidate_id=cand.id, status=Status.timeout, errors=["no result within 1 s"]))
+        return super().evaluate(cand, champion, **kw)
+
+
+def test_a_failed_second_timing_keeps_the_first_correct_verdict_uncrowned(tmp_path):
+    s, summary, guard = _session(tmp_path, 100.0, reference_factor=10.0, guard_cls=FailsSecondTime)
+    assert len(guard.compile_champions) == 2  # timed, then timed again beside the new champion, which failed
+    (comp,) = [r for r in s.records if r.kind == "baseline" and r.candidate.strategy == "torch.compile"]
+    assert comp.verdict.status is Status.correct_slower and comp.verdict.correct
+    assert "not timed again" in comp.verdict.errors[-1]
+    assert s.champion.strategy != "torch.compile"
+    assert summary["speedup_vs_compile"] is not None  # its latency is still the torch.compile figure
+
+
+def test_evaluations_go_to_the_guard_with_the_fewest_in_flight():
+    from concurrent.futures import Future
+
+    from kernelarc.session import _Flight
+
+    f = _Flight(slots=4)
+    assert f.idlest(2) == 0
+    f.guard_of[Future()] = 0
+    assert f.idlest(2) == 1
+    f.guard_of[Future()] = 1
+    f.guard_of[Future()] = 0
+    assert f.idlest(2) == 1

@@ -471,8 +471,10 @@ def _with_library(order: list, prefix: str, library: Mapping[str, Mapping[str, A
         done.add(fam.name)
         tuned = dict(point)
         for k in fam.knobs:
-            if k.name in knobs and knobs[k.name] in k.values:
-                tuned[k.name] = knobs[k.name]
+            v = knobs.get(k.name)
+            v = tuple(v) if isinstance(v, list) else v  # JSON (the registry's tags) has no tuples
+            if k.name in knobs and v in k.values:
+                tuned[k.name] = v
         try:
             tuned = fam.check_point(tuned)
         except ValueError:
