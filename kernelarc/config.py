@@ -104,6 +104,9 @@ class SearchConfig:
     # torch.compile of the reference is measured beside the first candidates (one of the evaluation slots)
     # instead of before the search: its compile no longer holds a short budget's search
     compile_beside_search: bool = True
+    # the kernel library (kernelarc.registry.kernel_library): the store whose champions of the built-in tasks
+    # start a SOL-ExecBench problem's sites; null: the tracking store (tracking.uri)
+    library_uri: str | None = None
 
 
 @dataclass

@@ -135,7 +135,7 @@ def build_tracking(cfg: KernelArcConfig, raw_config: dict, task: Task, target: A
 def kernel_library(cfg: KernelArcConfig, task: Task, target: Any, progress: Progress) -> dict[str, dict] | None:
     """The registry as a kernel library for a SOL-ExecBench problem searched offline: the champions of the
     built-in tasks whose kernel families its sites use, on this GPU (kernelarc.registry.kernel_library)."""
-    if not hasattr(task, "path") or not cfg.tracking.enabled or not cfg.tracking.register:
+    if not hasattr(task, "path") or not (cfg.search.library_uri or (cfg.tracking.enabled and cfg.tracking.register)):
         return None
     from kernelarc.app import backend_of
 
@@ -145,7 +145,7 @@ def kernel_library(cfg: KernelArcConfig, task: Task, target: Any, progress: Prog
     from kernelarc.registry import kernel_library as lookup
 
     wanted = library_tasks(task, families_for(task))
-    found = lookup(cfg.tracking.uri, target.name, wanted) if wanted else {}
+    found = lookup(cfg.search.library_uri or cfg.tracking.uri, target.name, wanted) if wanted else {}
     for fam, (_knobs, where) in sorted(found.items()):
         progress.line(f"kernel library: {fam} starts from {where}@champion")
     return {fam: knobs for fam, (knobs, _) in found.items()} or None

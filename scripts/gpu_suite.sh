@@ -58,9 +58,16 @@ for r in pathlib.Path(".kernelarc").glob("suite_shard*/*/*/results/*.json"):
         (pathlib.Path(sys.argv[1]) / (r.stem + ".claim")).write_text("restored\n")
 EOF2
 list=""; for p in "${PROBS[@]}"; do list+="'$p',"; done
+# the library store is read from a copy on the machine's own disk (SQLite's WAL across processes does not
+# hold on the device machine's copy of the checkout)
+LIBDB=/tmp/kernelarc-library.db
+if [ -n "${LIBRARY:-}" ]; then cp "$LIBRARY" "$LIBDB" && say "kernel library: $LIBRARY"; fi
 pids=()
 for ((k = 0; k < SHARDS; k++)); do
+  # LIBRARY=path/to/mlflow.db: a store whose champions of the built-in tasks (e.g. from scripts/bench.py) start
+  # the problems' sites (the kernel library); every shard reads it, none writes it
   timeout -k 10 "$SUITE_S" python3 -m kernelarc.suite dir="$TREE" "suite.problems=[${list%,}]" suite.claims="$CLAIMS" \
+    ${LIBRARY:+search.library_uri=sqlite:///$LIBDB} \
     suite.out=.kernelarc/suite_shard$k gpu=${GPU:-h200} tracking.uri=sqlite:///$STORES/shard$k/mlflow.db "$@" \
     >"$OUT/logs/shard$k.log" 2>&1 &
   pids+=($!)

@@ -100,3 +100,21 @@ def test_the_wiring_hands_the_library_to_the_team_and_says_so(tmp_path):
     agents = build_agents(cfg, task, lib)
     seeds = [p for a in agents for f, p in a._seeds if f.name == PREFIX + "fused_add_rmsnorm.rowblock"]
     assert any(p["num_warps"] == 1 for p in seeds)
+
+
+def test_the_library_can_be_another_store_than_the_tracking_one(tmp_path):
+    # suite shards track into their own stores; the built-in tasks' champions live in one library store
+    from types import SimpleNamespace
+
+    from kernelarc.ablate import _compose
+    from kernelarc.app import typed
+    from kernelarc.wiring import kernel_library as wired
+
+    task = _task(tmp_path / "p")
+    lib_uri = f"sqlite:///{tmp_path}/library.db"
+    _register(lib_uri, "fused_add_rmsnorm", "fused_add_rmsnorm.rowblock", {"num_warps": 1})
+    over = ["+task=sol_execbench", f"task.path={tmp_path / 'p'}", f"tracking.uri=sqlite:///{tmp_path}/shard.db"]
+    ui = SimpleNamespace(line=lambda text: None)
+    assert wired(typed(_compose(over)), task, SimpleNamespace(name="h200"), ui) is None
+    cfg = typed(_compose([*over, f"search.library_uri={lib_uri}", "tracking.enabled=false"]))
+    assert wired(cfg, task, SimpleNamespace(name="h200"), ui) == {"fused_add_rmsnorm.rowblock": {"num_warps": 1}}
