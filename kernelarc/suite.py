@@ -213,7 +213,20 @@ def render_table(results: list[ProblemResult]) -> str:
     counts = {s.value: sum(r.status is s for r in results) for s in ProblemStatus}
     lines.append("-" * len(head))
     lines.append(", ".join(f"{k} {v}" for k, v in counts.items() if v) + f" of {len(results)} problems")
+    built = sum(is_kernelarc_built(r) for r in results)
+    tc = [r.speedup_vs_compile for r in results if r.speedup_vs_compile]
+    dc = geomean([r.speedup_vs_compile_drift_corrected or 0 for r in results])
+    line = f"a KernelArc-built champion on {built} of {len(results)}; x torch.compile known on {len(tc)}"
+    if tc:
+        line += f", geomean {_fmt(geomean(tc), '.3f')} (drift-corrected {_fmt(dc, '.3f')})"
+    lines.append(line)
     return "\n".join(lines)
+
+
+def is_kernelarc_built(r: ProblemResult) -> bool:
+    """The champion is a kernel KernelArc built (a family, a composition, a dispatch), not the reference or
+    its plain torch.compile."""
+    return r.champion_family not in (None, "reference", "torch.compile")
 
 
 def geomean(values: list[float]) -> float | None:
@@ -295,7 +308,13 @@ class SuiteTracker:
         metrics = {
             "problems": len(results),
             "geomean_speedup_vs_reference": geomean([r.speedup_vs_reference or 0 for r in done]),
+            # over the problems with a torch.compile figure (problems_with_compile_figure of them)
             "geomean_speedup_vs_compile": geomean([r.speedup_vs_compile or 0 for r in done]),
+            "geomean_speedup_vs_compile_drift_corrected": geomean(
+                [r.speedup_vs_compile_drift_corrected or 0 for r in done]
+            ),
+            "problems_with_compile_figure": sum(bool(r.speedup_vs_compile) for r in done),
+            "problems_kernelarc_built": sum(is_kernelarc_built(r) for r in done),
         }
         for k, v in metrics.items():
             if v is not None:

@@ -100,6 +100,7 @@ def test_suite_runs_every_problem_records_failures_and_resumes(tmp_path):
     imp = rows["L2/003_import"]
     assert imp["status"] == "failed" and "does not import" in imp["reason"] and "no lib" in imp["reason"]
     assert (tables[0].parent / "table.csv").is_file()
+    assert "a KernelArc-built champion on " in r.stdout and " of 3; x torch.compile known on 0" in r.stdout
 
     from mlflow import MlflowClient
 
@@ -108,6 +109,9 @@ def test_suite_runs_every_problem_records_failures_and_resumes(tmp_path):
     (suite_run,) = c.search_runs([suite_exp.experiment_id])
     assert suite_run.info.status == "FINISHED"
     assert suite_run.data.metrics["problems_failed"] == 2
+    built = good["champion_family"] not in ("reference", "torch.compile")
+    assert suite_run.data.metrics["problems_kernelarc_built"] == int(built)
+    assert suite_run.data.metrics["problems_with_compile_figure"] == 0  # the suite runs without torch.compile
     assert suite_run.data.tags["kernelarc.problem.L1_001_rmsnorm"].endswith(good["mlflow_run_id"])
     # failed sessions are FAILED runs with their reason as a tag
     for name, row in (("broken_ref", broken), ("import_ref", imp)):
