@@ -422,25 +422,18 @@ def kernel_library(uri: str | None, gpu: str, families: dict[str, set[str]]) -> 
     is one of those families; ``{family: (knobs, "kernelarc.<task>.<gpu> v<version>")}``. Read from the
     version tags (nothing is downloaded). A store that cannot be read gives an empty library and a warning:
     the search then starts from the families' own start points."""
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
     out: dict[str, tuple[dict[str, Any], str]] = {}
     if not families:
         return out
+    uri = uri or default_tracking_uri()
     try:
-        uri = uri or default_tracking_uri()
-        prepare_sqlite(uri)
-        with store_init_lock(uri):
-            client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client = None
         for task, names in sorted(families.items()):
-            name = model_name(task, gpu)
-            try:
-                mv = client.get_model_version_by_alias(name, CHAMPION)
-            except MlflowException as exc:
-                if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
-                    continue  # no champion registered for that task on this GPU
-                raise
+            reg = Registry(client or uri, task, gpu)  # the first opens the store; the others share its client
+            client, name = reg.client, reg.name
+            mv = reg._model_version(CHAMPION)
+            if mv is None:
+                continue  # no champion registered for that task on this GPU
             fam = mv.tags.get("family")
             if fam not in names:
                 continue  # a baseline, a dispatch or another task's family: nothing to start a site from

@@ -64,6 +64,16 @@ class LoopSettings:
 
 
 @dataclass
+class _Baseline:
+    """A baseline measured beside the search (torch.compile): queued, or in flight."""
+
+    label: str
+    candidate: Candidate
+    timeout: float  # the time it is given, again when it is timed a second time
+    first: Evaluation | None = None  # its first verdict, when it is timed again beside a champion that moved
+
+
+@dataclass
 class _Flight:
     """Candidates between proposal and verdict: queued, to be measured again, in flight."""
 
@@ -71,17 +81,17 @@ class _Flight:
     queue: list[Candidate] = field(default_factory=list)
     rematch: list[Candidate] = field(default_factory=list)  # crowned against a champion that has since moved
     inflight: dict[Future, tuple[Candidate, str | None]] = field(default_factory=dict)  # -> (candidate, champion)
-    baselines: dict[Future, str] = field(default_factory=dict)  # in-flight baselines (trusted) -> label
-    # (label, candidate, timeout, its first verdict when it is timed again beside a champion that moved)
-    baseline_queue: list[tuple[str, Candidate, float, Evaluation | None]] = field(default_factory=list)
+    baselines: dict[Future, _Baseline] = field(default_factory=dict)  # in-flight baselines (trusted)
+    baseline_queue: list[_Baseline] = field(default_factory=list)
     guard_of: dict[Future, int] = field(default_factory=dict)  # the guard each evaluation in flight runs on
-    first: dict[Future, Evaluation] = field(default_factory=dict)  # a baseline timed again -> its first verdict
-    timeouts: dict[str, float] = field(default_factory=dict)  # baseline candidate id -> the time it was given
-    submitted: int = 0
     said_time: bool = False
 
     def room(self) -> bool:
         return len(self.inflight) < self.slots
+
+    def searching(self) -> int:
+        """Candidates in flight (baselines take slots, not candidate budget)."""
+        return len(self.inflight) - len(self.baselines)
 
     def idlest(self, guards: int) -> int:
         """The guard with the fewest evaluations in flight (the first of those): baselines and candidates
@@ -469,8 +479,7 @@ class SearchSession(SessionPhases):
         # do not fit beside the reference (its note says so; test doubles and Ray guards have no plan here).
         per = max(1, self.settings.parallel)
         flight = _Flight(sum(max_parallel(g, per) if isinstance(g, Guard) else per for g in self.guards))
-        flight.baseline_queue = [(label, cand, t, None) for label, cand, t in self.deferred_baselines]
-        flight.timeouts = {cand.id: t for _, cand, t in self.deferred_baselines}
+        flight.baseline_queue = [_Baseline(label, cand, t) for label, cand, t in self.deferred_baselines]
         self.deferred_baselines = []
         with (
             ThreadPoolExecutor(max_workers=flight.slots) as epool,
@@ -493,8 +502,7 @@ class SearchSession(SessionPhases):
         while True:
             budget_open = self._submit(flight, epool)
             if budget_open and not flight.queue and flight.room():
-                searching = len(flight.inflight) - len(flight.baselines)
-                free = min(flight.slots - len(flight.inflight), self._budget_left() - searching)
+                free = min(flight.slots - len(flight.inflight), self._budget_left() - flight.searching())
                 new = self._propose_round(apool, free)
                 if new:
                     stalls = 0
@@ -513,36 +521,32 @@ class SearchSession(SessionPhases):
     def _submit(self, flight: _Flight, pool: ThreadPoolExecutor) -> bool:
         """Start queued candidates (rematches first) while budget and slots allow; whether budget is left."""
         out_of_time = self._out_of_time()
-        searching = len(flight.inflight) - len(flight.baselines)
-        if out_of_time and searching and not flight.said_time:
+        if out_of_time and flight.searching() and not flight.said_time:
             flight.said_time = True
-            self.ui.line(f"  ⏱ time budget reached; finishing the {searching} candidate(s) in flight")
+            self.ui.line(f"  ⏱ time budget reached; finishing the {flight.searching()} candidate(s) in flight")
         while flight.baseline_queue and flight.room():
             # a baseline takes a slot but no candidate budget
-            label, cand, timeout, first = flight.baseline_queue.pop(0)
-            if first is not None and out_of_time:
+            b = flight.baseline_queue.pop(0)
+            if b.first is not None and out_of_time:
                 # no time to time it again beside the new champion: its first verdict stands, not crowned
-                self._record_baseline(label, cand, _uncrowned(first), None)
+                self._record_baseline(b.label, b.candidate, _uncrowned(b.first), None)
                 continue
-            again = " again, beside the new champion" if first is not None else " beside the search"
-            self.ui.line(f"measuring baseline: {label} (at most {timeout:.0f} s){again} ...")
+            again = " again, beside the new champion" if b.first is not None else " beside the search"
+            self.ui.line(f"measuring baseline: {b.label} (at most {b.timeout:.0f} s){again} ...")
             g = flight.idlest(len(self.guards))
-            fut = pool.submit(self._evaluate, cand, self.champion, True, timeout, g)
-            flight.inflight[fut] = (cand, self.champion.id if self.champion else None)
-            flight.baselines[fut] = label
+            fut = pool.submit(self._evaluate, b.candidate, self.champion, True, b.timeout, g)
+            flight.inflight[fut] = (b.candidate, self.champion.id if self.champion else None)
+            flight.baselines[fut] = b
             flight.guard_of[fut] = g
-            if first is not None:
-                flight.first[fut] = first
-        budget_open = self._budget_left() - (len(flight.inflight) - len(flight.baselines)) > 0 and not out_of_time
+        budget_open = self._budget_left() - flight.searching() > 0 and not out_of_time
         while budget_open and flight.room() and (flight.queue or flight.rematch):
             cand = flight.rematch.pop(0) if flight.rematch else flight.queue.pop(0)
             champ = self.champion
             g = flight.idlest(len(self.guards))
             fut = pool.submit(self._evaluate, cand, champ, False, None, g)
-            flight.submitted += 1
             flight.inflight[fut] = (cand, champ.id if champ else None)
             flight.guard_of[fut] = g
-            budget_open = self._budget_left() - (len(flight.inflight) - len(flight.baselines)) > 0
+            budget_open = self._budget_left() - flight.searching() > 0
         return budget_open
 
     def _collect(self, flight: _Flight) -> None:
@@ -560,19 +564,18 @@ class SearchSession(SessionPhases):
             except Exception as e:  # noqa: BLE001 - the guard returns verdicts; this is a bug guard
                 log.exception("evaluation of %s failed", cand.id)
                 ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error, errors=[str(e)]))
-            label = flight.baselines.pop(fut, None)
-            first = flight.first.pop(fut, None)
-            if label is None:
+            b = flight.baselines.pop(fut, None)
+            if b is None:
                 self._on_verdict(cand, ev, champ_id, flight.rematch)
             elif ev.verdict.status is Status.champion and (self.champion.id if self.champion else None) != champ_id:
                 # faster than the champion it was timed beside, which has since been beaten: again, beside the
                 # new one, with the time it was given (its compile is not cached across workers)
-                flight.baseline_queue.append((label, cand, flight.timeouts.get(cand.id, 0.0), first or ev))
-            elif first is not None and not ev.verdict.correct:
+                flight.baseline_queue.append(replace(b, first=b.first or ev))
+            elif b.first is not None and not ev.verdict.correct:
                 # timed again and failed this time (a timeout, say): the first, correct verdict stands, not crowned
-                self._record_baseline(label, cand, _uncrowned(first), None)
+                self._record_baseline(b.label, cand, _uncrowned(b.first), None)
             else:
-                self._record_baseline(label, cand, ev, champ_id)
+                self._record_baseline(b.label, cand, ev, champ_id)
         if done and not any(c.family == dispatch.FAMILY for c in flight.pending()):
             composite = self._dispatch_candidate()
             if composite is not None:

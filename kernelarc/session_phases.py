@@ -8,10 +8,10 @@ session's state: records, champion, guards, sinks); the loop itself stays in ``s
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any
 
+from kernelarc import dispatch
 from kernelarc.guard.judge import Evaluation, compiled_candidate, reference_candidate
 from kernelarc.models import Candidate, Status, Verdict
 from kernelarc.sinks import RegistrySink, TrackerSink
@@ -164,8 +164,7 @@ class SessionPhases:
         with self.lock:
             self.state.append(rec)
             self._replay(rec)
-            champ = next((r for r in reversed(self.records) if self.champion and r.candidate.id == self.champion.id
-                          and r.verdict.correct and r.samples), None)  # fmt: skip
+            champ = self._champion_record()
         if champ is not None and champ is not rec:
             self._refresh(Evaluation(champ.verdict, champ.samples))  # a champion crowned before this baseline came
         self._to_sinks(rec)
@@ -176,6 +175,11 @@ class SessionPhases:
             + (f", {v.latency_ms:.4f} ms" if v.latency_ms else "")
             + (f" ({v.errors[0].splitlines()[0][:100]})" if v.errors else "")
         )
+
+    def _champion_record(self) -> Record | None:
+        """The champion's latest correct, timed record."""
+        return next((r for r in reversed(self.records) if self.champion and r.candidate.id == self.champion.id
+                     and r.verdict.correct and r.samples), None)  # fmt: skip
 
     def _refresh(self, ev: Evaluation) -> None:
         try:
@@ -235,8 +239,7 @@ class SessionPhases:
         if self.sinks.tracker is not None:
             self.sinks.tracker.best_so_far(self.records, self.best_history)
         elapsed = time.monotonic() - self.t0 + self.elapsed_before
-        rec = next((r for r in reversed(self.records) if self.champion and r.candidate.id == self.champion.id
-                    and r.verdict.correct and r.samples), None)  # fmt: skip
+        rec = self._champion_record()
         if rec is not None:
             # Baselines measured after this champion was crowned (e.g. torch.compile) complete its metrics.
             self.guards[0].refresh_metrics(Evaluation(rec.verdict, rec.samples))
@@ -291,11 +294,9 @@ class SessionPhases:
         if rec is None:
             return None
         lat = self.drift_corrected_latencies()
-        b, c = lat.get(rec.candidate.id), lat.get(self.champion.id)
-        common = sorted(set(b or {}) & set(c or {}))
-        if not common:
-            return None
-        return math.exp(sum(math.log(b[w] / c[w]) for w in common) / len(common))
+        b, c = lat.get(rec.candidate.id) or {}, lat.get(self.champion.id) or {}
+        common = sorted(set(b) & set(c))
+        return dispatch.geomean_over({w: b[w] / c[w] for w in common}, common) if common else None
 
     def _champion_version(self) -> int | None:
         """The champion's registry version when the state folder does not have it (see RegistrySink.version_of)."""

@@ -301,10 +301,7 @@ class SimulatedGuard:
                            latency_ms=med, noise=rel_noise(samples[0]), iterations=self.samples)  # fmt: skip
         if champ_samples:
             r.champion_ms = median(champ_samples[0])
-        if self.baseline_ms.get(0):
-            r.baseline_ms, r.speedup_vs_baseline = self.baseline_ms[0], self.baseline_ms[0] / med
-        if self.compile_ms.get(0):
-            r.compile_ms, r.speedup_vs_compile = self.compile_ms[0], self.compile_ms[0] / med
+        self._against_baselines(r)
         v = Verdict(candidate_id=cand.id, status=status, workloads=[r], latency_ms=geomean([med]), noise=r.noise,
                     speedup_vs_baseline=r.speedup_vs_baseline, speedup_vs_compile=r.speedup_vs_compile,
                     eval_seconds=0.0, phases={"timing": 0.0})  # fmt: skip
@@ -318,20 +315,21 @@ class SimulatedGuard:
                 for wl, s in ev.samples.items():
                     store[wl] = median(s)
 
+    def _against_baselines(self, r: WorkloadResult) -> None:
+        """A workload's latency against the baselines known now."""
+        if not r.latency_ms:
+            return
+        if self.baseline_ms.get(r.index):
+            r.baseline_ms, r.speedup_vs_baseline = self.baseline_ms[r.index], self.baseline_ms[r.index] / r.latency_ms
+        if self.compile_ms.get(r.index):
+            r.compile_ms, r.speedup_vs_compile = self.compile_ms[r.index], self.compile_ms[r.index] / r.latency_ms
+
     def refresh_metrics(self, ev: Evaluation) -> None:
         """Metrics against baselines measured after the verdict (torch.compile, measured beside the
         search), as the real guard derives them."""
         v = ev.verdict
         for r in v.workloads:
-            if not r.latency_ms:
-                continue
-            if self.baseline_ms.get(r.index):
-                r.baseline_ms, r.speedup_vs_baseline = (
-                    self.baseline_ms[r.index],
-                    self.baseline_ms[r.index] / r.latency_ms,
-                )
-            if self.compile_ms.get(r.index):
-                r.compile_ms, r.speedup_vs_compile = self.compile_ms[r.index], self.compile_ms[r.index] / r.latency_ms
+            self._against_baselines(r)
         for key in ("speedup_vs_baseline", "speedup_vs_compile"):
             vals = [getattr(r, key) for r in v.workloads if getattr(r, key)]
             if vals and len(vals) == len(v.workloads):

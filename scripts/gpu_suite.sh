@@ -77,7 +77,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 say "suite shards done"
 
 PROBLIST="${PROBS[*]}" python3 - "$OUT" <<'EOF'
-import json, math, os, pathlib, sys
+import json, os, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 rows = []
 for t in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/table.json")):
@@ -89,10 +89,8 @@ by = {}
 for r in rows:
     by[r["status"]] = by.get(r["status"], 0) + 1
 print("suite rows:", len(rows), by)
-built = [r for r in rows if r.get("champion_family") not in (None, "reference", "torch.compile")]
-tc = [r["speedup_vs_compile"] for r in rows if isinstance(r.get("speedup_vs_compile"), (int, float)) and r["speedup_vs_compile"] > 0]
-gm = math.exp(sum(map(math.log, tc)) / len(tc)) if tc else float("nan")
-print(f"KernelArc-built champion on {len(built)} of {len(rows)} rows; x torch.compile known on {len(tc)}, geomean {gm:.3f}")
+from kernelarc.suite import ProblemResult, render_table  # its last line: built champions, geomean over torch.compile
+print(render_table([ProblemResult.model_validate(r) for r in rows]).splitlines()[-1])
 missing = sorted(set(os.environ.get("PROBLIST", "").split()) - {r["problem"] for r in rows})
 print(f"problems without a row ({len(missing)}):", " ".join(missing) or "none")
 for r in rows:
