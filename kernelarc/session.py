@@ -60,7 +60,7 @@ class LoopSettings:
     dispatch_route_margin: float
     dispatch_baselines: bool
     guard: GuardSettings
-    compile_beside_search: bool = True  # search.compile_beside_search
+    compile_beside_search: bool | None = None  # search.compile_beside_search (None: on a GPU only)
 
 
 @dataclass

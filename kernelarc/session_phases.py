@@ -132,7 +132,8 @@ class SessionPhases:
                     self.ui.line(f"  {label}: skipped (no time left in budget.minutes={self.settings.minutes})")
                     continue
                 # (a test double that takes verdicts in submission order measures it first: its runs stay repeatable)
-                if self.settings.compile_beside_search and not self.ordered_verdicts:
+                beside = self.settings.compile_beside_search
+                if (not self.on_cpu if beside is None else beside) and not self.ordered_verdicts:
                     self.deferred_baselines.append((label, cand, timeout))
                     continue
             self.ui.line(f"measuring baseline: {label} (at most {timeout:.0f} s) ...")

@@ -41,9 +41,15 @@ class SlowCompileGuard(SimulatedGuard):
 
 
 def _session(tmp_path, compile_factor: float, *extra: str, reference_factor: float = 1.0, guard_cls=None):
+    # beside the search on this CPU session too (its default is a GPU session's only); unless a test says
+    beside = (
+        []
+        if any(e.startswith("search.compile_beside_search") for e in extra)
+        else ["search.compile_beside_search=true"]
+    )
     cfg = _compose(["+task=matmul", "gpu=cpu", "search.calibrate=false", "agents.backend=search", "agents.count=2",
                     "executor.parallel=2", "budget.candidates=6", "budget.minutes=5", "tracking.enabled=false",
-                    "search.progress=false", f"search.state_dir={tmp_path}", *extra])  # fmt: skip
+                    "search.progress=false", f"search.state_dir={tmp_path}", *beside, *extra])  # fmt: skip
     c = typed(cfg)
     guards: list[SlowCompileGuard] = []
 
