@@ -220,6 +220,15 @@ INDUCTOR_IN_PROCESS = (
     "# Triton compile starts a sidecar process whose timer thread (subproc_worker_timer) appears seconds\n"
     "# later, during NVIDIA's harness's later calls: 'Thread injection detected' (REWARD_HACK) otherwise\n"
     "_kernelarc_inductor_config.compile_threads = 1\n"
+    "# Inductor builds a disabled tqdm progress bar per compile where tqdm is installed; tqdm's first instance\n"
+    "# starts its monitor thread (tqdm_monitor), which a compile after NVIDIA's first call would add to its\n"
+    "# count: started here, at import, it is there before every count\n"
+    "try:\n"
+    "    from tqdm import tqdm as _kernelarc_tqdm\n"
+    "except ImportError:\n"
+    "    _kernelarc_tqdm = None\n"
+    "if _kernelarc_tqdm is not None:\n"
+    "    _kernelarc_tqdm(disable=True).close()\n"
 )
 
 

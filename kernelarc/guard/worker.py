@@ -57,6 +57,24 @@ _perf_counter = time.perf_counter
 TORCH_THREADS = {"InductorSubproc", "tqdm_monitor", "subproc_worker_timer"}
 
 
+def _start_tqdm_monitor() -> None:
+    """Start tqdm's monitor thread now, as the harness's own thread.
+
+    tqdm starts one monitor thread on its first instance, even a disabled one, and keeps it to the end of
+    the process. Inductor creates a disabled tqdm whenever it waits for its parallel kernel compiles. A
+    candidate that compiles a graph only after the first call (a shape dispatch whose first part is eager
+    and whose second is compiled, on the H200) would start the monitor then, and the thread-count rule
+    (``_no_strays``) would read that as thread injection. NVIDIA's harness takes a baseline per workload,
+    after that workload's first call, and passes such a candidate. The thread runs no candidate code, and
+    with it started here no candidate call can start it."""
+    try:
+        from tqdm import tqdm
+    except Exception:  # noqa: BLE001 - no tqdm: Inductor uses its own stand-in, which starts no thread
+        return
+    with contextlib.suppress(Exception):  # not started: the rule stays as strict as before
+        tqdm(disable=True).close()
+
+
 class CandidateFailure(Exception):
     def __init__(self, status: str, message: str):
         super().__init__(message)
@@ -159,6 +177,7 @@ class Harness:
             self.buf = buffers.open_buffer(job["buffer"], page_lock=str(job["device"]).startswith("cuda"))
         self.warnings += sandbox.enter(sandbox.Role(job["role"]), job.get("uid"), job["home"], job["tmp"])
         self.threading = threading
+        _start_tqdm_monitor()
         self.threads0 = {t.ident for t in threading.enumerate()}
         # Candidate threads alive after the first call (NVIDIA's baseline, see _no_strays); None until
         # then, while only the name rule applies.

@@ -60,6 +60,24 @@ def run(x, weight):
 )
 # the same thread started during the first call: inside NVIDIA's round 0, so part of its baseline
 TIMER_AT_WARMUP = TIMER_LATE.replace("_CALLS[0] == 2", "_CALLS[0] == 1")
+# what Inductor does at each compile when tqdm is installed (the GPU image): a disabled progress bar, whose
+# first instance starts tqdm's monitor thread; here on the second call, as a shape dispatch's compiled part
+# compiles only when its shape first comes (rejected on the H200 as thread injection before the worker
+# started that thread itself)
+TQDM_LATE = (
+    "import torch\nfrom tqdm import tqdm\n"
+    + RMS
+    + """
+_CALLS = [0]
+
+
+def run(x, weight):
+    _CALLS[0] += 1
+    if _CALLS[0] == 2:
+        tqdm(total=1, disable=True)
+    return _rms(x, weight)
+"""
+)
 COMPILED = (
     "import torch\n" + RMS + "\n\n_fn = torch.compile(_rms)\n\n\ndef run(x, weight):\n    return _fn(x, weight)\n"
 )
@@ -80,6 +98,12 @@ def test_a_torch_thread_started_after_the_first_call_is_thread_injection(guard):
 
 def test_a_torch_thread_started_in_the_first_call_is_in_the_baseline(guard):
     v = guard.evaluate(Candidate(source=TIMER_AT_WARMUP, language="pytorch"), timeout_s=20).verdict
+    assert v.correct, (v.status, v.errors)
+
+
+def test_tqdm_monitor_of_a_late_compile_is_not_the_candidates_thread(guard):
+    pytest.importorskip("tqdm")
+    v = guard.evaluate(Candidate(source=TQDM_LATE, language="pytorch"), timeout_s=20).verdict
     assert v.correct, (v.status, v.errors)
 
 
