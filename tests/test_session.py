@@ -143,6 +143,14 @@ def test_inconsistent_side_by_side_is_not_promoted():
     assert decide({0: [0.08] * 5}, {0: [0.09] * 5}, champion_reference={0: 0.088}).promote
 
 
+def test_a_champion_faster_than_when_crowned_does_not_void_the_comparison():
+    # Crowned at 0.0525 ms while the machine was busy, 0.021 ms beside the challenger: only a higher bar.
+    d = decide({0: [0.007] * 5}, {0: [0.021] * 5}, champion_reference={0: 0.0525})
+    assert d.promote and abs(d.speedup - 3.0) < 1e-9, d.reason
+    # and a challenger no faster than that faster champion is not promoted by it
+    assert not decide({0: [0.021] * 5}, {0: [0.021] * 5}, champion_reference={0: 0.0525}).promote
+
+
 def _broken_problem(root: Path, reference: str) -> Path:
     import json
 
