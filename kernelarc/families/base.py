@@ -55,6 +55,9 @@ class Family:
     render: Callable[[Mapping[str, Any]], str]  # knobs -> full candidate source
     valid: Callable[[Mapping[str, Any]], bool] = field(default=_always_valid)
     language: str = "triton"
+    # operand dtypes the kernel takes (None: whatever its task gives); a composed problem's site of another
+    # dtype is not offered the family (kernelarc.families.composed)
+    dtypes: tuple[str, ...] | None = None
 
     def knob(self, name: str) -> Knob:
         for k in self.knobs:

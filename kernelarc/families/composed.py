@@ -315,8 +315,15 @@ def composed_families(task) -> list[Family]:
         if not rec.substitutable(kind, Impl.family):
             continue
         builtin_task = FAMILY_TASK[kind]
+        sites = rec.substitutable(kind, Impl.family)
         for fam in all_families().values():
             if fam.task != builtin_task:
+                continue
+            dts = {str(s.params["dtype"]) for s in sites if "dtype" in s.params}
+            wrong = sorted(dts - set(fam.dtypes)) if fam.dtypes else []
+            if wrong:
+                log.info("%s not offered for %s: it takes %s operands, the sites are %s", fam.name, task.name,
+                         "/".join(fam.dtypes), "/".join(wrong))  # fmt: skip
                 continue
             other = gknobs + _impl_knobs(rec, kind)
             names = {k.name for k in fam.knobs}

@@ -119,3 +119,31 @@ def test_inductor_only_knobs_are_no_source_change_when_the_rest_runs_eager(tmp_p
     traced = fam.render(fam.check_point({"rest": "inductor", "trace_kernels": True}))
     assert "_k0_run = torch.compiler.disable(_k0_run)" in opaque and "torch.compiler.disable" not in traced
     assert check_source(opaque).ok and check_source(traced).ok
+
+
+@pytest.fixture
+def with_cutlass_gemm(monkeypatch):
+    """The family registry as on a GPU machine with CUTLASS (there, ``matmul.cutlass_sm90`` is registered)."""
+    import kernelarc.families as families
+    from kernelarc.families.cutlass_gemm import CUTLASS_GEMM
+
+    real = families.all_families
+    monkeypatch.setattr(families, "all_families", lambda: {**real(), CUTLASS_GEMM.name: CUTLASS_GEMM})
+
+
+@needs_sol
+def test_a_bf16_only_kernel_family_is_not_offered_for_fp16_gemm_sites(with_cutlass_gemm):
+    # FlashInfer's GEMMs are fp16: on the H200 the CUTLASS GEMM (bf16 operands only) spent a slot of an
+    # 8-candidate budget on its ValueError; the Triton GEMM families take both
+    task = load_task(SOL / "FlashInfer-Bench/004_gemm_n128_k2048")
+    names = [f.name.removeprefix(f"composed.{task.name}.") for f in families_for(task)]
+    assert "matmul.tiled" in names and "matmul.cutlass_sm90" not in names, names
+
+
+def test_a_bf16_gemm_site_is_offered_the_cutlass_family(tmp_path, with_cutlass_gemm):
+    task = make_task(tmp_path, "p_mlp", ADD_RMS_MLP,
+                     {"x": (["T", "H"], "bfloat16"), "res": (["T", "H"], "bfloat16"), "w": (["H"], "bfloat16"),
+                      "wg": (["F", "H"], "bfloat16"), "wu": (["F", "H"], "bfloat16")},
+                     {"h": (["T", "F"], "bfloat16"), "s": (["T", "H"], "bfloat16")},
+                     [{"T": 4, "H": 64, "F": 32}])  # fmt: skip
+    assert any(f.name.endswith(".matmul.cutlass_sm90") for f in families_for(task))
