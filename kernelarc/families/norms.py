@@ -30,8 +30,8 @@ EPS = "1e-06"
 
 
 def _kernel_args(fused: bool) -> str:
-    if fused:
-        return "X, R, W, Y, RO, M, N, stride_x, stride_r, stride_y, stride_ro"
+    if fused:  # STORE_RO: a composed problem that never reads the sum back skips its store (a third of the traffic)
+        return "X, R, W, Y, RO, M, N, stride_x, stride_r, stride_y, stride_ro, STORE_RO: tl.constexpr"
     return "X, W, Y, M, N, stride_x, stride_y"
 
 
@@ -48,7 +48,7 @@ def _rows_kernel(name: str, fused: bool, k: Mapping[str, Any]) -> str:
         x = x + r
         """
         store_res = (
-            "tl.store(RO + rows[:, None] * stride_ro + cols[None, :], "
+            "if STORE_RO: tl.store(RO + rows[:, None] * stride_ro + cols[None, :], "
             f"_cast_out(x, RO.dtype.element_ty), mask=mask{skw})"
         )
         if k["residual_store"] == "early":
@@ -90,10 +90,12 @@ def _chunked_kernel(name: str, fused: bool, k: Mapping[str, Any]) -> str:
     second = k.get("second_pass", "inputs")
     pass1_add = ""
     if fused:
+        gate = "" if second == "residual_out" else "if STORE_RO: "  # that second pass re-reads the stored sum
         pass1_add = f"""
             r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0{p1}).to(tl.float32)
             x = x + r
-            tl.store(RO + rows[:, None] * stride_ro + cols[None, :], _cast_out(x, RO.dtype.element_ty), mask=mask{skw})
+            {gate}tl.store(RO + rows[:, None] * stride_ro + cols[None, :], _cast_out(x, RO.dtype.element_ty), \
+mask=mask{skw})
         """
     if fused and second == "residual_out":
         barrier = "tl.debug_barrier()  # residual_out written by other threads of this program"
@@ -148,13 +150,18 @@ def {name}({_kernel_args(fused)}, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
 # launchers
 
 
-def _launch_prologue(fused: bool) -> str:
+def _launch_prologue(fused: bool, force_store: bool = False) -> str:
     if fused:
-        return """
+        force = "    store_residual = True  # the second pass re-reads the stored sum\n" if force_store else ""
+        return (
+            """
 
 
-def run(x, residual, weight):
-    assert x.dim() == 2 and residual.shape == x.shape and weight.dim() == 1
+def run(x, residual, weight, store_residual=True):
+    # store_residual=False: the sum x + residual is not stored (nor returned: None), for callers that do not use it
+"""
+            + force
+            + """    assert x.dim() == 2 and residual.shape == x.shape and weight.dim() == 1
     assert weight.shape[0] == x.shape[1]
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -163,11 +170,14 @@ def run(x, residual, weight):
     weight = weight.contiguous()
     M, N = x.shape
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    ro = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    # y stands in for the residual output's pointer when it is not stored (the kernel never writes it then)
+    ro = torch.empty((M, N), dtype=x.dtype, device=x.device) if store_residual else y
     if M == 0 or N == 0:
-        return y, ro
-    args = (x, residual, weight, y, ro, M, N, x.stride(0), residual.stride(0), y.stride(0), ro.stride(0))
+        return y, (ro if store_residual else None)
+    args = (x, residual, weight, y, ro, M, N, x.stride(0), residual.stride(0), y.stride(0), ro.stride(0),
+            bool(store_residual))
 """
+        )
     return """
 
 
@@ -185,7 +195,7 @@ def run(x, weight):
 
 
 def _ret(fused: bool) -> str:
-    return "    return y, ro\n" if fused else "    return y\n"
+    return "    return y, (ro if store_residual else None)\n" if fused else "    return y\n"
 
 
 def _render_rowblock(family: str, task: str, fused: bool, k: Mapping[str, Any]) -> str:
@@ -225,7 +235,7 @@ def _render_chunked(family: str, task: str, fused: bool, k: Mapping[str, Any]) -
     src += f"\nNUM_WARPS = {k['num_warps']}\nNUM_STAGES = {k['num_stages']}\n"
     src += f"ROWS_PER_PROGRAM = {k['rows']}\nBLOCK_N = {k['block_n']}\n"
     src += _chunked_kernel(kname, fused, k)
-    src += _launch_prologue(fused)
+    src += _launch_prologue(fused, force_store=fused and k["second_pass"] == "residual_out")
     p = k["persistent"]
     src += f"""    block_n = min(BLOCK_N, triton.next_power_of_2(N))
 {mc.clamp_block_src("block_n", "ROWS_PER_PROGRAM", _chunked_streams(fused, k), "x.element_size()")}\

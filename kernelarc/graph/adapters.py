@@ -139,7 +139,9 @@ def rmsnorm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str
         r = c.name(site.inputs["residual"])
         lines = [
             f"if {x}.shape == {r}.shape and {x}.dtype == {r}.dtype and {w}.dim() == 1:",
-            f"    _y, _ro = {p}run({x}.reshape(-1, {x}.shape[-1]), {r}.reshape(-1, {r}.shape[-1]), {w})",
+            # the sum is stored only where the graph reads it back (a third of the kernel's traffic otherwise)
+            f"    _y, _ro = {p}run({x}.reshape(-1, {x}.shape[-1]), {r}.reshape(-1, {r}.shape[-1]), {w}, "
+            f"store_residual={'residual_out' in extra})",
             f"    {out} = {_out(site, f'_y.view({x}.shape)')}",
         ]
         if "residual_out" in extra:
