@@ -109,7 +109,7 @@ def test_suite_runs_every_problem_records_failures_and_resumes(tmp_path):
     (suite_run,) = c.search_runs([suite_exp.experiment_id])
     assert suite_run.info.status == "FINISHED"
     assert suite_run.data.metrics["problems_failed"] == 2
-    built = good["champion_family"] not in ("reference", "torch.compile")
+    built = good["champion_family"] not in ("reference", "torch.compile", "pytorch.compile_variants")
     assert suite_run.data.metrics["problems_kernelarc_built"] == int(built)
     assert suite_run.data.metrics["problems_with_compile_figure"] == 0  # the suite runs without torch.compile
     assert suite_run.data.tags["kernelarc.problem.L1_001_rmsnorm"].endswith(good["mlflow_run_id"])
@@ -233,3 +233,14 @@ def test_a_reference_too_slow_for_the_budget_is_a_failed_row_on_time(tmp_path):
     (row,) = json.loads(next((tmp_path / ".kernelarc").rglob("table.json")).read_text())
     assert row["status"] == "failed", row
     assert "(timeout)" in row["reason"] and "raise them" in row["reason"], row["reason"]
+
+
+def test_the_reference_under_other_compile_settings_is_not_kernelarc_built():
+    from kernelarc.agents.search import GENERIC_FAMILY
+    from kernelarc.suite import NOT_BUILT, ProblemResult, is_kernelarc_built
+
+    assert GENERIC_FAMILY in NOT_BUILT  # one name for the generic family in both places
+    row = {"problem": "L1/x", "status": "improved", "evaluated": 3}
+    assert not is_kernelarc_built(ProblemResult(**row, champion_family=GENERIC_FAMILY))
+    assert not is_kernelarc_built(ProblemResult(**row, champion_family="torch.compile"))
+    assert is_kernelarc_built(ProblemResult(**row, champion_family="composed.x.rmsnorm.rowblock"))
