@@ -47,6 +47,14 @@ if [ -n "${ORDER:-}" ]; then
      { g = $0; sub(/\/.*/, "", g); r = (g in rank) ? rank[g] : n + 1; printf "%d\t%s\n", r, $0 }' | sort -s -k1,1n | cut -f2)
 fi
 say "${#PROBS[@]} problems, $SHARDS shards, suite ${SUITE_S}s, overrides: $*"
+# the shards share the GPU's memory: each session's guard plans up to guard.memory_gb for itself (sixth session,
+# 7 shards x 40 GB on a 141 GB H200: 5 candidates of one L2/004 session in run U and L2/015's torch.compile in run S
+# died of "CUDA out of memory" while other shards held theirs)
+mem_gb=$(printf '%s\n' "$@" | sed -n 's/^guard\.memory_gb=//p' | tail -1)
+gpu_gb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | awk '{print int($1 / 1024)}')
+if [ -n "$mem_gb" ] && [ -n "$gpu_gb" ] && awk -v m="$mem_gb" -v s="$SHARDS" -v g="$gpu_gb" 'BEGIN { exit !(m * s > g) }'; then
+  say "warning: $SHARDS shards x guard.memory_gb=$mem_gb exceed the GPU's $gpu_gb GB: candidates may fail out of memory (about $(( gpu_gb / SHARDS )) GB per shard fits)"
+fi
 # Every shard gets the whole list and takes problems from one queue (suite.claims): a shard that drew
 # quick problems goes on with the next one instead of idling while another works through slow ones.
 CLAIMS=/tmp/kernelarc-claims; rm -rf "$CLAIMS"; mkdir -p "$CLAIMS"
