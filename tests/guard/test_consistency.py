@@ -54,7 +54,7 @@ def test_a_champion_slower_now_than_when_crowned_is_re_timed_alone(guard):
     assert notes, v.warnings
     assert v.status is Status.champion, (v.status, v.warnings)
     assert not any("inconsistent" in w for w in v.warnings), v.warnings
-    assert v.speedup_vs_champion and v.speedup_vs_champion > 2
+    assert v.speedup_vs_champion and v.speedup_vs_champion > 1.2  # ten times the work; call overhead on a CPU
     # the champion's side-by-side samples are untouched by the re-timing: the decision's ratio is theirs
     wl = v.workloads[0].index
     assert v.workloads[0].champion_ms == pytest.approx(median(ev.champion_samples[wl]))
