@@ -379,37 +379,6 @@ class Driver:
                 if msg.events_ms:
                     s.events.setdefault(wl, []).extend(msg.events_ms)
         self.cross_check(wl, cand, champ)
-        if champ is not None:
-            gap = min(cand.wall_ms.get(wl, 0.0) / rounds / 1e3, 2.0 / rounds)  # s, the challenger's burst
-            self.retime_alone(wl, champ, n_all, rounds, gap)
-
-    def retime_alone(self, wl: int, champ: Side, n: int, rounds: int, gap_s: float = 0.0) -> None:
-        """The champion alone again, when beside the challenger it ran more than the consistency factor slower
-        than when it was crowned (the rule in ``decision.decide``). Between its commands the challenger's worker
-        only waits for the next one (it can start no thread or process, and device work that outlives its calls
-        is rejected), so this measurement is the champion as the machine runs it now. If the machine got slower
-        (other sessions compiling, clocks), it agrees with the side-by-side one and the comparison stands; if
-        the challenger slowed the champion, it does not, and the comparison stays void.
-
-        The bursts keep the side-by-side rhythm: each waits ``gap_s`` (the challenger's burst time) before it,
-        as it waited for the challenger's burst there. On the H200 (run U, seven sessions) champions re-timed
-        back to back read 1.5-4x faster than beside the challenger in 6 sessions (0.0075 vs 0.0296 ms), most
-        likely because a launch-bound call stays hot on the host (caches, a core that never idles) when nothing
-        runs between bursts; with the gap only the challenger's presence differs. Not yet measured on the GPU."""
-        ref = self.res["champion_reference"].get(wl)
-        if not ref or ref <= 0 or median(champ.samples[wl]) / ref <= self.cfg.consistency_factor:
-            return
-        alone: list[float] = []
-        for _ in range(rounds):
-            if gap_s > 0:
-                time.sleep(gap_s)
-            alone.extend(self.burst(champ, wl, -(-n // rounds)).samples_ms)
-        now = median(alone)
-        self.res["champion_alone"][wl] = now
-        self.res["warnings"].append(
-            f"workload {wl}: champion {median(champ.samples[wl]):.4g} ms beside the challenger vs {ref:.4g} ms when "
-            f"crowned; re-timed alone now: {now:.4g} ms"
-        )
 
     def cross_check(self, wl: int, cand: Side, champ: Side | None) -> None:
         cfg = self.cfg

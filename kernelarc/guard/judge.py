@@ -304,14 +304,10 @@ class Guard:
             # nvcc builds the library while the candidate is imported; once it is imported, the plain
             # limit applies again, so a kernel that hangs on the GPU is killed as soon as any other.
             limit += self.cfg.build_timeout_s
-        status, res = self._drive(job, champion if timed_champion else None, role, seeds, limit, run_limit, hard,
-                                  champion_reference)  # fmt: skip
+        status, res = self._drive(job, champion if timed_champion else None, role, seeds, limit, run_limit, hard)
         errors += res["errors"]
         warnings += res["warnings"]
-        # A workload where the champion beside the challenger was much slower than when crowned was re-timed with
-        # the champion alone (``Driver.retime_alone``): that measurement, taken now, is the reference there.
-        ref = None if champion_reference is None else {**champion_reference, **res.get("champion_alone", {})}
-        ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, ref)
+        ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference)
         return ev
 
     def _take_gpu(self, hard: float | None) -> float | None:
@@ -330,11 +326,9 @@ class Guard:
         limit: float,
         run_limit: float,
         hard: float | None = None,
-        champion_reference: dict[int, float] | None = None,
     ) -> tuple[Status | None, dict]:
         res: dict[str, Any] = {"errors": [], "warnings": [], "samples": {}, "champion_samples": {}, "phases": {},
-                               "checks": {}, "champion_reference": champion_reference or {},
-                               "champion_alone": {}}  # fmt: skip
+                               "checks": {}}  # fmt: skip
         status: Status | None = None
         cand: Side | None = None
         champ: Side | None = None

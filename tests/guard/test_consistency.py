@@ -1,17 +1,18 @@
-"""The consistency rule on a machine that got slower since the champion was crowned.
+"""The consistency rule on a real guard: a champion measured much slower beside a challenger than when it
+was crowned voids the comparison; one measured faster only raises the bar.
 
-Beside a challenger the champion must not run much slower than when it was crowned: what a challenger that
-steals its GPU or CPU would show. On the H200, with seven sessions sharing the machine, champions ran 1.6-4x
-slower beside later challengers than when crowned, and composed candidates several times faster were judged
-correct_slower for it. The guard now re-times the champion alone on such a workload; that measurement is
-the reference there."""
+Why the slower side stays void even when the champion, re-timed alone right then, is as slow: in a CPU
+session on FlashInfer 024 (``executor.parallel=2``), the torch.compile champion's worker measured 16-24 ms
+per call, alone too, against 0.03-0.27 ms when it was crowned, while a shape dispatch that runs the very same
+torch.compile code measured 0.16 ms. A guard that took the re-timed measurement as the reference (commits
+581ac76..eb8d194, reverted) crowned that dispatch 13x faster than the champion, though it was 2.3x slower than
+torch.compile measured healthy. A champion far from its crowned self is a comparison nobody can trust."""
 
 from __future__ import annotations
 
 import pytest
 from cpu_guard import rmsnorm_cpu_guard
 
-from kernelarc.guard.decision import median
 from kernelarc.models import Candidate, Status
 
 RMS = """import torch
@@ -22,7 +23,7 @@ def _rms(x, weight):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
 """
 FAST = RMS + "\n\ndef run(x, weight):\n    return _rms(x, weight)\n"
-# correct and about ten times slower: the same result, recomputed
+# correct and slower: the same result, recomputed
 SLOW = (
     RMS
     + """
@@ -42,28 +43,27 @@ def guard():
         yield g
 
 
-def test_a_champion_slower_now_than_when_crowned_is_re_timed_alone(guard):
-    slow = Candidate(source=SLOW, language="pytorch")
-    crowned = guard.evaluate(slow).verdict
+@pytest.fixture(scope="module")
+def slow(guard):
+    cand = Candidate(source=SLOW, language="pytorch")
+    crowned = guard.evaluate(cand).verdict
     assert crowned.correct, crowned.errors
-    # as if crowned on a machine three times faster than this one is now
-    ref = {w.index: w.latency_ms / 3 for w in crowned.workloads}
-    ev = guard.evaluate(Candidate(source=FAST, language="pytorch"), slow, champion_reference=ref)
-    v = ev.verdict
-    notes = [w for w in v.warnings if "re-timed alone" in w]
-    assert notes, v.warnings
+    return cand, {w.index: w.latency_ms for w in crowned.workloads}
+
+
+def test_a_champion_far_slower_than_when_crowned_voids_the_comparison(guard, slow):
+    cand, lat = slow
+    # as if crowned at a tenth of what it measures now: the comparison is void, however fast the challenger
+    ref = {w: ms / 10 for w, ms in lat.items()}
+    v = guard.evaluate(Candidate(source=FAST, language="pytorch"), cand, champion_reference=ref).verdict
+    assert v.status is Status.correct_slower, (v.status, v.warnings)
+    assert any("inconsistent comparison" in w for w in v.warnings), v.warnings
+
+
+def test_a_champion_faster_than_when_crowned_is_compared(guard, slow):
+    cand, lat = slow
+    # as if crowned at ten times what it measures now (a busy machine then): only a higher bar
+    ref = {w: ms * 10 for w, ms in lat.items()}
+    v = guard.evaluate(Candidate(source=FAST, language="pytorch"), cand, champion_reference=ref).verdict
     assert v.status is Status.champion, (v.status, v.warnings)
     assert not any("inconsistent" in w for w in v.warnings), v.warnings
-    assert v.speedup_vs_champion and v.speedup_vs_champion > 1.2  # ten times the work; call overhead on a CPU
-    # the champion's side-by-side samples are untouched by the re-timing: the decision's ratio is theirs
-    wl = v.workloads[0].index
-    assert v.workloads[0].champion_ms == pytest.approx(median(ev.champion_samples[wl]))
-
-
-def test_a_champion_as_fast_as_when_crowned_is_not_re_timed(guard):
-    slow = Candidate(source=SLOW, language="pytorch")
-    crowned = guard.evaluate(slow).verdict
-    ref = {w.index: w.latency_ms for w in crowned.workloads}
-    v = guard.evaluate(Candidate(source=FAST, language="pytorch"), slow, champion_reference=ref).verdict
-    assert v.status is Status.champion, (v.status, v.warnings)
-    assert not any("re-timed alone" in w for w in v.warnings), v.warnings
