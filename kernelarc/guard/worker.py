@@ -154,6 +154,8 @@ class Harness:
         self.job = job
         self.device = torch.device(job["device"])
         self.is_cuda = self.device.type == "cuda"
+        if job.get("cpu_threads"):  # the judge's share of the cores for this worker (Guard.cpu_threads)
+            torch.set_num_threads(int(job["cpu_threads"]))
         self.task = load_task(job["task_path"], workload_file=job["workload_file"])
         self.make_inputs = make_inputs
         self.refill, self.snapshot = refill, snapshot
