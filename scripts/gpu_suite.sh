@@ -152,6 +152,7 @@ for f in sorted(pathlib.Path(".kernelarc").glob("*/*/*/evaluations.jsonl")):
                        "ms": r["verdict"].get("latency_ms"), "error": (r["verdict"].get("errors") or [""])[0][:200],
                        "vs_champion": r["verdict"].get("speedup_vs_champion"),
                        "warning": next((w[:200] for w in r["verdict"].get("warnings") or [] if "inconsistent" in w), ""),
+                       "warnings": [w[:200] for w in (r["verdict"].get("warnings") or [])[:6]],
                        "wl": [(w.get("latency_ms"), w.get("champion_ms")) for w in r["verdict"].get("workloads") or []]}
     out[str(f.parent)] = {"champion": brief(crowned[-1]) if crowned else None, "judged": [brief(r) for r in recs]}
 pathlib.Path(sys.argv[1], "sessions.json").write_text(json.dumps(out, indent=1, default=str))
