@@ -226,8 +226,8 @@ INDUCTOR_IN_PROCESS = (
     "try:\n"
     "    from tqdm import tqdm as _kernelarc_tqdm\n"
     "except ImportError:\n"
-    "    _kernelarc_tqdm = None\n"
-    "if _kernelarc_tqdm is not None:\n"
+    "    pass\n"
+    "else:\n"
     "    _kernelarc_tqdm(disable=True).close()\n"
 )
 

@@ -243,7 +243,7 @@ class SessionPhases:
         rec = self._champion_record()
         if rec is not None:
             # Baselines measured after this champion was crowned (e.g. torch.compile) complete its metrics.
-            self.guards[0].refresh_metrics(Evaluation(rec.verdict, rec.samples))
+            self._refresh(Evaluation(rec.verdict, rec.samples))
             self.champion_verdict = rec.verdict
         v = self.champion_verdict
         gpu_min = self.timing_seconds / 60

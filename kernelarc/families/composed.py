@@ -312,14 +312,14 @@ def composed_families(task) -> list[Family]:
         )
     )
     for kind in subst:
-        if not rec.substitutable(kind, Impl.family):
+        sites = rec.substitutable(kind, Impl.family)
+        if not sites:
             continue
         builtin_task = FAMILY_TASK[kind]
-        sites = rec.substitutable(kind, Impl.family)
+        dts = {str(s.params["dtype"]) for s in sites if "dtype" in s.params}  # the sites' operand dtypes
         for fam in all_families().values():
             if fam.task != builtin_task:
                 continue
-            dts = {str(s.params["dtype"]) for s in sites if "dtype" in s.params}
             wrong = sorted(dts - set(fam.dtypes)) if fam.dtypes else []
             if wrong:
                 log.info("%s not offered for %s: it takes %s operands, the sites are %s", fam.name, task.name,
