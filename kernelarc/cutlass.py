@@ -90,6 +90,9 @@ def cache_dir() -> Path:
     return Path(base)
 
 
+LIB_MODE = 0o644  # what a compiler's own output gets under the usual umask
+
+
 def build(source: str, arch: str = ARCH) -> Path:
     """Compile ``source`` to a shared library (cached by content); return its path.
 
@@ -127,6 +130,12 @@ def build(source: str, arch: str = ARCH) -> Path:
         errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or proc.stderr.splitlines()
         raise RuntimeError("nvcc failed:\n" + "\n".join(errors[:12])[-3000:])
     (out_dir / "build.log").write_text(proc.stderr)
+    # mkstemp made the file 0600: readable by the uid that built it only. The guard's workers each run as
+    # their own uid and share this cache through their role's group (guard/sandbox.py), so a library one
+    # worker built and another loads must be group-readable: without this, every later load of a library
+    # failed with "OSError: ... kernel.so: Permission denied" (softmax.cutlass_sm90's start point on the
+    # H200, a compile_error in each of three searches). The folder's own mode (umask 007) keeps others out.
+    os.chmod(tmp_lib, LIB_MODE)
     os.replace(tmp_lib, lib)
     return lib
 

@@ -173,3 +173,65 @@ def test_a_too_deep_pipeline_is_one_step_from_the_automatic_stage_count():
         for p in (repair(CUTLASS_GEMM, deep, ["BLOCK_N"], random.Random(seed)) for seed in range(40))
     }
     assert (64, 0) in outcomes and (32, 7) in outcomes
+
+
+def _fake_nvcc(folder) -> str:
+    """A stand-in for nvcc that writes its ``-o`` file (the build's file handling is what is tested)."""
+    exe = folder / "fake-nvcc"
+    exe.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do if [ "$1" = -o ]; then echo lib > "$2"; fi; shift; done\n')
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def _as(uid: int, gid: int, fn) -> int:
+    """Run ``fn`` in a child that dropped to ``uid``/``gid`` with the guard workers' umask; its exit code."""
+    import os
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:  # noqa: SIM105 - any failure is the exit code
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            os.umask(0o007)
+            fn()
+            code = 0
+        except BaseException as e:  # noqa: BLE001
+            print(f"child {uid}: {type(e).__name__}: {e}", flush=True)
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_library_one_worker_built_loads_in_another_workers_uid(tmp_path, monkeypatch):
+    """Guard workers of one role share the CUTLASS cache through their group, each under its own uid: a
+    library built by one must be readable by the next (mkstemp's 0600 made every later load fail with
+    "Permission denied": the softmax.cutlass_sm90 start point on the H200)."""
+    import os
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run as two uids")
+    from pathlib import Path
+
+    root = tempfile.mkdtemp(prefix="kernelarc-cache-test-")
+    tools = Path(tempfile.mkdtemp(prefix="kernelarc-nvcc-test-"))
+    tools.chmod(0o755)
+    fake = _fake_nvcc(tools)
+    monkeypatch.setattr(cutlass, "nvcc", lambda: fake)
+    monkeypatch.setattr(cutlass, "include_dirs", lambda: [])
+    try:
+        gid = 61990
+        os.chown(root, 0, gid)
+        os.chmod(root, 0o770)
+        monkeypatch.setenv("KERNELARC_CUTLASS_CACHE", root)
+        assert _as(61991, gid, lambda: cutlass.build("// one source")) == 0
+        (lib,) = list(Path(root).rglob("kernel.so"))
+        assert _as(61992, gid, lambda: lib.read_bytes()) == 0, oct(lib.stat().st_mode)
+        # and the second worker finds it built: a cache hit, no second build
+        assert _as(61993, gid, lambda: cutlass.build("// one source")) == 0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(tools, ignore_errors=True)
