@@ -300,6 +300,7 @@ class SearchSession(SessionPhases):
                 plateau=redirect,
                 backups=sorted(self.backups, key=lambda cv: cv[1].latency_ms or math.inf)[:8],
                 budget_left=self._budget_left(),
+                baselines={r.candidate.strategy: r.verdict.status for r in self.records if r.kind == "baseline"},
             )
 
     def _propose_round(self, pool: ThreadPoolExecutor, free: int) -> list[Candidate]:

@@ -257,3 +257,24 @@ def test_a_plateau_redirect_ports_the_best_design_before_climbing_the_target():
     assert all(c.knobs[k] == good[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages"))
     again = first(frozenset({c.id}))
     assert again.family == other.name and again.parent == "y" and "climbing" in again.rationale
+
+
+def test_transplant_opens_an_untried_family_at_its_start_point():
+    """A family's first kernel is its start point whichever operator opens it: a port into an untried family
+    comes after that family's start (on the H200 a port opened softmax.rowblock 25% slower than its start
+    point, and no later proposal went back to it)."""
+    task = load_builtin("softmax", cpu=True)
+    fams = {f.name: f for f in families_for("softmax")}
+    online = fams["softmax.online"]
+    win = _entry(online, dict(online.start, num_warps=4), Status.champion, 1.5, 0.2)
+    agent = SearchAgent("a2", "transplant", task, seed=0)
+    seen: set[str] = set()
+    firsts: dict[str, Candidate] = {}
+    for _ in range(12):
+        for c in agent.propose(_ctx(task, [win], frozenset(seen)), 1).candidates:
+            seen.add(c.id)
+            firsts.setdefault(c.family, c)
+    opened = {n: c for n, c in firsts.items() if n != online.name}
+    assert opened, [c.rationale for c in firsts.values()]
+    for name, c in opened.items():
+        assert c.knobs == fams[name].check_point(fams[name].start), c.rationale

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kernelarc.models import Candidate, Finding, Verdict
+from kernelarc.models import Candidate, Finding, Status, Verdict
 from kernelarc.plateau import PlateauEvent
 from kernelarc.tasks.loader import Task
 
@@ -28,6 +28,9 @@ class AgentContext:
     plateau: PlateauEvent | None = None  # the same firing, typed (its action and target family)
     backups: list[tuple[Candidate, Verdict]] = field(default_factory=list)  # correct but slower candidates
     budget_left: int | None = None  # candidates left in the session budget
+    # the baselines judged so far (label -> status: "reference", "torch.compile"); a torch.compile that is
+    # incorrect says Inductor's numerics leave the problem's tolerance, compiled compositions included
+    baselines: dict[str, Status] = field(default_factory=dict)
     # the read-only leaderboard (kernelarc.board.Board.leaderboard): each agent's fastest correct kernel, shown
     # whatever memory.limit is (the siblings' bests; the findings above are what memory adds around them)
     leaders: list[Finding] = field(default_factory=list)

@@ -147,3 +147,64 @@ def test_a_bf16_gemm_site_is_offered_the_cutlass_family(tmp_path, with_cutlass_g
                      {"h": (["T", "F"], "bfloat16"), "s": (["T", "H"], "bfloat16")},
                      [{"T": 4, "H": 64, "F": 32}])  # fmt: skip
     assert any(f.name.endswith(".matmul.cutlass_sm90") for f in families_for(task))
+
+
+def _mlp_task(tmp_path):
+    return make_task(tmp_path, "p_mlp", ADD_RMS_MLP,
+                     {"x": (["T", "H"], "bfloat16"), "res": (["T", "H"], "bfloat16"), "w": (["H"], "bfloat16"),
+                      "wg": (["F", "H"], "bfloat16"), "wu": (["F", "H"], "bfloat16")},
+                     {"h": (["T", "F"], "bfloat16"), "s": (["T", "H"], "bfloat16")},
+                     [{"T": 4, "H": 64, "F": 32}, {"T": 6, "H": 64, "F": 32}])  # fmt: skip
+
+
+def test_an_incorrect_torch_compile_moves_compositions_to_an_eager_rest(tmp_path):
+    """Where torch.compile of the reference is judged incorrect (Inductor's fused numerics outside the
+    problem's tolerance: L2/015, L2/041, L2/069 on the H200), compositions that compile the rest of the
+    graph fail the same way: the team's start points and later proposals run the rest eager instead."""
+    from kernelarc.models import Status
+
+    task = _mlp_task(tmp_path)
+    seeds = start_points(task, families_for(task))
+    assert any(p.get("rest") == "inductor" for _, p in seeds)
+    names = offline_team(list(STRATEGIES), 4, task)
+    agents = [SearchAgent(f"agent{i}-{s}", s, task, seed=0) for i, s in enumerate(names)]
+    seen: set[str] = set()
+    props = []
+    for _ in range(3):  # the first round, then two more with the agents' own (unjudged) history empty
+        for a in agents:
+            ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[],
+                               history=[], seen=frozenset(seen), baselines={"torch.compile": Status.incorrect})  # fmt: skip
+            for c in a.propose(ctx, 2).candidates:
+                seen.add(c.id)
+                props.append(c)
+    composed = [c for c in props if "rest" in c.knobs]
+    assert len(composed) >= 8
+    assert all(c.knobs["rest"] == "eager" for c in composed), [(c.family, c.knobs["rest"]) for c in composed]
+    assert any("torch.compile of the reference is incorrect" in c.rationale for c in composed)
+    # the same team without that verdict leads with compiled compositions
+    fresh = SearchAgent("agent0-x", names[0], task, seed=0)
+    ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[], history=[],
+                       seen=frozenset())  # fmt: skip
+    assert fresh.propose(ctx, 1).candidates[0].knobs["rest"] == "inductor"
+
+
+def test_two_incorrect_compiled_compositions_are_evidence_too(tmp_path):
+    """Without a torch.compile verdict (it timed out, or is still compiling beside the search), two
+    compositions with an Inductor rest judged incorrect, and none correct, move the next proposals eager."""
+    from kernelarc.models import Candidate, Status, Verdict
+
+    task = _mlp_task(tmp_path)
+    seeds = [(f, p) for f, p in start_points(task, families_for(task)) if p.get("rest") == "inductor"][:2]
+    hist = []
+    for f, p in seeds:
+        c = Candidate(source=f.render(p), language=f.language, agent="a", strategy="s", family=f.name, knobs=p)
+        hist.append((c, Verdict(candidate_id=c.id, status=Status.incorrect, errors=["96% within tolerance"])))
+    agent = SearchAgent("agent0-exploit", "exploit", task, seed=0)
+    ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[],
+                       history=hist[:1], seen=frozenset(c.id for c, _ in hist))  # fmt: skip
+    assert SearchAgent.inductor_fails(ctx) is None  # one failure may be the kernel's own
+    ctx.history = hist
+    why = SearchAgent.inductor_fails(ctx)
+    assert why and "2 compositions" in why
+    props = agent.propose(ctx, 4).candidates
+    assert props and all(c.knobs.get("rest", "eager") == "eager" for c in props), [c.rationale for c in props]
