@@ -172,8 +172,9 @@ def test_an_incorrect_torch_compile_moves_compositions_to_an_eager_rest(tmp_path
     props = []
     for _ in range(3):  # the first round, then two more with the agents' own (unjudged) history empty
         for a in agents:
+            bad = {"torch.compile": Status.incorrect}
             ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[],
-                               history=[], seen=frozenset(seen), baselines={"torch.compile": Status.incorrect})  # fmt: skip
+                               history=[], seen=frozenset(seen), baselines=bad)  # fmt: skip
             for c in a.propose(ctx, 2).candidates:
                 seen.add(c.id)
                 props.append(c)
