@@ -177,6 +177,21 @@ class SessionPhases:
             + (f" ({v.errors[0].splitlines()[0][:100]})" if v.errors else "")
         )
 
+    def _champion_parts(self) -> list[str] | None:
+        """A shape-dispatch champion's parts, each named by its family (or a baseline's label: "reference",
+        "torch.compile"); None for any other champion. A dispatch that only routes between the baselines and
+        the reference's compile variants is not a kernel KernelArc built (issue 14's count, L2/008 on the
+        H200: the reference on one shape, torch.compile on the other)."""
+        c = self.champion
+        if c is None or c.family != dispatch.FAMILY:
+            return None
+        by_id = {r.candidate.id: r.candidate for r in self.records}
+        names = set()
+        for cid in (c.knobs or {}).values():
+            part = by_id.get(str(cid))
+            names.add((part.family or part.strategy) if part is not None else "unknown")
+        return sorted(names)
+
     def _champion_record(self) -> Record | None:
         """The champion's latest correct, timed record."""
         return next((r for r in reversed(self.records) if self.champion and r.candidate.id == self.champion.id
@@ -253,6 +268,7 @@ class SessionPhases:
             "champion": self.champion.id if self.champion else None,
             "champion_family": (self.champion.family or self.champion.strategy) if self.champion else None,
             "champion_agent": self.champion.agent if self.champion else None,
+            "champion_parts": self._champion_parts(),
             "latency_ms": v.latency_ms if v else None,
             "tflops": v.tflops if v else None,
             "tbps": v.tbps if v else None,

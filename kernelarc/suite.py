@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 
 CHILD_ENV = "KERNELARC_SUITE_CHILD"  # set in a problem's subprocess (suite.isolation=process)
 COLUMNS = (
-    "problem", "definition", "status", "champion_family", "speedup_vs_reference", "speedup_vs_compile",
-    "speedup_vs_reference_drift_corrected", "speedup_vs_compile_drift_corrected", "sol_score", "sol_fraction",
+    "problem", "definition", "status", "champion_family", "champion_parts", "speedup_vs_reference",
+    "speedup_vs_compile", "speedup_vs_reference_drift_corrected", "speedup_vs_compile_drift_corrected", "sol_score",
+    "sol_fraction",
     "latency_ms", "evaluated", "elapsed_min", "workloads", "reason", "mlflow_run_id", "registry_version",
     "harness_verdict", "harness_passed", "harness_speedup",
 )  # fmt: skip
@@ -66,6 +67,7 @@ class ProblemResult(BaseModel):
     definition: str | None = None
     status: ProblemStatus
     champion_family: str | None = None
+    champion_parts: list[str] | None = None  # a shape dispatch's parts by family (or baseline label)
     speedup_vs_reference: float | None = None
     speedup_vs_compile: float | None = None
     speedup_vs_reference_drift_corrected: float | None = None  # both on the session's first time base
@@ -166,7 +168,8 @@ def result_from_summary(problem: str, summary: dict[str, Any], workloads: list[i
         reason = "; ".join(f"{k}: {v}" for k, v in notes.items())
     return ProblemResult(
         problem=problem, definition=summary.get("task"), status=status,
-        champion_family=summary.get("champion_family"), speedup_vs_reference=summary.get("speedup_vs_baseline"),
+        champion_family=summary.get("champion_family"), champion_parts=summary.get("champion_parts"),
+        speedup_vs_reference=summary.get("speedup_vs_baseline"),
         speedup_vs_compile=summary.get("speedup_vs_compile"),
         speedup_vs_reference_drift_corrected=summary.get("speedup_vs_baseline_drift_corrected"),
         speedup_vs_compile_drift_corrected=summary.get("speedup_vs_compile_drift_corrected"),
@@ -229,8 +232,11 @@ NOT_BUILT = (None, "reference", "torch.compile", "pytorch.compile_variants")
 
 
 def is_kernelarc_built(r: ProblemResult) -> bool:
-    """The champion is a kernel KernelArc built (a family, a composition, a dispatch), not the reference, its
-    plain torch.compile, or the reference under other torch.compile settings."""
+    """The champion is a kernel KernelArc built (a family, a composition, a dispatch with such a part), not the
+    reference, its plain torch.compile, the reference under other torch.compile settings, or a dispatch that
+    only routes between those (a part that cannot be named counts as not built)."""
+    if r.champion_family == "dispatch" and r.champion_parts is not None:
+        return any(p not in NOT_BUILT and p != "unknown" for p in r.champion_parts)
     return r.champion_family not in NOT_BUILT
 
 

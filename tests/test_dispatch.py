@@ -316,6 +316,9 @@ def test_cpu_session_composes_and_judges_a_dispatch(tmp_path, monkeypatch):
     assert mine[0] < slow64[0] / 3 and mine[1] < slow100[1] / 3
     assert set(comp.candidate.knobs) == {"default", "workload0", "workload1"}
     assert any(f.family == dispatch.FAMILY and "shape dispatch" in f.lesson for f in session.board.view(None))
+    # the summary names a dispatch champion's parts by family (what the suite's KernelArc-built count reads)
+    session.champion = comp.candidate
+    assert session._champion_parts() == ["slow_on_100", "slow_on_64"]
 
 
 def test_every_family_start_point_can_be_a_part():

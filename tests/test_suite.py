@@ -244,3 +244,15 @@ def test_the_reference_under_other_compile_settings_is_not_kernelarc_built():
     assert not is_kernelarc_built(ProblemResult(**row, champion_family=GENERIC_FAMILY))
     assert not is_kernelarc_built(ProblemResult(**row, champion_family="torch.compile"))
     assert is_kernelarc_built(ProblemResult(**row, champion_family="composed.x.rmsnorm.rowblock"))
+
+
+def test_a_dispatch_between_baselines_is_not_kernelarc_built():
+    """A shape dispatch counts as KernelArc-built only with a part KernelArc built (L2/008 on the H200: a
+    dispatch of the reference and torch.compile was counted as built)."""
+    from kernelarc.suite import ProblemResult, is_kernelarc_built
+
+    row = {"problem": "L2/x", "status": "improved", "evaluated": 3, "champion_family": "dispatch"}
+    assert not is_kernelarc_built(ProblemResult(**row, champion_parts=["reference", "torch.compile"]))
+    assert not is_kernelarc_built(ProblemResult(**row, champion_parts=["pytorch.compile_variants", "unknown"]))
+    assert is_kernelarc_built(ProblemResult(**row, champion_parts=["composed.x.rmsnorm.rowblock", "torch.compile"]))
+    assert is_kernelarc_built(ProblemResult(**row))  # a row saved before parts were recorded: as before
