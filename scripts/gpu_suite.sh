@@ -10,7 +10,8 @@
 # harness copied into the ignored folder .shared):
 #   SHARDS=8 bash scripts/gpu_suite.sh .shared/sol-execbench SUITE_SECONDS HARNESS_SECONDS [overrides...]
 # (HARNESS_PAR=4 harness runs at a time, HARNESS_CALL_S=90 s per harness call; PROBLEMS="a b" for a subset;
-#  ORDER="L2 Quant" to queue those groups first; HARNESS_SECONDS=0 skips the harness)
+#  ORDER="L2 Quant" to queue those groups first; HARNESS_SECONDS=0 skips the harness; QUIET_CPUS=2 reserves two
+#  CPUs for the measured workers, see below)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 TREE=$(realpath "$1"); SUITE_S=$2; HARNESS_S=$3; shift 3
@@ -70,11 +71,22 @@ list=""; for p in "${PROBS[@]}"; do list+="'$p',"; done
 # hold on the device machine's copy of the checkout)
 LIBDB=/tmp/kernelarc-library.db
 if [ -n "${LIBRARY:-}" ]; then cp "$LIBRARY" "$LIBDB" && say "kernel library: $LIBRARY"; fi
+# QUIET_CPUS=N: the first N CPUs are reserved for the workers being measured (kernelarc/guard/quiet.py): every
+# shard runs on the others, and a guard moves the workers it checks and times onto the reserved ones while it
+# holds the device lock (only one guard holds it at a time), so compiling shards no longer deschedule a timed
+# launch-bound call's host side. Default 0: off (not yet measured on the H200).
+PIN=()
+ncpu=$(nproc)
+if [ "${QUIET_CPUS:-0}" -gt 0 ] && [ "$ncpu" -gt "$(( QUIET_CPUS + 1 ))" ] && command -v taskset >/dev/null; then
+  export KERNELARC_QUIET_CPUS="0-$(( QUIET_CPUS - 1 ))"
+  PIN=(taskset -c "$QUIET_CPUS-$(( ncpu - 1 ))")
+  say "quiet CPUs $KERNELARC_QUIET_CPUS for measured workers; shards on CPUs $QUIET_CPUS-$(( ncpu - 1 ))"
+fi
 pids=()
 for ((k = 0; k < SHARDS; k++)); do
   # LIBRARY=path/to/mlflow.db: a store whose champions of the built-in tasks (e.g. from scripts/bench.py) start
   # the problems' sites (the kernel library); every shard reads it, none writes it
-  timeout -k 10 "$SUITE_S" python3 -m kernelarc.suite dir="$TREE" "suite.problems=[${list%,}]" suite.claims="$CLAIMS" \
+  timeout -k 10 "$SUITE_S" "${PIN[@]}" python3 -m kernelarc.suite dir="$TREE" "suite.problems=[${list%,}]" suite.claims="$CLAIMS" \
     ${LIBRARY:+search.library_uri=sqlite:///$LIBDB} \
     suite.out=.kernelarc/suite_shard$k gpu=${GPU:-h200} tracking.uri=sqlite:///$STORES/shard$k/mlflow.db "$@" \
     >"$OUT/logs/shard$k.log" 2>&1 &

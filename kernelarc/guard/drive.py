@@ -151,6 +151,7 @@ class Driver:
         self.clock = clock
         self.res = res
         self.holding = False
+        self.measured: list[int] = []  # the worker pids moved onto the quiet cores while the lock is held
 
     # -- messages ------------------------------------------------------------------------
     def recv(self, side: Side, expect: type) -> Any:
@@ -236,9 +237,15 @@ class Driver:
             waited = time.monotonic() - t
             self.clock.excluded(waited)
             self.res["phases"]["gpu_wait"] = waited
+            quiet = getattr(self.g, "quiet", None)
+            if quiet is not None and self.measured:
+                quiet.enter(self.measured)
 
     def unlock(self) -> None:
         if self.holding:
+            quiet = getattr(self.g, "quiet", None)
+            if quiet is not None and self.measured:
+                quiet.leave(self.measured)
             self.g._gpu.release()
             self.holding = False
 

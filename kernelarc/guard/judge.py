@@ -31,6 +31,7 @@ from kernelarc.guard.drive import Clock, Driver, Side, Stop, gpu_wait_message
 from kernelarc.guard.memory import memory_plan
 from kernelarc.guard.pool import WorkerPool
 from kernelarc.guard.protocol import Outputs
+from kernelarc.guard.quiet import from_env as quiet_cores
 from kernelarc.guard.sandbox import Role
 from kernelarc.guard.settings import GuardSettings
 from kernelarc.guard.static import check_source
@@ -144,6 +145,7 @@ class Guard:
         self._pool: WorkerPool | None = None
         # one candidate checks or times on the device at a time, across this process and any other
         self._gpu = DeviceLock(device)
+        self.quiet = quiet_cores()  # KERNELARC_QUIET_CPUS: measured workers on CPUs of their own (guard/quiet.py)
         self._refs: OrderedDict[tuple[int, int], tuple[list, list | None, bool]] = OrderedDict()
         self._refs_lock = threading.Lock()
         self._ref_mod = load_module(task.definition.reference, f"reference_{task.name}")
@@ -356,6 +358,7 @@ class Guard:
                 slot = self._champion_worker(champion, job, nbytes, drv)
                 champ = Side("champion", slot.worker, slot.buffer, ready=slot.ready)
             res["phases"]["worker_wait"] = time.monotonic() - t
+            drv.measured = [s.worker.process.pid for s in (cand, champ) if s is not None]
             clock = drv.clock = Clock(limit, hard)  # worker start-up is not the candidate's time
             if champ is not None and not champ.ready:
                 with slot.setup:  # another evaluation may be setting this champion up: once for all
