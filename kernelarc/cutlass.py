@@ -109,8 +109,8 @@ def build(source: str, arch: str = ARCH) -> Path:
     key = hashlib.sha256("\0".join([source, arch, *flags, *incs]).encode()).hexdigest()[:24]
     out_dir = cache_dir() / key
     lib = out_dir / "kernel.so"
-    if lib.is_file():
-        return lib
+    if lib.is_file() and os.access(lib, os.R_OK):
+        return lib  # (one this uid cannot read, built before LIB_MODE by another worker, is built again below)
     out_dir.mkdir(parents=True, exist_ok=True)
     src = out_dir / "kernel.cu"
     if not src.is_file():

@@ -190,7 +190,8 @@ class SessionPhases:
         for cid in (c.knobs or {}).values():
             part = by_id.get(str(cid))
             names.add((part.family or part.strategy) if part is not None else "unknown")
-        return sorted(names)
+        # none resolved (a dispatch crowned in an earlier session, re-measured from the registry): unknown
+        return sorted(names) if names - {"unknown"} else None
 
     def _champion_record(self) -> Record | None:
         """The champion's latest correct, timed record."""

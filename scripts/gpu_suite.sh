@@ -76,11 +76,17 @@ if [ -n "${LIBRARY:-}" ]; then cp "$LIBRARY" "$LIBDB" && say "kernel library: $L
 # holds the device lock (only one guard holds it at a time), so compiling shards no longer deschedule a timed
 # launch-bound call's host side. Default 0: off (not yet measured on the H200).
 PIN=()
-ncpu=$(nproc)
-if [ "${QUIET_CPUS:-0}" -gt 0 ] && [ "$ncpu" -gt "$(( QUIET_CPUS + 1 ))" ] && command -v taskset >/dev/null; then
-  export KERNELARC_QUIET_CPUS="0-$(( QUIET_CPUS - 1 ))"
-  PIN=(taskset -c "$QUIET_CPUS-$(( ncpu - 1 ))")
-  say "quiet CPUs $KERNELARC_QUIET_CPUS for measured workers; shards on CPUs $QUIET_CPUS-$(( ncpu - 1 ))"
+if [ "${QUIET_CPUS:-0}" -gt 0 ] && command -v taskset >/dev/null; then
+  # the CPUs this process may use (not always 0..nproc-1): the first QUIET_CPUS quiet, the rest for the shards
+  read -r QUIET REST < <(python3 -c 'import os, sys; c = sorted(os.sched_getaffinity(0)); n = int(sys.argv[1])
+print(",".join(map(str, c[:n])), ",".join(map(str, c[n:])) if len(c) > n + 1 else "")' "$QUIET_CPUS")
+  if [ -n "${REST:-}" ]; then
+    export KERNELARC_QUIET_CPUS=$QUIET
+    PIN=(taskset -c "$REST")
+    say "quiet CPUs $QUIET for measured workers; shards on CPUs $REST"
+  else
+    say "warning: QUIET_CPUS=$QUIET_CPUS leaves fewer than two CPUs for the shards; quiet cores off"
+  fi
 fi
 pids=()
 for ((k = 0; k < SHARDS; k++)); do

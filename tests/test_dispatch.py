@@ -319,6 +319,9 @@ def test_cpu_session_composes_and_judges_a_dispatch(tmp_path, monkeypatch):
     # the summary names a dispatch champion's parts by family (what the suite's KernelArc-built count reads)
     session.champion = comp.candidate
     assert session._champion_parts() == ["slow_on_100", "slow_on_64"]
+    # a dispatch none of whose parts this session measured (an incumbent from the registry): unknown, not "not built"
+    session.champion = comp.candidate.model_copy(update={"knobs": {"default": "0" * 16, "workload0": "1" * 16}})
+    assert session._champion_parts() is None
 
 
 def test_every_family_start_point_can_be_a_part():

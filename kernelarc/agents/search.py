@@ -436,8 +436,11 @@ class SearchAgent:
             if c.knobs:
                 results[c.id] = (c.knobs, v.status)
         compiled = [st for knobs, st in results.values() if knobs.get("rest") == "inductor"]
+        eager_bad = any(knobs.get("rest") == "eager" and st is Status.incorrect for knobs, st in results.values())
         bad = sum(st is Status.incorrect for st in compiled)
-        if bad >= 2 and not any(st.correct for st in compiled):
+        # an incorrect eager composition says the kernels fail too (L2/069's attention sites): Inductor is then
+        # not the evidence's only suspect, and compiled compositions may be proposed again
+        if bad >= 2 and not any(st.correct for st in compiled) and not eager_bad:
             return f"{bad} compositions with the rest under Inductor were incorrect, none correct"
         return None
 
@@ -453,7 +456,8 @@ class SearchAgent:
             return None
         return eager if fam.valid(eager) else None
 
-    def _seed_candidates(self, ctx: AgentContext, n: int, seen: set[str]) -> list[Candidate]:
+    def _seed_candidates(self, ctx: AgentContext, n: int, seen: set[str], why_eager: str | None = None
+                         ) -> list[Candidate]:  # fmt: skip
         """This agent's share of the composed problem's start points not measured yet: all of them for a
         lone generalist, else the ``rank``-th slice of ``n`` in the agent's first round (the team's first
         round then measures the list in order)."""
@@ -466,7 +470,6 @@ class SearchAgent:
         else:
             mine = self._seeds[self.rank * n : (self.rank + 1) * n]
         out: list[Candidate] = []
-        why_eager = self.inductor_fails(ctx)
         for j, (fam, point) in enumerate(mine):
             if len(out) >= n:
                 break
@@ -691,7 +694,7 @@ class SearchAgent:
         point, note = moves[best]
         return point, f"{note} (model's pick of {len(moves)} moves, fitted on {model.n} points)"
 
-    def _continue(self, seen: set[str], info: _Info | None = None) -> Candidate | None:
+    def _continue(self, seen: set[str], info: _Info | None = None, why_eager: str | None = None) -> Candidate | None:
         """Line search: repeat the last step that gained, one more notch in the same direction."""
         while self._momentum:
             fam_name, point, moves, gain = self._momentum.pop()
@@ -713,6 +716,10 @@ class SearchAgent:
             if not notes or not fam.valid(new):
                 continue
             new = fam.check_point(new)
+            eager = self._eager_rest(fam, new) if why_eager else None
+            if eager is not None:
+                new = eager
+                notes.append(f"rest eager ({why_eager})")
             if info is not None and info.near_duplicate(fam.name, new):
                 continue
             note = f"continuing the step that gained {gain:+.0%}: " + ", ".join(notes)
@@ -741,11 +748,11 @@ class SearchAgent:
         redirect = ctx.plateau
         why_eager = self.inductor_fails(ctx)
         if redirect is None:
-            out += self._seed_candidates(ctx, n, seen)
+            out += self._seed_candidates(ctx, n, seen, why_eager)
         for _ in range(n - len(out)):
             op, lead = self._operator()
             if redirect is None and op in (Operator.exploit, Operator.focus) and self.rng.random() < 0.7:
-                cand = self._continue(seen, info)
+                cand = self._continue(seen, info, why_eager)
                 if cand is not None:
                     seen.add(cand.id)
                     self._parents[cand.id] = (None, None)

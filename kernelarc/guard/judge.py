@@ -321,6 +321,8 @@ class Guard:
         (its threads waiting for descheduled ones), and the judge-clock rule rejected honest candidates for it."""
         if self.device.startswith("cuda"):
             return None
+        if self.quiet is not None:  # measured on the quiet CPUs, one evaluation at a time (the device lock)
+            return len(self.quiet.cpus)
         return max(1, (os.cpu_count() or 1) // max(int(self.cfg.in_flight or 1), 1))
 
     def _take_gpu(self, hard: float | None) -> float | None:

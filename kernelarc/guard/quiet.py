@@ -8,11 +8,15 @@ champion more than 1.5x slower beside the challenger than when crowned), and L1/
 the reference side by side, was not crowned for the spread of its samples.
 
 With ``KERNELARC_QUIET_CPUS`` set (a CPU list, e.g. ``0-1``), every thread of the workers a guard measures is
-moved onto those CPUs while it holds the device lock, and back to the judge's own CPUs when it lets go. Only
-the lock's holder is on them at any time, so the quiet CPUs are the measured process's alone when every session
-is started off them (``taskset -c 2-15``, as ``gpu_suite.sh`` does with ``QUIET_CPUS=2``). Unset, nothing moves.
-A thread that cannot be moved (gone, or not permitted) is skipped: quiet cores sharpen measurements; they are
-never a reason for a verdict.
+moved onto those CPUs while it holds the device lock, and back to the judge's own CPUs when it lets go. On a
+machine with one GPU only the lock's holder is on them at any time, so the quiet CPUs are the measured process's
+alone when every session is started off them (``taskset -c 2-15``, as ``gpu_suite.sh`` does with
+``QUIET_CPUS=2``); with several GPUs the holders of each device's lock share them (give each GPU's sessions
+their own list). Unset, nothing moves. A thread that cannot be moved (gone, or not permitted) is skipped:
+quiet cores sharpen measurements; they are never a reason for a verdict.
+
+A candidate can read its own CPU affinity and so tell its warm-up from its checked and timed calls; it cannot
+tell a checked call from a timed one (both run under the lock), so the secret of which call is checked stands.
 """
 
 from __future__ import annotations
@@ -61,14 +65,18 @@ def _alive(pid: int) -> bool:
 
 
 def pin(pids: list[int], cpus: set[int]) -> int:
-    """Move every thread of ``pids`` onto ``cpus``; how many threads moved."""
-    moved = 0
-    for pid in pids:
-        for tid in threads(pid):
+    """Move every thread of ``pids`` onto ``cpus``; how many threads moved. The threads are listed again until
+    no new one appears (a thread started while the others moved inherits its parent's CPUs), three times at most."""
+    done: set[int] = set()
+    for _ in range(3):
+        todo = [tid for pid in pids for tid in threads(pid) if tid not in done]
+        if not todo:
+            break
+        for tid in todo:
+            done.add(tid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.sched_setaffinity(tid, cpus)
-                moved += 1
-    return moved
+    return len(done)
 
 
 class QuietCores:
@@ -82,13 +90,14 @@ class QuietCores:
     def enter(self, pids: list[int]) -> None:
         try:
             pin(pids, self.cpus)
-        except OSError as e:  # e.g. a CPU outside this machine's cpuset: measure where the workers are
+        except (OSError, ValueError, OverflowError) as e:  # e.g. a CPU outside this machine's cpuset
             if not self._warned:
                 self._warned = True
                 log.warning("quiet cores %s unusable (%s): workers stay where they run", sorted(self.cpus), e)
+            self.leave(pids)  # any thread that did move goes back
 
     def leave(self, pids: list[int]) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError, OverflowError):
             pin(pids, self.home)
 
 
@@ -99,6 +108,9 @@ def from_env() -> QuietCores | None:
         return None
     try:
         cpus = parse_cpus(text)
+        n = os.cpu_count() or 1
+        if max(cpus) >= n:
+            raise ValueError(f"this machine has CPUs 0-{n - 1}")
     except ValueError as e:
         log.warning("%s=%r ignored: %s", ENV, text, e)
         return None

@@ -209,3 +209,9 @@ def test_two_incorrect_compiled_compositions_are_evidence_too(tmp_path):
     assert why and "2 compositions" in why
     props = agent.propose(ctx, 4).candidates
     assert props and all(c.knobs.get("rest", "eager") == "eager" for c in props), [c.rationale for c in props]
+    # an eager composition incorrect as well: the kernels fail too, and Inductor is no longer the suspect
+    f, p = seeds[0]
+    e = f.check_point({**p, "rest": "eager"})
+    c = Candidate(source=f.render(e), language=f.language, agent="a", strategy="s", family=f.name, knobs=e)
+    ctx.history = [*hist, (c, Verdict(candidate_id=c.id, status=Status.incorrect, errors=["97% within"]))]
+    assert SearchAgent.inductor_fails(ctx) is None

@@ -41,6 +41,8 @@ def test_unset_or_malformed_variable_means_no_quiet_cores(monkeypatch):
     assert quiet.from_env() is None
     monkeypatch.setenv(quiet.ENV, "0")
     assert quiet.from_env().cpus == {0}
+    monkeypatch.setenv(quiet.ENV, str(2**40))  # no such CPU: refused here, not an OverflowError mid-evaluation
+    assert quiet.from_env() is None
 
 
 @needs_two
