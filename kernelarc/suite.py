@@ -37,6 +37,7 @@ from omegaconf import DictConfig, open_dict
 from pydantic import BaseModel
 
 from kernelarc.config import register_configs
+from kernelarc.dispatch import FAMILY as DISPATCH
 
 register_configs()
 
@@ -46,9 +47,8 @@ CHILD_ENV = "KERNELARC_SUITE_CHILD"  # set in a problem's subprocess (suite.isol
 COLUMNS = (
     "problem", "definition", "status", "champion_family", "champion_parts", "speedup_vs_reference",
     "speedup_vs_compile", "speedup_vs_reference_drift_corrected", "speedup_vs_compile_drift_corrected", "sol_score",
-    "sol_fraction",
-    "latency_ms", "evaluated", "elapsed_min", "workloads", "reason", "mlflow_run_id", "registry_version",
-    "harness_verdict", "harness_passed", "harness_speedup",
+    "sol_fraction", "latency_ms", "evaluated", "elapsed_min", "workloads", "reason", "mlflow_run_id",
+    "registry_version", "harness_verdict", "harness_passed", "harness_speedup",
 )  # fmt: skip
 
 
@@ -235,7 +235,7 @@ def is_kernelarc_built(r: ProblemResult) -> bool:
     """The champion is a kernel KernelArc built (a family, a composition, a dispatch with such a part), not the
     reference, its plain torch.compile, the reference under other torch.compile settings, or a dispatch that
     only routes between those (a part that cannot be named counts as not built)."""
-    if r.champion_family == "dispatch" and r.champion_parts is not None:
+    if r.champion_family == DISPATCH and r.champion_parts is not None:
         return any(p not in NOT_BUILT and p != "unknown" for p in r.champion_parts)
     return r.champion_family not in NOT_BUILT
 

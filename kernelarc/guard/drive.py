@@ -237,15 +237,13 @@ class Driver:
             waited = time.monotonic() - t
             self.clock.excluded(waited)
             self.res["phases"]["gpu_wait"] = waited
-            quiet = getattr(self.g, "quiet", None)
-            if quiet is not None and self.measured:
-                quiet.enter(self.measured)
+            if self.g.quiet is not None and self.measured:
+                self.g.quiet.enter(self.measured)
 
     def unlock(self) -> None:
         if self.holding:
-            quiet = getattr(self.g, "quiet", None)
-            if quiet is not None and self.measured:
-                quiet.leave(self.measured)
+            if self.g.quiet is not None and self.measured:
+                self.g.quiet.leave(self.measured)
             self.g._gpu.release()
             self.holding = False
 

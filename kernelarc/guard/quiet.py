@@ -65,8 +65,9 @@ def _alive(pid: int) -> bool:
 
 
 def pin(pids: list[int], cpus: set[int]) -> int:
-    """Move every thread of ``pids`` onto ``cpus``; how many threads moved. The threads are listed again until
-    no new one appears (a thread started while the others moved inherits its parent's CPUs), three times at most."""
+    """Move every thread of ``pids`` onto ``cpus`` (one gone or not permitted is skipped); how many threads it
+    tried. The threads are listed again until no new one appears (a thread started while the others moved
+    inherits its parent's CPUs), three times at most."""
     done: set[int] = set()
     for _ in range(3):
         todo = [tid for pid in pids for tid in threads(pid) if tid not in done]
