@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -166,9 +165,9 @@ def test_fallbacks_and_aliases():
 
 def test_calibrate_cpu():
     t = resolve_target("cpu")
-    t0 = time.perf_counter()
     res = calibrate(t, "cpu")
-    assert time.perf_counter() - t0 < 2.0
+    # the CPU sizes are the small ones (its speed belongs in benchmarks, not in a timed unit test)
+    assert res["copy_bytes"] == str(2 * 64 * 2**20) and res["gemm_shape"] == "512x512x512 bfloat16"
     assert res["copy_tbps"] > 0 and res["gemm_bf16_tflops"] > 0
     assert t.calibrated["copy_tbps"] == res["copy_tbps"]
     assert bandwidth(t) == pytest.approx(res["copy_tbps"] * 1e12)

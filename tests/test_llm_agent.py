@@ -384,11 +384,11 @@ def test_sdk_retries_are_used(server, task):
 
 
 def test_timeout_is_retried(server, task):
-    server.push(slow(kernel_reply(SRC), 3.0), kernel_reply(SRC2))
+    server.push(slow(kernel_reply(SRC), 30.0), kernel_reply(SRC2))
     agent = make_agent(timeout=0.3)
     t0 = time.monotonic()
     prop = agent.propose(make_ctx(task), 1)
-    assert time.monotonic() - t0 < 2.5
+    assert time.monotonic() - t0 < 15  # the slow reply was not waited for (a wide bound: CI is shared)
     assert [c.source for c in prop.candidates] == [SRC2]
 
 
@@ -424,7 +424,7 @@ def test_retry_after_is_bounded(server, task):
     server.push(rate_limited(3600), rate_limited(3600), kernel_reply(SRC))
     t0 = time.monotonic()
     prop = make_agent(max_retries=1, backoff_retries=1, backoff_max=0.2).propose(make_ctx(task), 1)
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 30  # not the hour asked for (a wide bound: CI is shared)
     assert len(prop.candidates) == 1
 
 

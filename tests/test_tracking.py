@@ -358,12 +358,24 @@ def test_explicit_uri(tmp_path, mlflow_template):
 
 
 def test_logging_overhead(workdir, capsys):
-    """Per-candidate cost of log_candidate on SQLite (create_run + log_batch + artifacts +
-    set_terminated). Target: well under 50 ms; the bound here is loose because CI is shared."""
+    """Per-candidate cost of log_candidate on SQLite: four store calls (create_run, one log_batch,
+    set_terminated; artifacts written in place, no upload). Its wall time is printed for the record,
+    not asserted: speed belongs in benchmarks, and CI is shared."""
+    from collections import Counter
+
     tr = Tracker(None, TASK, GPU)
     tr.start_session({})
     cand = make_candidate(-1)
     tr.log_candidate(cand, make_verdict(cand))  # warm-up: engine and artifact repo setup
+    calls: Counter[str] = Counter()
+    for name in ("create_run", "log_batch", "set_terminated", "log_artifacts", "log_artifact", "log_metric"):
+        real = getattr(tr.client, name)
+
+        def counted(*a, _real=real, _name=name, **k):
+            calls[_name] += 1
+            return _real(*a, **k)
+
+        setattr(tr.client, name, counted)
     times, cpu = [], []
     for i in range(20):
         cand = make_candidate(i, knobs={"BLOCK": 64 * (i + 1), "num_warps": 4, "num_stages": 3})
@@ -372,13 +384,13 @@ def test_logging_overhead(workdir, capsys):
         tr.log_candidate(cand, verdict)
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
+    assert calls == {"create_run": 20, "log_batch": 20, "set_terminated": 20}
     median_ms = statistics.median(times) * 1000
     with capsys.disabled():
         print(
             f"\nlog_candidate overhead over 20: wall median {median_ms:.1f} ms (max {max(times) * 1000:.1f}), "
             f"CPU median {statistics.median(cpu) * 1000:.1f} ms"
         )
-    assert median_ms < 100
 
 
 def test_experiment_opens_in_the_classic_runs_view_with_compared_columns(workdir):

@@ -536,7 +536,7 @@ def test_the_channel_bounds_what_a_peer_can_do():
     t = time.monotonic()
     with pytest.raises(TimeoutError):
         judge.recv_message(0.3)
-    assert time.monotonic() - t < 2
+    assert time.monotonic() - t < 20  # it gave up, not blocked (a wide bound: CI is shared)
     judge, peer = pair()
     peer.sendall(struct.pack(">I", 5) + b"\x80\x04K\x01.")  # a pickle
     with pytest.raises(ProtocolError):
