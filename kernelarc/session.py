@@ -156,6 +156,7 @@ class SearchSession(SessionPhases):
         self.timing_seconds = 0.0
         self.dispatch_tried: set[tuple] = set()  # plans already composed (kernelarc.dispatch)
         self.baseline_notes: dict[str, str] = {}  # baseline -> why it is not a baseline (skipped, failed)
+        self.compile_after_budget: float | None = None  # seconds torch.compile took when measured after the budget
         self.deferred_baselines: list[tuple[str, Candidate, float]] = []  # measured beside the search (label, cand, s)
         self._signatures: dict[int, tuple] | None = None
         # Verdicts in submission order (the oldest in flight first) instead of as evaluations finish: what a
@@ -250,7 +251,8 @@ class SearchSession(SessionPhases):
             return None
         return {w.index: w.latency_ms for w in rec.verdict.workloads if w.latency_ms}
 
-    def _evaluate(self, cand: Candidate, champion: Candidate | None, trusted: bool, timeout: float | None, i: int):
+    def _evaluate(self, cand: Candidate, champion: Candidate | None, trusted: bool, timeout: float | None, i: int,
+                  deadline: float | None = None):  # fmt: skip
         t = time.monotonic()
         wall = time.time()
         # The consistency check (the champion side by side must look like the champion alone) guards against a
@@ -259,7 +261,8 @@ class SearchSession(SessionPhases):
         ref = None if trusted else self._champion_reference(champion)
         # No evaluation outlives the session's budget by more than one candidate's timeout, however long
         # it waits for a GPU that other sessions (suite shards, sweeps) are measuring on.
-        deadline = wall + max(self._time_left_s(), 0.0) + self.settings.guard.timeout_s
+        if deadline is None:
+            deadline = wall + max(self._time_left_s(), 0.0) + self.settings.guard.timeout_s
         ev = self._guard_for(i).evaluate(
             cand, champion, trusted=trusted, timeout_s=timeout, champion_reference=ref, deadline=deadline
         )
@@ -455,6 +458,7 @@ class SearchSession(SessionPhases):
             self._baselines()
             self._incumbent()
             self._search()
+            self._compile_after_budget()
             final = self._finalize()
             self.state.save_meta({**self.state.meta(), "status": "finished", "reason": None})
         except SessionFailed as e:

@@ -156,6 +156,42 @@ class SessionPhases:
                         f"plus guard.timeout_s={self.settings.guard.timeout_s:g}: raise them")  # fmt: skip
             raise SessionFailed(f"the task's reference failed in the guard ({status}): {why}{hint}")
 
+    def _compile_after_budget(self) -> None:
+        """torch.compile of the reference, measured once more after the search where it had no verdict of its own
+        within the budget: its compile timed out (its half of the budget went to a large graph, or to a CPU
+        shared with other sessions) or no time was left for it. Side by side with the champion like any
+        baseline, so it is crowned if faster: a session never ends with a champion whose torch.compile
+        comparison is missing for want of time. At most ``guard.baseline_timeout_s``; off with
+        ``guard.compile_after_budget=false``. Its record says it came after the budget (the summary's
+        ``compile_after_budget`` and the baseline note)."""
+        g = self.settings.guard
+        label = "torch.compile"
+        if not (g.compile_baseline and g.compile_after_budget) or self.compile_after_budget is not None:
+            return
+        tried = [r for r in self.records if r.kind == "baseline" and r.candidate.strategy == label]
+        if any(r.verdict.status is not Status.timeout for r in tried):
+            return  # it has a verdict on its merits (correct, incorrect, failed)
+        before = self.baseline_notes.get(label) or (f"{tried[-1].verdict.status.value}" if tried else "not measured")
+        timeout = float(g.baseline_timeout_s)
+        cand = compiled_candidate(self.task)
+        self.ui.line(f"measuring baseline: {label} after the budget (within it: {before.splitlines()[0][:120]}; "
+                     f"at most {timeout:.0f} s; guard.compile_after_budget=false skips this) ...")  # fmt: skip
+        t = time.monotonic()
+        try:
+            ev = self._evaluate(cand, self.champion, True, timeout, 0, deadline=time.time() + timeout + g.timeout_s)
+        except Exception as e:  # noqa: BLE001 - a baseline that cannot be measured is a verdict
+            log.exception("baseline %s after the budget failed", label)
+            ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error,
+                                    errors=[f"{type(e).__name__}: {e}"]))  # fmt: skip
+        self.compile_after_budget = time.monotonic() - t
+        self._record_baseline(label, cand, ev, self.champion.id if self.champion else None)
+        v = ev.verdict
+        if v.correct:
+            took = f"{self.compile_after_budget:.0f} s"
+            self.baseline_notes[label] = f"measured after the budget ({took}); within it: {before}"
+        else:
+            self.baseline_notes[label] = f"after the budget too, {self.baseline_notes.get(label, v.status.value)}"
+
     def _record_baseline(self, label: str, cand: Candidate, ev: Evaluation, champion_id: str | None) -> None:
         """A baseline's verdict into the state, the guards' baselines, the sinks and the UI."""
         rec = Record(-1, "baseline", cand, ev.verdict, ev.samples, champion_id)
@@ -294,6 +330,8 @@ class SessionPhases:
             "reason": None,
             "sol_score": v.sol_score if v else None,
             "baseline_notes": dict(self.baseline_notes),
+            # seconds the post-budget torch.compile measurement took (None: it was measured within the budget)
+            "compile_after_budget_s": self.compile_after_budget,
         }
         if self.sinks.tracker is not None:
             self.sinks.tracker.close("FINISHED", summary)

@@ -46,9 +46,9 @@ log = logging.getLogger(__name__)
 CHILD_ENV = "KERNELARC_SUITE_CHILD"  # set in a problem's subprocess (suite.isolation=process)
 COLUMNS = (
     "problem", "definition", "status", "champion_family", "champion_parts", "speedup_vs_reference",
-    "speedup_vs_compile", "speedup_vs_reference_drift_corrected", "speedup_vs_compile_drift_corrected", "sol_score",
-    "sol_fraction", "latency_ms", "evaluated", "elapsed_min", "workloads", "reason", "mlflow_run_id",
-    "registry_version", "harness_verdict", "harness_passed", "harness_speedup",
+    "speedup_vs_compile", "compile_after_budget", "speedup_vs_reference_drift_corrected",
+    "speedup_vs_compile_drift_corrected", "sol_score", "sol_fraction", "latency_ms", "evaluated", "elapsed_min",
+    "workloads", "reason", "mlflow_run_id", "registry_version", "harness_verdict", "harness_passed", "harness_speedup",
 )  # fmt: skip
 
 
@@ -70,6 +70,7 @@ class ProblemResult(BaseModel):
     champion_parts: list[str] | None = None  # a shape dispatch's parts by family (or baseline label)
     speedup_vs_reference: float | None = None
     speedup_vs_compile: float | None = None
+    compile_after_budget: bool = False  # torch.compile had no result within the budget: measured after it
     speedup_vs_reference_drift_corrected: float | None = None  # both on the session's first time base
     speedup_vs_compile_drift_corrected: float | None = None  # (chained side-by-side ratios)
     sol_score: float | None = None
@@ -171,6 +172,7 @@ def result_from_summary(problem: str, summary: dict[str, Any], workloads: list[i
         champion_family=summary.get("champion_family"), champion_parts=summary.get("champion_parts"),
         speedup_vs_reference=summary.get("speedup_vs_baseline"),
         speedup_vs_compile=summary.get("speedup_vs_compile"),
+        compile_after_budget=summary.get("compile_after_budget_s") is not None,
         speedup_vs_reference_drift_corrected=summary.get("speedup_vs_baseline_drift_corrected"),
         speedup_vs_compile_drift_corrected=summary.get("speedup_vs_compile_drift_corrected"),
         sol_score=summary.get("sol_score"),
@@ -210,7 +212,8 @@ def render_table(results: list[ProblemResult]) -> str:
     for r in results:
         lines.append(
             f"{r.problem[-58:]:<58} {r.status.value:<9} {(r.champion_family or '-')[:26]:<26} "
-            f"{_fmt(r.speedup_vs_reference, '.2f', 'x'):>6} {_fmt(r.speedup_vs_compile, '.2f', 'x'):>6} "
+            f"{_fmt(r.speedup_vs_reference, '.2f', 'x'):>6} "
+            f"{_fmt(r.speedup_vs_compile, '.2f', '*' if r.compile_after_budget else 'x'):>6} "
             f"{_fmt(r.sol_score, '.2f'):>5} {r.evaluated:>3}  {(r.reason or '')[:90]}"
         )
     counts = {s.value: sum(r.status is s for r in results) for s in ProblemStatus}
@@ -222,6 +225,9 @@ def render_table(results: list[ProblemResult]) -> str:
     line = f"a KernelArc-built champion on {built} of {len(results)}; x torch.compile known on {len(tc)}"
     if tc:
         line += f", geomean {_fmt(geomean(tc), '.3f')} (drift-corrected {_fmt(dc, '.3f')})"
+    late = sum(r.compile_after_budget for r in results)
+    if late:
+        line += f"; * torch.compile measured after the budget on {late}"
     lines.append(line)
     return "\n".join(lines)
 

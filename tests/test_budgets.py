@@ -70,7 +70,7 @@ def test_baselines_get_only_the_time_left(tmp_path):
     timeout_s = 60
     cmd = [sys.executable, "-m", "kernelarc", "+task=rmsnorm", "budget.minutes=0.02", "budget.candidates=40",
            f"guard.timeout_s={timeout_s}", "guard.compile_baseline=true", "agents.count=2", "executor.parallel=1",
-           "guard.target_ms=5", "guard.max_iters=20"]  # fmt: skip
+           "guard.target_ms=5", "guard.max_iters=20", "guard.compile_after_budget=false"]  # fmt: skip
     r = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "torch.compile: skipped (no time left in budget.minutes=0.02)" in r.stdout

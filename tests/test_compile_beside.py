@@ -138,3 +138,49 @@ def test_evaluations_go_to_the_guard_with_the_fewest_in_flight():
     f.guard_of[Future()] = 1
     f.guard_of[Future()] = 0
     assert f.idlest(2) == 1
+
+
+class CompileNeedsTime(SlowCompileGuard):
+    """torch.compile needs NEED_S: given less it times out at once (as a compile the guard kills would)."""
+
+    NEED_S = 10.0
+
+    def evaluate(self, cand, champion=None, **kw):
+        if cand.strategy == "torch.compile":
+            self.compile_champions.append(champion.id if champion else None)
+            self.compile_timeouts = [*getattr(self, "compile_timeouts", []), kw.get("timeout_s")]
+            if (kw.get("timeout_s") or 0) < self.NEED_S:
+                why = f"no result within {kw.get('timeout_s'):.0f} s (hang or too slow); worker killed"
+                return Evaluation(Verdict(candidate_id=cand.id, status=Status.timeout, errors=[why]))
+        return super(SlowCompileGuard, self).evaluate(cand, champion, **kw)
+
+
+def test_torch_compile_with_no_result_within_the_budget_is_measured_after_it(tmp_path):
+    # a 6 s budget gives torch.compile 3 s of it; it needs 10: after the search it gets guard.baseline_timeout_s,
+    # side by side with the champion, and the summary and the note say it came after the budget
+    s, summary, guard = _session(tmp_path, 0.5, "budget.minutes=0.1", guard_cls=CompileNeedsTime)
+    comp = [r for r in s.records if r.kind == "baseline" and r.candidate.strategy == "torch.compile"]
+    assert [r.verdict.status for r in comp][0] is Status.timeout and comp[-1].verdict.correct
+    assert guard.compile_timeouts[0] < CompileNeedsTime.NEED_S and guard.compile_timeouts[-1] == 900
+    assert comp[-1].champion_id == guard.compile_champions[-1] == summary["champion"]  # beside the champion
+    assert summary["compile_after_budget_s"] is not None
+    assert summary["speedup_vs_compile"] is not None and summary["speedup_vs_compile"] >= 1.9
+    assert summary["baseline_notes"]["torch.compile"].startswith("measured after the budget")
+    assert "within it: timeout: no result within" in summary["baseline_notes"]["torch.compile"]
+
+
+def test_a_torch_compile_faster_than_the_champion_is_crowned_after_the_budget(tmp_path):
+    s, summary, _ = _session(tmp_path, 100.0, "budget.minutes=0.1", guard_cls=CompileNeedsTime)
+    assert s.champion.strategy == "torch.compile" and summary["champion_agent"] == "baseline"
+
+
+def test_no_torch_compile_after_the_budget_when_switched_off(tmp_path):
+    s, summary, guard = _session(tmp_path, 0.5, "budget.minutes=0.1", "guard.compile_after_budget=false",
+                                 guard_cls=CompileNeedsTime)  # fmt: skip
+    assert len(guard.compile_timeouts) == 1 and summary["compile_after_budget_s"] is None
+    assert summary["speedup_vs_compile"] is None and summary["baseline_notes"]["torch.compile"].startswith("timeout")
+
+
+def test_a_torch_compile_judged_within_the_budget_is_not_measured_again(tmp_path):
+    s, summary, guard = _session(tmp_path, 2.0)
+    assert len(guard.compile_champions) == 1 and summary["compile_after_budget_s"] is None

@@ -36,6 +36,10 @@ class GuardSettings:
     consistency: float | None = None  # champion side by side vs alone may differ at most this factor (null: per device)
     hp_reference: bool = True  # also run the reference in float64 (the rel_err metric), where memory allows
     compile_baseline: bool = True  # measure torch.compile of the reference as a second baseline
+    # torch.compile with no result within the budget (its compile timed out or had no time left) is measured once
+    # after the search, at most baseline_timeout_s, side by side with the champion (and may still be crowned):
+    # a champion is never reported without its torch.compile comparison for want of time
+    compile_after_budget: bool = True
     memory_gb: float | None = None  # memory cap per device for the guard's memory plan (null: the device's memory)
 
     # -- resolved by the wiring from other config keys ----------------------------------------
