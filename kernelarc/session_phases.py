@@ -110,7 +110,10 @@ class SessionPhases:
         """The reference, measured before anything else (nothing can be judged without it); torch.compile
         of it beside the search's first candidates (``deferred_baselines``, started by the loop), so that
         its compile (tens of seconds for a large graph, most of a short budget) does not hold the search."""
-        done = {(r.kind, r.candidate.strategy) for r in self.records}
+        # a reference that failed is measured again when the session resumes (run again with more memory, a
+        # longer timeout): without it nothing can be judged, and its old verdict says nothing of the new settings
+        done = {(r.kind, r.candidate.strategy) for r in self.records
+                if r.verdict.correct or r.candidate.strategy != "reference"}  # fmt: skip
         g = self.settings.guard
         todo = [("reference", reference_candidate(self.task))]
         if g.compile_baseline:
@@ -146,7 +149,8 @@ class SessionPhases:
             self._record_baseline(label, cand, ev, self.champion.id if self.champion else None)
         for r in self.records:
             self._note_baseline(r)
-        ref = next((r for r in self.records if r.kind == "baseline" and r.candidate.strategy == "reference"), None)
+        ref = next((r for r in reversed(self.records) if r.kind == "baseline" and r.candidate.strategy == "reference"),
+                   None)  # fmt: skip
         if ref is None or not ref.verdict.correct:
             why = "; ".join(e.splitlines()[0][:300] for e in ref.verdict.errors) if ref else "not measured"
             status = ref.verdict.status.value if ref else "missing"

@@ -38,6 +38,7 @@ from pydantic import BaseModel
 
 from kernelarc.config import register_configs
 from kernelarc.dispatch import FAMILY as DISPATCH
+from kernelarc.memory_pool import MemoryPool, PoolTooSmall
 
 register_configs()
 
@@ -439,8 +440,26 @@ def _progress(i: int, n: int, r: ProblemResult, seconds: float | None, note: str
     return f"[{bar}] {i}/{n} {r.problem}: {r.status.value} {r.champion_family or ''}{vs}{vc}{t}{note}{why}"
 
 
+DEFERRED = "runs again at the end of the queue"  # a failed row's mark: refused for memory, to be run with more
+
+
+def _memory_pool(c: Any, claims: Path | None) -> tuple[MemoryPool | None, float]:
+    """The pool shared over ``suite.claims`` (``suite.memory_pool_gb``) and a session's usual share of it."""
+    from kernelarc.app import UsageError
+
+    gb = c.suite.memory_pool_gb
+    if gb is None or os.environ.get(CHILD_ENV) == "1":
+        return None, 0.0
+    if claims is None:
+        raise UsageError("suite.memory_pool_gb needs suite.claims: the folder the processes that share it agree on")
+    if c.guard.memory_gb is None or c.guard.memory_gb > gb:
+        raise UsageError(f"suite.memory_pool_gb={gb:g} needs guard.memory_gb (each session's share) at most that large")
+    return MemoryPool(claims / "memory", gb), float(c.guard.memory_gb)
+
+
 def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
     from kernelarc.app import UsageError, resolve_gpu, typed
+    from kernelarc.guard.memory import cap_needed_gb
 
     if not cfg.get("dir"):
         raise UsageError("dir=TREE is required: a folder of SOL-ExecBench problems (definition.json + workload.jsonl)")
@@ -477,6 +496,62 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
     claims = Path(hydra.utils.to_absolute_path(c.suite.claims)) if c.suite.claims and not child else None
     if claims is not None:
         claims.mkdir(parents=True, exist_ok=True)
+    pool, share = _memory_pool(c, claims)
+    deferred: list[tuple[int, str, Path, float]] = []
+
+    def run_one(i: int, rel: str, problem: Path, memory_gb: float | None) -> ProblemResult:
+        """One problem's session (a pool reservation around it where there is a pool); its row, not yet saved."""
+        if not child:
+            more = f" (guard.memory_gb={memory_gb:g})" if memory_gb is not None else ""
+            print(f"[{i}/{len(problems)}] {rel}{more} ...", flush=True)
+        log_path = results_dir / f"{slug(rel)}.log"
+        pcfg, over = cfg, overrides
+        if memory_gb is not None:
+            pcfg = cfg.copy()
+            with open_dict(pcfg):
+                pcfg.guard.memory_gb = memory_gb
+            over = [o for o in overrides if not o.lstrip("+~").startswith("guard.memory_gb=")]
+            over.append(f"guard.memory_gb={memory_gb:g}")
+
+        def run() -> ProblemResult:
+            if c.suite.isolation == "process" and not child:
+                return run_subprocess(over, rel, rpath_of(rel), log_path, c.suite.problem_timeout_s)
+            return run_inline(pcfg, problem, rel, target, log_path)
+
+        t = time.monotonic()
+        if pool is None:
+            r = run()
+        else:
+            gb = memory_gb if memory_gb is not None else share
+
+            def waiting(free: float, _s: float) -> None:
+                print(f"  {rel}: waiting for {gb:g} GB of the memory pool ({free:g} GB free)", flush=True)
+
+            try:
+                with pool.reserved(rel, gb, priority=memory_gb is not None, on_wait=waiting):
+                    t = time.monotonic()
+                    r = run()
+            except PoolTooSmall as e:
+                r = ProblemResult(problem=rel, status=ProblemStatus.failed, reason=f"{e} (the guard's memory plan "
+                                  f"needs that for one input set)")  # fmt: skip
+        if not child:
+            print(_progress(i, len(problems), r, time.monotonic() - t), flush=True)
+        return r
+
+    def record(i: int, rel: str, r: ProblemResult) -> None:
+        rpath_of(rel).write_text(r.model_dump_json(indent=2))
+        results.append(r)
+        if not child:
+            write_table(results, out)
+        if tracker is not None:
+            try:
+                tracker.problem_done(i, r, results)
+            except Exception as e:  # noqa: BLE001
+                log.warning("MLflow suite logging failed: %s", e)
+
+    def rpath_of(rel: str) -> Path:
+        return results_dir / f"{slug(rel)}.json"
+
     status = "FAILED"
     try:
         for i, problem in enumerate(problems, 1):
@@ -492,27 +567,25 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
                 results.append(r)
                 if not child:
                     print(_progress(i, len(problems), r, None, " [saved result]"), flush=True)
+                if pool is not None and r.reason and DEFERRED in r.reason and (need := cap_needed_gb(r.reason)):
+                    deferred.append((i, rel, problem, need))  # refused for memory and not yet run again
                 continue
             if claims is not None and not claim(claims, rel):
                 continue  # another process of the same queue runs (or ran) it: its row is in that table
-            if not child:
-                print(f"[{i}/{len(problems)}] {rel} ...", flush=True)
-            t = time.monotonic()
-            log_path = results_dir / f"{slug(rel)}.log"
-            if c.suite.isolation == "process" and not child:
-                r = run_subprocess(overrides, rel, rpath, log_path, c.suite.problem_timeout_s)
-            else:
-                r = run_inline(cfg, problem, rel, target, log_path)
-            rpath.write_text(r.model_dump_json(indent=2))
-            results.append(r)
-            if not child:
-                print(_progress(i, len(problems), r, time.monotonic() - t), flush=True)
-                write_table(results, out)
-            if tracker is not None:
-                try:
-                    tracker.problem_done(i, r, results)
-                except Exception as e:  # noqa: BLE001
-                    log.warning("MLflow suite logging failed: %s", e)
+            r = run_one(i, rel, problem, None)
+            if pool is not None and r.status is ProblemStatus.failed:
+                need = cap_needed_gb(r.reason)
+                if need is not None and need > share:
+                    deferred.append((i, rel, problem, need))
+                    r.reason = f"{r.reason} [{DEFERRED} with guard.memory_gb={need:g}]"
+            record(i, rel, r)
+        for i, rel, problem, need in deferred:
+            # a problem refused for memory, once more with the cap it needs (suite.memory_pool_gb)
+            r = run_one(i, rel, problem, need)
+            if r.status is ProblemStatus.failed and r.reason and "memory_pool_gb" not in r.reason:
+                r.reason = f"with guard.memory_gb={need:g} (suite.memory_pool_gb): {r.reason}"
+            results[:] = [x for x in results if x.problem != rel]
+            record(i, rel, r)
         status = "FINISHED"
     finally:
         if not child:

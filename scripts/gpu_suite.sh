@@ -56,6 +56,15 @@ gpu_gb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/de
 if [ -n "$mem_gb" ] && [ -n "$gpu_gb" ] && awk -v m="$mem_gb" -v s="$SHARDS" -v g="$gpu_gb" 'BEGIN { exit !(m * s > g) }'; then
   say "warning: $SHARDS shards x guard.memory_gb=$mem_gb exceed the GPU's $gpu_gb GB: candidates may fail out of memory (about $(( gpu_gb / SHARDS )) GB per shard fits)"
 fi
+# With guard.memory_gb given, the shards share the GPU's memory as one pool (suite.memory_pool_gb, kernelarc/memory_pool.py):
+# a problem whose guard needs more than the share for one input set (L2/004: 24 GB, L2/024: 47 GB against 17 GB
+# in runs W/X) runs again at the end of its shard's queue with the cap it needs, once the other shards have freed
+# that much (they start nothing new while it waits). POOL_GB overrides the pool (default: the GPU's GB less 2).
+POOL=()
+if [ -n "$mem_gb" ] && [ -n "$gpu_gb" ]; then
+  POOL=("suite.memory_pool_gb=${POOL_GB:-$(( gpu_gb - 2 ))}")
+  say "memory pool ${POOL[0]#*=} GB over the shards, ${mem_gb} GB each"
+fi
 # Every shard gets the whole list and takes problems from one queue (suite.claims): a shard that drew
 # quick problems goes on with the next one instead of idling while another works through slow ones.
 CLAIMS=/tmp/kernelarc-claims; rm -rf "$CLAIMS"; mkdir -p "$CLAIMS"
@@ -94,7 +103,7 @@ for ((k = 0; k < SHARDS; k++)); do
   # the problems' sites (the kernel library); every shard reads it, none writes it
   timeout -k 10 "$SUITE_S" "${PIN[@]}" python3 -m kernelarc.suite dir="$TREE" "suite.problems=[${list%,}]" suite.claims="$CLAIMS" \
     ${LIBRARY:+search.library_uri=sqlite:///$LIBDB} \
-    suite.out=.kernelarc/suite_shard$k gpu=${GPU:-h200} tracking.uri=sqlite:///$STORES/shard$k/mlflow.db "$@" \
+    suite.out=.kernelarc/suite_shard$k gpu=${GPU:-h200} tracking.uri=sqlite:///$STORES/shard$k/mlflow.db "${POOL[@]}" "$@" \
     >"$OUT/logs/shard$k.log" 2>&1 &
   pids+=($!)
   sleep 2  # staggered starts: ten imports of torch at once only slow each other

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -84,6 +85,17 @@ class MemoryPlan:
 
     def warnings(self) -> list[str]:
         return [f"workload {i} not run: {why}" for i, why in sorted(self.verdicts.items())] + self.notes
+
+
+_NEEDS = re.compile(r"the guard needs ([0-9.]+) GB for one input set")
+
+
+def cap_needed_gb(reason: str | None) -> float | None:
+    """The ``guard.memory_gb`` at which every workload that ``reason`` (a plan's errors, as a failed session
+    reports them) refused for memory would fit one input set: the largest need over the plan's headroom, plus
+    5% for rounding; None when the reason names no such need (a dry run out of memory, another failure)."""
+    needs = [float(m) for m in _NEEDS.findall(reason or "")]
+    return math.ceil(max(needs) / HEADROOM * 1.05 * 10) / 10 if needs else None
 
 
 def device_memory_bytes(device: str) -> int:

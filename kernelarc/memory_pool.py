@@ -1,0 +1,133 @@
+"""GPU memory shared by the suite processes of one claims queue (``suite.memory_pool_gb``).
+
+Several suite processes (``scripts/gpu_suite.sh``'s shards) run sessions on one GPU, each planning up to
+``guard.memory_gb`` for itself (kernelarc.guard.memory). A fixed share fits most problems; a few need more
+than the share for a single input set (on the H200 suite, 8 shards x 17 GB: L2/004 needs 24 GB and L2/024
+47 GB) and used to fail. With a pool, every session reserves its cap from a ledger the processes share, and
+a problem refused for memory runs again at the end of its process's queue with the cap it needs, once that
+much of the pool is free: while it waits, no process starts a new problem, so the others drain and release
+their shares (first come, first served among the waiters). The GPU's memory is never planned twice.
+
+The ledger is a folder: one JSON file per reservation or waiter (``{"gb", "pid", "since", "wait"}``),
+read and changed under an ``flock``. Entries whose process is gone (killed, crashed) are dropped, so a dead
+process never holds memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class PoolTooSmall(ValueError):
+    """A reservation larger than the whole pool: it could never be granted."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another uid's process: alive
+        return True
+    return True
+
+
+class MemoryPool:
+    """A ledger of GB reserved on one GPU by cooperating processes (see the module docstring)."""
+
+    def __init__(self, folder: Path, total_gb: float, *, poll_s: float = 2.0):
+        if total_gb <= 0:
+            raise ValueError(f"suite.memory_pool_gb must be positive, got {total_gb}")
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.total_gb = float(total_gb)
+        self.poll_s = poll_s
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with (self.folder / ".lock").open("a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _path(self, key: str) -> Path:
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
+        return self.folder / f"{safe}.json"
+
+    def _entries(self) -> dict[Path, dict]:
+        """Live entries (under the lock); those of dead processes are removed."""
+        out = {}
+        for p in self.folder.glob("*.json"):
+            try:
+                e = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            if not _alive(int(e.get("pid", -1))):
+                p.unlink(missing_ok=True)
+                continue
+            out[p] = e
+        return out
+
+    def reserved_gb(self) -> float:
+        with self._locked():
+            return sum(e["gb"] for e in self._entries().values() if not e.get("wait"))
+
+    def acquire(self, key: str, gb: float, *, priority: bool = False, timeout_s: float | None = None,
+                on_wait: Callable[[float, float], None] | None = None) -> float:  # fmt: skip
+        """Reserve ``gb`` under ``key`` (one reservation per key), waiting while the pool lacks it; returns the
+        seconds waited. ``priority``: a problem that needs more than the usual share registers as a waiter, and
+        while any waiter is registered only the earliest one may reserve (the others, and every plain request,
+        wait). ``on_wait(free_gb, waited_s)`` is called once when a wait begins. TimeoutError after
+        ``timeout_s``; PoolTooSmall where ``gb`` exceeds the pool."""
+        if gb > self.total_gb:
+            raise PoolTooSmall(f"needs {gb:.1f} GB, more than suite.memory_pool_gb={self.total_gb:g}")
+        path = self._path(key)
+        t0 = time.monotonic()
+        since = time.time()
+        told = False
+        try:
+            while True:
+                with self._locked():
+                    entries = self._entries()
+                    entries.pop(path, None)
+                    used = sum(e["gb"] for e in entries.values() if not e.get("wait"))
+                    waiters = sorted((e["since"], str(p)) for p, e in entries.items() if e.get("wait"))
+                    first = not waiters or (priority and (since, str(path)) <= waiters[0])
+                    if first and used + gb <= self.total_gb + 1e-9:
+                        path.write_text(json.dumps({"gb": gb, "pid": os.getpid(), "since": since, "wait": False}))
+                        return time.monotonic() - t0
+                    if priority:
+                        path.write_text(json.dumps({"gb": gb, "pid": os.getpid(), "since": since, "wait": True}))
+                    free = self.total_gb - used
+                if not told and on_wait is not None:
+                    on_wait(free, time.monotonic() - t0)
+                    told = True
+                if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+                    raise TimeoutError(f"{gb:.1f} GB of the memory pool not free within {timeout_s:.0f} s")
+                time.sleep(self.poll_s)
+        except BaseException:
+            self.release(key)
+            raise
+
+    def release(self, key: str) -> None:
+        with self._locked():
+            self._path(key).unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def reserved(self, key: str, gb: float, **kw) -> Iterator[float]:
+        waited = self.acquire(key, gb, **kw)
+        try:
+            yield waited
+        finally:
+            self.release(key)
