@@ -8,18 +8,21 @@ a problem refused for memory runs again at the end of its process's queue with t
 much of the pool is free: while it waits, no process starts a new problem, so the others drain and release
 their shares (first come, first served among the waiters). The GPU's memory is never planned twice.
 
-The ledger is a folder: one JSON file per reservation or waiter (``{"gb", "pid", "since", "wait"}``),
-read and changed under an ``flock``. Entries whose process is gone (killed, crashed) are dropped, so a dead
-process never holds memory.
+The ledger is a folder: one JSON file per reservation or waiter (``{"key", "gb", "pid", "since", "wait"}``),
+read and changed under an ``flock`` of the folder's ``.lock``. Its holder keeps an ``flock`` on its own
+entry for as long as it holds or waits, so an entry whose lock can be taken belongs to a process that is gone
+(killed, crashed: the kernel dropped its locks) and is removed; a reused process id cannot keep it alive.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,16 +32,6 @@ log = logging.getLogger(__name__)
 
 class PoolTooSmall(ValueError):
     """A reservation larger than the whole pool: it could never be granted."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another uid's process: alive
-        return True
-    return True
 
 
 class MemoryPool:
@@ -51,10 +44,12 @@ class MemoryPool:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.total_gb = float(total_gb)
         self.poll_s = poll_s
+        self._held: dict[Path, int] = {}  # this process's entries -> the descriptor holding their flock
+        self._thread_lock = threading.Lock()  # the folder's flock is per open file: threads take this first
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        with (self.folder / ".lock").open("a") as f:
+        with self._thread_lock, (self.folder / ".lock").open("a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 yield
@@ -62,30 +57,53 @@ class MemoryPool:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def _path(self, key: str) -> Path:
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
-        return self.folder / f"{safe}.json"
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)[:80]
+        return self.folder / f"{safe}-{hashlib.sha256(key.encode()).hexdigest()[:10]}.json"
 
     def _entries(self) -> dict[Path, dict]:
-        """Live entries (under the lock); those of dead processes are removed."""
+        """Live entries (under the lock); those whose holder is gone are removed."""
         out = {}
         for p in self.folder.glob("*.json"):
+            if p not in self._held:
+                try:
+                    fd = os.open(p, os.O_RDONLY)
+                except FileNotFoundError:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pass  # held: its process is alive
+                else:
+                    log.info("memory pool: %s's holder is gone; its entry is dropped", p.name)
+                    p.unlink(missing_ok=True)
+                    continue
+                finally:
+                    os.close(fd)
             try:
                 e = json.loads(p.read_text())
-            except (OSError, ValueError):
-                continue
-            if not _alive(int(e.get("pid", -1))):
-                p.unlink(missing_ok=True)
-                continue
-            out[p] = e
+                out[p] = {"gb": float(e["gb"]), "since": float(e.get("since", 0.0)), "wait": bool(e.get("wait"))}
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # half-written by a holder between its lock and its write: it holds nothing yet
         return out
+
+    def _write(self, path: Path, entry: dict) -> None:
+        """Create or update this process's entry, holding its flock (under the folder's lock)."""
+        fd = self._held.get(path)
+        if fd is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: a dead holder's entry was dropped
+            self._held[path] = fd
+        data = json.dumps(entry).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
 
     def reserved_gb(self) -> float:
         with self._locked():
-            return sum(e["gb"] for e in self._entries().values() if not e.get("wait"))
+            return sum(e["gb"] for e in self._entries().values() if not e["wait"])
 
     def acquire(self, key: str, gb: float, *, priority: bool = False, timeout_s: float | None = None,
                 on_wait: Callable[[float, float], None] | None = None) -> float:  # fmt: skip
-        """Reserve ``gb`` under ``key`` (one reservation per key), waiting while the pool lacks it; returns the
+        """Reserve ``gb`` under ``key`` (unique among the processes), waiting while the pool lacks it; returns the
         seconds waited. ``priority``: a problem that needs more than the usual share registers as a waiter, and
         while any waiter is registered only the earliest one may reserve (the others, and every plain request,
         wait). ``on_wait(free_gb, waited_s)`` is called once when a wait begins. TimeoutError after
@@ -101,14 +119,15 @@ class MemoryPool:
                 with self._locked():
                     entries = self._entries()
                     entries.pop(path, None)
-                    used = sum(e["gb"] for e in entries.values() if not e.get("wait"))
-                    waiters = sorted((e["since"], str(p)) for p, e in entries.items() if e.get("wait"))
+                    used = sum(e["gb"] for e in entries.values() if not e["wait"])
+                    waiters = sorted((e["since"], str(p)) for p, e in entries.items() if e["wait"])
                     first = not waiters or (priority and (since, str(path)) <= waiters[0])
+                    entry = {"key": key, "gb": gb, "pid": os.getpid(), "since": since}
                     if first and used + gb <= self.total_gb + 1e-9:
-                        path.write_text(json.dumps({"gb": gb, "pid": os.getpid(), "since": since, "wait": False}))
+                        self._write(path, {**entry, "wait": False})
                         return time.monotonic() - t0
                     if priority:
-                        path.write_text(json.dumps({"gb": gb, "pid": os.getpid(), "since": since, "wait": True}))
+                        self._write(path, {**entry, "wait": True})
                     free = self.total_gb - used
                 if not told and on_wait is not None:
                     on_wait(free, time.monotonic() - t0)
@@ -121,13 +140,16 @@ class MemoryPool:
             raise
 
     def release(self, key: str) -> None:
+        path = self._path(key)
         with self._locked():
-            self._path(key).unlink(missing_ok=True)
+            fd = self._held.pop(path, None)
+            if fd is not None:
+                path.unlink(missing_ok=True)
+                os.close(fd)
 
     @contextlib.contextmanager
     def reserved(self, key: str, gb: float, **kw) -> Iterator[float]:
-        waited = self.acquire(key, gb, **kw)
         try:
-            yield waited
+            yield self.acquire(key, gb, **kw)
         finally:
             self.release(key)

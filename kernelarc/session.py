@@ -157,6 +157,8 @@ class SearchSession(SessionPhases):
         self.dispatch_tried: set[tuple] = set()  # plans already composed (kernelarc.dispatch)
         self.baseline_notes: dict[str, str] = {}  # baseline -> why it is not a baseline (skipped, failed)
         self.compile_after_budget: float | None = None  # seconds torch.compile took when measured after the budget
+        self.compile_after_budget_tried = False
+        self.redo_baselines = False  # resuming a session that failed before its search
         self.deferred_baselines: list[tuple[str, Candidate, float]] = []  # measured beside the search (label, cand, s)
         self._signatures: dict[int, tuple] | None = None
         # Verdicts in submission order (the oldest in flight first) instead of as evaluations finish: what a
@@ -439,7 +441,15 @@ class SearchSession(SessionPhases):
         for rec in self.state.load():
             self._replay(rec)
         resumed = bool(self.records)
-        self.elapsed_before = float(meta.get("elapsed_s", 0.0)) if resumed else 0.0
+        # a session that failed before its search (its reference refused: out of memory, too slow) starts over
+        # when run again (with more memory, a longer timeout): its baselines are measured again, and the failed
+        # attempt's set-up does not count against the budget
+        self.redo_baselines = resumed and meta.get("status") == "failed"
+        self.elapsed_before = float(meta.get("elapsed_s", 0.0)) if resumed and not self.redo_baselines else 0.0
+        late = meta.get("compile_after_budget") or {}
+        if late:  # measured after the budget before the session was stopped: once is enough
+            self.compile_after_budget = late.get("s")
+            self.compile_after_budget_tried = True
         if resumed:
             # versions registered before the kill (records are written before their registration)
             for cid, version in (meta.get("versions") or {}).items():

@@ -113,7 +113,7 @@ class SessionPhases:
         # a reference that failed is measured again when the session resumes (run again with more memory, a
         # longer timeout): without it nothing can be judged, and its old verdict says nothing of the new settings
         done = {(r.kind, r.candidate.strategy) for r in self.records
-                if r.verdict.correct or r.candidate.strategy != "reference"}  # fmt: skip
+                if not self.redo_baselines and (r.verdict.correct or r.candidate.strategy != "reference")}  # fmt: skip
         g = self.settings.guard
         todo = [("reference", reference_candidate(self.task))]
         if g.compile_baseline:
@@ -149,6 +149,8 @@ class SessionPhases:
             self._record_baseline(label, cand, ev, self.champion.id if self.champion else None)
         for r in self.records:
             self._note_baseline(r)
+        if self.compile_after_budget is not None:  # resumed after torch.compile was measured after the budget
+            self.baseline_notes["torch.compile"] = self.state.meta()["compile_after_budget"]["note"]
         ref = next((r for r in reversed(self.records) if r.kind == "baseline" and r.candidate.strategy == "reference"),
                    None)  # fmt: skip
         if ref is None or not ref.verdict.correct:
@@ -170,15 +172,16 @@ class SessionPhases:
         ``compile_after_budget`` and the baseline note)."""
         g = self.settings.guard
         label = "torch.compile"
-        if not (g.compile_baseline and g.compile_after_budget) or self.compile_after_budget is not None:
+        if not (g.compile_baseline and g.compile_after_budget) or self.compile_after_budget_tried:
             return
         tried = [r for r in self.records if r.kind == "baseline" and r.candidate.strategy == label]
         if any(r.verdict.status is not Status.timeout for r in tried):
             return  # it has a verdict on its merits (correct, incorrect, failed)
         before = self.baseline_notes.get(label) or (f"{tried[-1].verdict.status.value}" if tried else "not measured")
+        before = before.splitlines()[0][:200]
         timeout = float(g.baseline_timeout_s)
         cand = compiled_candidate(self.task)
-        self.ui.line(f"measuring baseline: {label} after the budget (within it: {before.splitlines()[0][:120]}; "
+        self.ui.line(f"measuring baseline: {label} after the budget (within it: {before[:120]}; "
                      f"at most {timeout:.0f} s; guard.compile_after_budget=false skips this) ...")  # fmt: skip
         t = time.monotonic()
         try:
@@ -187,14 +190,19 @@ class SessionPhases:
             log.exception("baseline %s after the budget failed", label)
             ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error,
                                     errors=[f"{type(e).__name__}: {e}"]))  # fmt: skip
-        self.compile_after_budget = time.monotonic() - t
+        took = time.monotonic() - t
+        self.compile_after_budget_tried = True
         self._record_baseline(label, cand, ev, self.champion.id if self.champion else None)
         v = ev.verdict
         if v.correct:
-            took = f"{self.compile_after_budget:.0f} s"
-            self.baseline_notes[label] = f"measured after the budget ({took}); within it: {before}"
+            self.compile_after_budget = took
+            note = f"measured after the budget ({took:.0f} s); within it: {before}"
         else:
-            self.baseline_notes[label] = f"after the budget too, {self.baseline_notes.get(label, v.status.value)}"
+            why = f"{v.status.value}: {v.errors[0].splitlines()[0][:200]}" if v.errors else v.status.value
+            note = f"after the budget: {why}; within it: {before}"
+        self.baseline_notes[label] = note
+        self.state.save_meta({**self.state.meta(), "compile_after_budget": {"s": self.compile_after_budget,
+                                                                            "note": note}})  # fmt: skip
 
     def _record_baseline(self, label: str, cand: Candidate, ev: Evaluation, champion_id: str | None) -> None:
         """A baseline's verdict into the state, the guards' baselines, the sinks and the UI."""
@@ -334,7 +342,7 @@ class SessionPhases:
             "reason": None,
             "sol_score": v.sol_score if v else None,
             "baseline_notes": dict(self.baseline_notes),
-            # seconds the post-budget torch.compile measurement took (None: it was measured within the budget)
+            # seconds torch.compile took when measured (correct) after the budget; None: within it, or not at all
             "compile_after_budget_s": self.compile_after_budget,
         }
         if self.sinks.tracker is not None:

@@ -9,6 +9,7 @@ store misbehaves still searches, and its state log stays the source of truth.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -115,6 +116,9 @@ class TrackerSink:
         try:
             if reason:
                 self.tracker.client.set_tag(self.tracker.parent_run_id, "kernelarc.failure_reason", reason[:4000])
+            elif status == "FINISHED":  # a session that failed once and finished when run again (more memory)
+                with contextlib.suppress(Exception):
+                    self.tracker.client.delete_tag(self.tracker.parent_run_id, "kernelarc.failure_reason")
             self.tracker.end_session(status, {k: v for k, v in summary.items() if not isinstance(v, dict)})
         except Exception as e:  # noqa: BLE001 - tracking trouble must not hide the outcome
             log.warning("closing the MLflow run failed: %s", e)

@@ -507,6 +507,9 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
         log_path = results_dir / f"{slug(rel)}.log"
         pcfg, over = cfg, overrides
         if memory_gb is not None:
+            # the refused run's row goes: a child process would return it as its result, and a crash of this
+            # run must read as a crash
+            rpath_of(rel).unlink(missing_ok=True)
             pcfg = cfg.copy()
             with open_dict(pcfg):
                 pcfg.guard.memory_gb = memory_gb
@@ -528,7 +531,7 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
                 print(f"  {rel}: waiting for {gb:g} GB of the memory pool ({free:g} GB free)", flush=True)
 
             try:
-                with pool.reserved(rel, gb, priority=memory_gb is not None, on_wait=waiting):
+                with pool.reserved(f"{rel}@{os.getpid()}", gb, priority=memory_gb is not None, on_wait=waiting):
                     t = time.monotonic()
                     r = run()
             except PoolTooSmall as e:
@@ -567,15 +570,18 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
                 results.append(r)
                 if not child:
                     print(_progress(i, len(problems), r, None, " [saved result]"), flush=True)
-                if pool is not None and r.reason and DEFERRED in r.reason and (need := cap_needed_gb(r.reason)):
-                    deferred.append((i, rel, problem, need))  # refused for memory and not yet run again
+                # refused for memory and not yet run again: by one process (another reading the same row from a
+                # shared suite.out leaves it)
+                again = pool is not None and claims is not None and r.reason and DEFERRED in r.reason
+                if again and (need := cap_needed_gb(r.reason)) and claim(claims, f"{rel}#memory"):
+                    deferred.append((i, rel, problem, max(need, share)))
                 continue
             if claims is not None and not claim(claims, rel):
                 continue  # another process of the same queue runs (or ran) it: its row is in that table
             r = run_one(i, rel, problem, None)
             if pool is not None and r.status is ProblemStatus.failed:
                 need = cap_needed_gb(r.reason)
-                if need is not None and need > share:
+                if need is not None and need > share and claims is not None and claim(claims, f"{rel}#memory"):
                     deferred.append((i, rel, problem, need))
                     r.reason = f"{r.reason} [{DEFERRED} with guard.memory_gb={need:g}]"
             record(i, rel, r)
@@ -583,7 +589,7 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
             # a problem refused for memory, once more with the cap it needs (suite.memory_pool_gb)
             r = run_one(i, rel, problem, need)
             if r.status is ProblemStatus.failed and r.reason and "memory_pool_gb" not in r.reason:
-                r.reason = f"with guard.memory_gb={need:g} (suite.memory_pool_gb): {r.reason}"
+                r.reason = f"with guard.memory_gb={need:g} (suite.memory_pool_gb): {r.reason.split(' [' + DEFERRED)[0]}"
             results[:] = [x for x in results if x.problem != rel]
             record(i, rel, r)
         status = "FINISHED"

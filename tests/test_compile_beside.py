@@ -143,7 +143,7 @@ def test_evaluations_go_to_the_guard_with_the_fewest_in_flight():
 class CompileNeedsTime(SlowCompileGuard):
     """torch.compile needs NEED_S: given less it times out at once (as a compile the guard kills would)."""
 
-    NEED_S = 10.0
+    NEED_S = 100.0
 
     def evaluate(self, cand, champion=None, **kw):
         if cand.strategy == "torch.compile":
@@ -156,9 +156,9 @@ class CompileNeedsTime(SlowCompileGuard):
 
 
 def test_torch_compile_with_no_result_within_the_budget_is_measured_after_it(tmp_path):
-    # a 6 s budget gives torch.compile 3 s of it; it needs 10: after the search it gets guard.baseline_timeout_s,
+    # a 12 s budget gives torch.compile at most 6 s; it needs 100: after the search it gets guard.baseline_timeout_s,
     # side by side with the champion, and the summary and the note say it came after the budget
-    s, summary, guard = _session(tmp_path, 0.5, "budget.minutes=0.1", guard_cls=CompileNeedsTime)
+    s, summary, guard = _session(tmp_path, 0.5, "budget.minutes=0.2", guard_cls=CompileNeedsTime)
     comp = [r for r in s.records if r.kind == "baseline" and r.candidate.strategy == "torch.compile"]
     assert [r.verdict.status for r in comp][0] is Status.timeout and comp[-1].verdict.correct
     assert guard.compile_timeouts[0] < CompileNeedsTime.NEED_S and guard.compile_timeouts[-1] == 900
@@ -170,12 +170,12 @@ def test_torch_compile_with_no_result_within_the_budget_is_measured_after_it(tmp
 
 
 def test_a_torch_compile_faster_than_the_champion_is_crowned_after_the_budget(tmp_path):
-    s, summary, _ = _session(tmp_path, 100.0, "budget.minutes=0.1", guard_cls=CompileNeedsTime)
+    s, summary, _ = _session(tmp_path, 100.0, "budget.minutes=0.2", guard_cls=CompileNeedsTime)
     assert s.champion.strategy == "torch.compile" and summary["champion_agent"] == "baseline"
 
 
 def test_no_torch_compile_after_the_budget_when_switched_off(tmp_path):
-    s, summary, guard = _session(tmp_path, 0.5, "budget.minutes=0.1", "guard.compile_after_budget=false",
+    s, summary, guard = _session(tmp_path, 0.5, "budget.minutes=0.2", "guard.compile_after_budget=false",
                                  guard_cls=CompileNeedsTime)  # fmt: skip
     assert len(guard.compile_timeouts) == 1 and summary["compile_after_budget_s"] is None
     assert summary["speedup_vs_compile"] is None and summary["baseline_notes"]["torch.compile"].startswith("timeout")
@@ -184,3 +184,12 @@ def test_no_torch_compile_after_the_budget_when_switched_off(tmp_path):
 def test_a_torch_compile_judged_within_the_budget_is_not_measured_again(tmp_path):
     s, summary, guard = _session(tmp_path, 2.0)
     assert len(guard.compile_champions) == 1 and summary["compile_after_budget_s"] is None
+
+
+def test_a_resumed_session_keeps_its_post_budget_torch_compile_and_does_not_measure_it_again(tmp_path):
+    _, first, _ = _session(tmp_path, 0.5, "budget.minutes=0.2", guard_cls=CompileNeedsTime)
+    s, again, guard = _session(tmp_path, 0.5, "budget.minutes=0.2", guard_cls=CompileNeedsTime)
+    assert getattr(guard, "compile_timeouts", []) == []  # neither within the budget nor after it, again
+    assert again["compile_after_budget_s"] == first["compile_after_budget_s"] is not None
+    assert again["baseline_notes"]["torch.compile"] == first["baseline_notes"]["torch.compile"]
+    assert again["speedup_vs_compile"] is not None
