@@ -124,19 +124,19 @@ def test_the_need_read_from_a_refusal_is_a_cap_the_plan_accepts(tmp_path):
 
 @pytest.mark.parametrize("isolation", ["inline", "process"])
 def test_a_problem_refused_for_memory_runs_again_with_the_cap_it_needs(tmp_path, isolation):
-    """A 0.01 GB share is too small for one input set of a 512 x 4096 rmsnorm; with a 2 GB pool the suite runs it
+    """A 0.004 GB share is too small for one input set of a 128 x 4096 rmsnorm; with a 2 GB pool the suite runs it
     again at the end with the cap its plan named, and its row is that run's."""
     ref = json.loads((RMSNORM / "definition.json").read_text())["reference"]
     tree = tmp_path / "tree"
     p = _problem(tree, "L1/001_rmsnorm", "rmsnorm", ref)
     wl = {
         "uuid": "big",
-        "axes": {"M": 512, "N": 4096},
+        "axes": {"M": 128, "N": 4096},
         "inputs": {"x": {"type": "random"}, "weight": {"type": "random"}},
     }
     (p / "workload.jsonl").write_text(json.dumps(wl) + "\n")
     assert "budget.candidates=2" in ARGS
-    r = _suite(tmp_path, tree, "guard.memory_gb=0.01", "suite.memory_pool_gb=2", f"suite.claims={tmp_path / 'claims'}",
+    r = _suite(tmp_path, tree, "guard.memory_gb=0.004", "suite.memory_pool_gb=2", f"suite.claims={tmp_path / 'claims'}",
                "budget.candidates=1", f"suite.isolation={isolation}")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert "(guard.memory_gb=" in r.stdout  # the second run says its cap

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -199,9 +200,17 @@ def test_candidate_passes_layout_gqa_and_causal_to_the_kernel(monkeypatch):
         res_mod.run(q, k, v, r[:, :2], 0)
 
 
+# nvcc takes 80-100 s per FMHA library on two cores: CI builds the start point; the residual variants (their
+# rendering is checked above against a fake library) build with KERNELARC_SLOW=1, and on the GPU in every run
+_SLOW_BUILD = pytest.mark.skipif(not os.environ.get("KERNELARC_SLOW"), reason="set KERNELARC_SLOW=1 (~90 s of nvcc)")
+
+
 @needs_toolchain
-@pytest.mark.parametrize("knobs", [CUTLASS_FMHA.start, {**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "prefetch"},
-                                   {**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "stage"}],
+@pytest.mark.parametrize("knobs", [CUTLASS_FMHA.start,
+                                   pytest.param({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "prefetch"},
+                                                marks=_SLOW_BUILD),
+                                   pytest.param({**CUTLASS_FMHA_RESIDUAL.start, "RESIDUAL": "stage"},
+                                                marks=_SLOW_BUILD)],
                          ids=["start", "residual_prefetch", "residual_stage"])  # fmt: skip
 def test_start_point_builds_for_sm90a(tmp_path, monkeypatch, knobs):
     monkeypatch.setenv("KERNELARC_CUTLASS_CACHE", str(tmp_path / "cache"))
