@@ -37,6 +37,10 @@ from kernelarc.models import Candidate, Verdict
 
 log = logging.getLogger(__name__)
 
+# MLflow draws a progress bar per artifact download (the registry's champion, a resumed run's files): on a
+# session's console that is noise between verdict lines. A user who wants it sets the variable to true.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
 REDACTED = "***REDACTED***"
 MAX_PARAM_VAL = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 MAX_TAG_VAL = 8000  # MAX_TAG_VAL_LENGTH
