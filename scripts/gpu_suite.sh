@@ -54,15 +54,15 @@ say "${#PROBS[@]} problems, $SHARDS shards, suite ${SUITE_S}s, overrides: $*"
 mem_gb=$(printf '%s\n' "$@" | sed -n 's/^guard\.memory_gb=//p' | tail -1)
 gpu_gb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | awk '{print int($1 / 1024)}')
 if [ -n "$mem_gb" ] && [ -n "$gpu_gb" ] && awk -v m="$mem_gb" -v s="$SHARDS" -v g="$gpu_gb" 'BEGIN { exit !(m * s > g) }'; then
-  say "warning: $SHARDS shards x guard.memory_gb=$mem_gb exceed the GPU's $gpu_gb GB: candidates may fail out of memory (about $(( gpu_gb / SHARDS )) GB per shard fits)"
+  say "warning: $SHARDS shards x guard.memory_gb=$mem_gb exceed the GPU's $gpu_gb GB: shards wait for each other's memory (the pool below; about $(( gpu_gb / SHARDS )) GB per shard runs them all at once)"
 fi
 # With guard.memory_gb given, the shards share the GPU's memory as one pool (suite.memory_pool_gb, kernelarc/memory_pool.py):
 # a problem whose guard needs more than the share for one input set (L2/004: 24 GB, L2/024: 47 GB against 17 GB
 # in runs W/X) runs again at the end of its shard's queue with the cap it needs, once the other shards have freed
 # that much (they start nothing new while it waits). POOL_GB overrides the pool (default: the GPU's GB less 2).
 POOL=()
-if [ -n "$mem_gb" ] && [ -n "$gpu_gb" ]; then
-  POOL=("suite.memory_pool_gb=${POOL_GB:-$(( gpu_gb - 2 ))}")
+if [ -n "$mem_gb" ] && [ -n "$gpu_gb" ] && ! printf '%s\n' "$@" | grep -q '^suite\.memory_pool_gb='; then
+  POOL=("suite.memory_pool_gb=${POOL_GB:-$(awk -v g="$gpu_gb" -v m="$mem_gb" 'BEGIN { p = g - 2; print (p > m ? p : m) }')}")
   say "memory pool ${POOL[0]#*=} GB over the shards, ${mem_gb} GB each"
 fi
 # Every shard gets the whole list and takes problems from one queue (suite.claims): a shard that drew
