@@ -38,8 +38,11 @@ from typing import Any
 from kernelarc.families import Family, families_for
 from kernelarc.guard.decision import decide, geomean, median, rel_noise
 from kernelarc.guard.judge import Evaluation
+from kernelarc.guard.settings import GuardSettings
 from kernelarc.models import Candidate, Status, Verdict, WorkloadResult
 from kernelarc.tasks.loader import Task
+
+TRUSTED_SLACK = GuardSettings().trusted_slack  # the real guard's rule for a trusted baseline's comparison
 
 # One GEMM shape (the issue-16 measurements use it): large enough that waves and tiles matter.
 GEMM_SHAPE = (8192, 8192, 8192)
@@ -294,7 +297,7 @@ class SimulatedGuard:
                 champ_samples = {0: self._draw(c_lat, cand.id, "champ")}
         d = decide(samples, champ_samples if champion is not None else None, min_gain=self.min_gain,
                    noise_factor=self.noise_factor, champion_reference=champion_reference,
-                   consistency=self.consistency)  # fmt: skip
+                   consistency=self.consistency * (TRUSTED_SLACK if trusted else 1.0))  # fmt: skip
         status = Status.champion if d.promote else Status.correct_slower
         med = median(samples[0])
         r = WorkloadResult(index=0, uuid=self.task.workloads[0].uuid, axes=self.task.axes(0), correct=True,

@@ -311,7 +311,8 @@ class Guard:
         status, res = self._drive(job, champion if timed_champion else None, role, seeds, limit, run_limit, hard)
         errors += res["errors"]
         warnings += res["warnings"]
-        ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference)
+        ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference,
+                          trusted)  # fmt: skip
         return ev
 
     def cpu_threads(self) -> int | None:
@@ -553,7 +554,8 @@ class Guard:
         v = Verdict(candidate_id=cand.id, status=status, errors=errors, eval_seconds=time.monotonic() - t_start)
         return Evaluation(v)
 
-    def _finish(self, cand, status, errors, warnings, res, t_start, had_champion: bool, champ_ref=None) -> Evaluation:
+    def _finish(self, cand, status, errors, warnings, res, t_start, had_champion: bool, champ_ref=None,
+                trusted: bool = False) -> Evaluation:  # fmt: skip
         samples: dict[int, list[float]] = res["samples"]
         correct = status is None
         # A champion that failed after the challenger's checks stopped the timing early: the challenger, not at
@@ -574,7 +576,7 @@ class Guard:
                     min_gain=self.cfg.min_gain,
                     noise_factor=self.cfg.noise_factor,
                     champion_reference=champ_ref,
-                    consistency=self.cfg.consistency_factor,
+                    consistency=self.cfg.consistency_factor * (self.cfg.trusted_slack if trusted else 1.0),
                 )
                 status = Status.champion if decision.promote else Status.correct_slower
                 if "inconsistent" in decision.reason:

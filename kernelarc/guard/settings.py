@@ -64,6 +64,11 @@ class GuardSettings:
     # challenger's (``champion_checks``), so reusing it changes what it can do to nobody (judge.py).
     champion_reuse: int = field(default=32, metadata=_INTERNAL)
     champion_checks: int = field(default=1, metadata=_INTERNAL)  # champion rounds per workload ending in a check
+    # A trusted baseline (torch.compile) cannot slow the champion on purpose, and on a shared GPU the champion beside
+    # it ran 1.6-4x slower than when crowned (the plain factor kept a 12x faster torch.compile from its crown), so
+    # its comparison is void only past this multiple of the consistency factor: a CPU session crowned a
+    # torch.compile 70x slower than the reference once the reference, beside it, ran 228x slower than alone.
+    trusted_slack: float = field(default=5.0, metadata=_INTERNAL)
 
     @property
     def flush_bytes(self) -> int:

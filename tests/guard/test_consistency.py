@@ -67,3 +67,20 @@ def test_a_champion_faster_than_when_crowned_is_compared(guard, slow):
     v = guard.evaluate(Candidate(source=FAST, language="pytorch"), cand, champion_reference=ref).verdict
     assert v.status is Status.champion, (v.status, v.warnings)
     assert not any("inconsistent" in w for w in v.warnings), v.warnings
+
+
+def test_a_trusted_baseline_is_void_only_past_the_slack(guard, slow):
+    """torch.compile (trusted) beside a champion a few times slower than when crowned is compared (a shared GPU
+    slows every champion so); beside one far slower, the comparison is void: a CPU session crowned a torch.compile
+    70x slower than the reference once the reference ran 228x slower beside it than alone."""
+    cand, lat = slow
+    cfg = guard.cfg
+    bound = cfg.consistency_factor * cfg.trusted_slack
+    fast = Candidate(source=FAST, language="pytorch")
+    within = {w: ms / (cfg.consistency_factor * 2) for w, ms in lat.items()}  # void for a challenger, not for it
+    v = guard.evaluate(fast, cand, trusted=True, champion_reference=within).verdict
+    assert v.status is Status.champion, (v.status, v.warnings)
+    beyond = {w: ms / (bound * 3) for w, ms in lat.items()}
+    v = guard.evaluate(fast, cand, trusted=True, champion_reference=beyond).verdict
+    assert v.status is Status.correct_slower, (v.status, v.warnings)
+    assert any("inconsistent comparison" in w for w in v.warnings), v.warnings
