@@ -350,8 +350,9 @@ class SessionPhases:
         return summary
 
     def _drift_corrected_speedup(self, baseline: str) -> float | None:
-        """The champion's speedup over a baseline with both latencies on the session's first time base
-        (chained interleaved ratios, kernelarc.dispatch.drift_corrected), geomean over their common
+        """The champion's speedup over a baseline as timed side by side: from the latest measurement of the two
+        interleaved where there is one (``_side_by_side_speedup``), else with both latencies on the session's first
+        time base (chained interleaved ratios, kernelarc.dispatch.drift_corrected), geomean over their common
         workloads. ``speedup_vs_compile`` divides two medians measured minutes apart; on a GPU shared with
         other sessions the two can disagree with the side-by-side verdicts (a reference kept as champion
         while torch.compile reads 1.36x faster); this figure follows the verdicts' own ratios."""
@@ -361,10 +362,45 @@ class SessionPhases:
                     and r.verdict.correct), None)  # fmt: skip
         if rec is None:
             return None
+        direct = self._side_by_side_speedup(rec.candidate.id)
+        if direct is not None:
+            return direct
         lat = self.drift_corrected_latencies()
         b, c = lat.get(rec.candidate.id) or {}, lat.get(self.champion.id) or {}
         common = sorted(set(b) & set(c))
         return dispatch.geomean_over({w: b[w] / c[w] for w in common}, common) if common else None
+
+    def _side_by_side_speedup(self, other_id: str) -> float | None:
+        """The champion's speedup over ``other_id`` through measurements that timed two kernels interleaved: the
+        product of the pairs' own ratios along the shortest chain of such pairs from the champion to ``other_id``
+        (the latest measurement of each pair; its geomean over workloads). None when no chain links them. Every
+        ratio comes from one time base, so neither drift nor an outlier measurement of a kernel alone enters it
+        (a CPU suite's reference read 88 ms when measured first and 0.31-0.36 ms beside every later challenger:
+        through latencies anchored at that first figure, a tie with torch.compile read 0.004x)."""
+        champ = self.champion.id if self.champion else None
+        if champ is None or champ == other_id:
+            return None
+        edges: dict[str, dict[str, float]] = {}
+        for r in self.records:  # later measurements of a pair replace earlier ones
+            if not r.verdict.correct or r.champion_id is None or r.champion_id == r.candidate.id:
+                continue
+            pairs = {w.index: w.champion_ms / w.latency_ms for w in r.verdict.workloads
+                     if w.latency_ms and w.champion_ms}  # fmt: skip
+            ratio = dispatch.geomean_over(pairs, sorted(pairs)) if pairs else None
+            if ratio:  # the candidate's speedup over the champion it was timed beside, and the inverse
+                edges.setdefault(r.candidate.id, {})[r.champion_id] = ratio
+                edges.setdefault(r.champion_id, {})[r.candidate.id] = 1.0 / ratio
+        speed = {champ: 1.0}  # breadth first: the fewest pairs, the least noise multiplied
+        frontier = [champ]
+        while frontier and other_id not in speed:
+            nxt = []
+            for node in frontier:
+                for peer, ratio in edges.get(node, {}).items():
+                    if peer not in speed:
+                        speed[peer] = speed[node] * ratio  # the champion's speedup over peer
+                        nxt.append(peer)
+            frontier = nxt
+        return speed.get(other_id)
 
     def _champion_version(self) -> int | None:
         """The champion's registry version when the state folder does not have it (see RegistrySink.version_of)."""

@@ -193,3 +193,29 @@ def test_a_resumed_session_keeps_its_post_budget_torch_compile_and_does_not_meas
     assert again["compile_after_budget_s"] == first["compile_after_budget_s"] is not None
     assert again["baseline_notes"]["torch.compile"] == first["baseline_notes"]["torch.compile"]
     assert again["speedup_vs_compile"] is not None
+
+
+class FirstReferenceOutlier(SlowCompileGuard):
+    """The reference's first measurement (alone, before any champion) reads 100x its speed: a busy machine then."""
+
+    def evaluate(self, cand, champion=None, **kw):
+        ev = super().evaluate(cand, champion, **kw)
+        if cand.strategy == "reference" and champion is None:
+            for w in ev.verdict.workloads:
+                w.latency_ms *= 100
+            ev.verdict.latency_ms *= 100
+            ev.samples = {k: [x * 100 for x in xs] for k, xs in ev.samples.items()}
+        return ev
+
+
+def test_side_by_side_figures_do_not_inherit_an_outlier_first_measurement(tmp_path):
+    # a slow reference that candidates beat, measured first at 100x its speed: the raw figure divides by that
+    # outlier; the side-by-side one says what the champion's crowning pair measured
+    s, summary, guard = _session(tmp_path, 0.05, reference_factor=10.0, guard_cls=FirstReferenceOutlier)
+    assert s.champion.strategy not in ("reference", "torch.compile")
+    ref = s.records[0].candidate
+    pair = s._side_by_side_speedup(ref.id)
+    assert pair is not None and pair == summary["speedup_vs_baseline_drift_corrected"]
+    assert summary["speedup_vs_baseline"] > 50 * pair  # the raw figure carries the 100x outlier
+    truth = guard._latency(ref) / guard._latency(s.champion)  # the simulation's own latencies
+    assert pair == pytest.approx(truth, rel=0.25)
