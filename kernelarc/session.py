@@ -261,7 +261,8 @@ class SearchSession(SessionPhases):
         # challenger that slows the champion down; for a trusted baseline the guard voids only a gross slowdown
         # (GuardSettings.trusted_slack): on a shared, drifting GPU the plain check would keep a much faster
         # torch.compile from being crowned, but a comparison whose champion ran 228x slower than alone says nothing.
-        ref = self._champion_reference(champion)
+        # The registry's incumbent and the final side-by-side are trusted runs of searched code: not checked, as before.
+        ref = self._champion_reference(champion) if not trusted or cand.agent == "baseline" else None
         # No evaluation outlives the session's budget by more than one candidate's timeout, however long
         # it waits for a GPU that other sessions (suite shards, sweeps) are measuring on.
         if deadline is None:

@@ -72,6 +72,12 @@ def record_early_failure(reason: str, task: Task, gpu: str, state: StateLog, tra
     return summary
 
 
+def _void(r: Record) -> bool:
+    """A correct measurement whose side-by-side comparison the guard voided (the champion beside it ran far off its
+    crowned self): no speedup over the champion it was timed against."""
+    return r.verdict.correct and r.champion_id is not None and r.verdict.speedup_vs_champion is None
+
+
 class SessionPhases:
     """Calibration, baselines and incumbent before the loop; the final side-by-side and summary after it."""
 
@@ -175,8 +181,8 @@ class SessionPhases:
         if not (g.compile_baseline and g.compile_after_budget) or self.compile_after_budget_tried:
             return
         tried = [r for r in self.records if r.kind == "baseline" and r.candidate.strategy == label]
-        if any(r.verdict.status is not Status.timeout for r in tried):
-            return  # it has a verdict on its merits (correct, incorrect, failed)
+        if any(r.verdict.status is not Status.timeout and not _void(r) for r in tried):
+            return  # it has a verdict on its merits (correct and compared, incorrect, failed)
         before = self.baseline_notes.get(label) or (f"{tried[-1].verdict.status.value}" if tried else "not measured")
         before = before.splitlines()[0][:200]
         timeout = float(g.baseline_timeout_s)
@@ -350,8 +356,8 @@ class SessionPhases:
         return summary
 
     def _drift_corrected_speedup(self, baseline: str) -> float | None:
-        """The champion's speedup over a baseline as timed side by side: from the latest measurement of the two
-        interleaved where there is one (``_side_by_side_speedup``), else with both latencies on the session's first
+        """The champion's speedup over a baseline as timed side by side: through the chain of interleaved pairs that
+        links them where there is one (``_side_by_side_speedup``), else with both latencies on the session's first
         time base (chained interleaved ratios, kernelarc.dispatch.drift_corrected), geomean over their common
         workloads. ``speedup_vs_compile`` divides two medians measured minutes apart; on a GPU shared with
         other sessions the two can disagree with the side-by-side verdicts (a reference kept as champion
@@ -382,14 +388,21 @@ class SessionPhases:
             return None
         edges: dict[str, dict[str, float]] = {}
         for r in self.records:  # later measurements of a pair replace earlier ones
-            if not r.verdict.correct or r.champion_id is None or r.champion_id == r.candidate.id:
+            v = r.verdict
+            if (
+                r.kind not in ("baseline", "candidate", "incumbent")
+                or not v.correct
+                or r.champion_id in (None, r.candidate.id)
+            ):
                 continue
-            pairs = {w.index: w.champion_ms / w.latency_ms for w in r.verdict.workloads
-                     if w.latency_ms and w.champion_ms}  # fmt: skip
-            ratio = dispatch.geomean_over(pairs, sorted(pairs)) if pairs else None
-            if ratio:  # the candidate's speedup over the champion it was timed beside, and the inverse
-                edges.setdefault(r.candidate.id, {})[r.champion_id] = ratio
-                edges.setdefault(r.champion_id, {})[r.candidate.id] = 1.0 / ratio
+            # the guard's own side-by-side figure (None where it voided the comparison: the champion ran far off its
+            # crowned self beside this one), and only over every workload timed, so the pairs chain on one set
+            ratio = v.speedup_vs_champion
+            timed = [w for w in v.workloads if w.latency_ms]
+            if not ratio or not timed or any(not w.champion_ms for w in timed):
+                continue
+            edges.setdefault(r.candidate.id, {})[r.champion_id] = ratio  # its speedup over the champion beside it
+            edges.setdefault(r.champion_id, {})[r.candidate.id] = 1.0 / ratio
         speed = {champ: 1.0}  # breadth first: the fewest pairs, the least noise multiplied
         frontier = [champ]
         while frontier and other_id not in speed:
