@@ -8,10 +8,19 @@ also holds an exclusive ``flock`` on a file named after the physical device (its
 torch reports one, so ``CUDA_VISIBLE_DEVICES`` remapping cannot give two processes different
 names for one GPU). The file lock is released by the kernel when the holder dies, so a killed
 session never leaves the device locked.
+
+Warm-ups (a candidate's JIT compilation and first calls, Inductor's and Triton's autotuning) run kernels too,
+outside the exclusive lock: on one GPU, kernels of another process time-slice with the measured ones, so a
+warm-up elsewhere made measured calls slower in an unknown share of their bursts (the eighth session's H200
+suite: 24 of 159 comparisons void, the champion 1.5-5x slower beside a challenger than when crowned, with every
+measured worker alone on two quiet CPUs). A warm-up therefore takes the lock *shared* (``acquire_shared``):
+warm-ups run together, and no timing starts until the warm-ups in progress end. A turnstile file gives a
+waiting timer precedence over warm-ups that arrive after it, so that a stream of warm-ups cannot starve it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -68,27 +77,67 @@ class DeviceLock:
             log.warning("cross-process device lock %s unavailable: %s", self.path, e)
             self._fd = None
             return True
+        gate = self._open_gate()
         try:
-            if deadline is None:
-                fcntl.flock(fd, fcntl.LOCK_EX)  # blocks while another process measures on this GPU
-            else:
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if time.monotonic() >= deadline:
-                            os.close(fd)
-                            self._sem.release()
-                            return False
-                        time.sleep(0.02)
+            # the turnstile, held while this timer waits: warm-ups that come after it wait behind it
+            taken = (gate is None or _flock(gate, fcntl.LOCK_EX, deadline)) and _flock(fd, fcntl.LOCK_EX, deadline)
         except OSError as e:
             log.warning("cross-process device lock %s unavailable: %s", self.path, e)
             os.close(fd)
             self._fd = None
             return True
+        finally:
+            if gate is not None:
+                os.close(gate)  # (closing drops its flock)
+        if not taken:  # blocked while another process measured on this GPU until the deadline
+            os.close(fd)
+            self._sem.release()
+            return False
         self._fd = fd
         return True
+
+    def acquire_shared(self, timeout: float | None = None) -> int | bool | None:
+        """Take the device shared, for a warm-up: any number of holders, none while a timing holds it, and none
+        past a timing that waits (the turnstile). Returns the token for ``release_shared`` (None where there is
+        no cross-process lock: nothing to wait for), or False after ``timeout`` seconds."""
+        if self.path is None:
+            return None
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            log.debug("shared device lock %s unavailable: %s", self.path, e)
+            return None
+        try:
+            gate = self._open_gate()
+            if gate is not None:
+                try:  # passes the turnstile without keeping it: a warm-up never holds a timer behind another
+                    passed = _flock(gate, fcntl.LOCK_SH, deadline)
+                finally:
+                    os.close(gate)
+                if not passed:
+                    os.close(fd)
+                    return False
+            if not _flock(fd, fcntl.LOCK_SH, deadline):
+                os.close(fd)
+                return False
+        except OSError as e:
+            log.debug("shared device lock %s unavailable: %s", self.path, e)
+            os.close(fd)
+            return None
+        return fd
+
+    @staticmethod
+    def release_shared(token: int | bool | None) -> None:
+        if token is not None and token is not False and token is not True:
+            with contextlib.suppress(OSError):
+                os.close(token)  # closing the descriptor drops its flock
+
+    def _open_gate(self) -> int | None:
+        try:
+            return os.open(str(self.path) + ".gate", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return None
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
@@ -105,3 +154,19 @@ class DeviceLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _flock(fd: int, op: int, deadline: float | None) -> bool:
+    """``flock(fd, op)``, waiting until ``deadline`` (a ``time.monotonic()`` instant; None: for ever); False when
+    it passed."""
+    if deadline is None:
+        fcntl.flock(fd, op)
+        return True
+    while True:
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)

@@ -8,7 +8,8 @@ both with commands, one at a time, and decides everything from what comes back:
 
 1. Both import their source (the challenger's static checks already passed in the judge); a
    champion's worker only once, with its warm-up, for all the evaluations it serves.
-2. Warm-up calls (JIT compilation) outside the per-GPU lock, on inputs from a throw-away seed.
+2. Warm-up calls (JIT compilation) on inputs from a throw-away seed, under the per-GPU lock taken shared
+   (other warm-ups may run, no timing; released after ``guard.warmup_lock_s``, devlock.py says why).
 3. Under the lock: the challenger's checked calls, on inputs from seeds drawn from os.urandom and
    sent one at a time, only when used; every output compared with the judge's reference; the
    same buffers rewritten with another set's content and checked again. The champion builds the
@@ -151,12 +152,18 @@ class Driver:
         self.clock = clock
         self.res = res
         self.holding = False
+        self.shared: Any = None  # the shared lock's token while a warm-up holds it
+        self.shared_since = 0.0
         self.measured: list[int] = []  # the worker pids moved onto the quiet cores while the lock is held
 
     # -- messages ------------------------------------------------------------------------
     def recv(self, side: Side, expect: type) -> Any:
         w = side.worker
         while True:
+            if self.shared is not None and time.monotonic() - self.shared_since > self.cfg.warmup_lock_s:
+                # a long compile (Inductor's max-autotune, a big Triton sweep) must not hold every timing back
+                self.unlock_shared()
+                log.debug("a warm-up of %s past guard.warmup_lock_s: shared device lock released", side.label)
             left = self.clock.left()
             if left <= 0:
                 raise Stop(Status.timeout, self.clock.expired(), side.label)
@@ -247,13 +254,40 @@ class Driver:
             self.g._gpu.release()
             self.holding = False
 
+    def lock_shared(self) -> None:
+        """The device lock shared, for a warm-up (none while this evaluation holds it exclusively, nor where
+        ``guard.warmup_lock_s`` is 0); the time waited is not the candidate's."""
+        if self.holding or self.shared is not None or self.cfg.warmup_lock_s <= 0:
+            return
+        t = time.monotonic()
+        token = self.g._gpu.acquire_shared(timeout=self.clock.hard_left())
+        waited = time.monotonic() - t
+        if token is False:
+            raise Stop(Status.timeout, gpu_wait_message(waited))
+        self.clock.excluded(waited)
+        self.res["phases"]["gpu_wait_warmup"] = self.res["phases"].get("gpu_wait_warmup", 0.0) + waited
+        self.shared, self.shared_since = token, time.monotonic()
+
+    def unlock_shared(self) -> None:
+        token, self.shared = self.shared, None
+        if token is not None:
+            self.g._gpu.release_shared(token)
+
+    def warm_up(self, side: Side, wl: int, seed: int) -> None:
+        """One warm-up command (JIT compilation and first calls), its kernels never beside another's timing."""
+        self.lock_shared()
+        try:
+            self.command(side, Cmd.warmup, Ok, wl=wl, seed=seed)
+        finally:
+            self.unlock_shared()
+
     def setup_champion(self, champ: Side) -> None:
         """A new champion worker's import and warm-up (JIT compilation) on every workload, once for all the
         evaluations it serves; outside the per-GPU lock, as a challenger's."""
         self.recv(champ, Imported)  # (a worker left not ready by an exception here is never reused)
         warm_seed = secrets.randbits(62)
         for wl in self.g.workloads:
-            self.command(champ, Cmd.warmup, Ok, wl=wl, seed=warm_seed)
+            self.warm_up(champ, wl, warm_seed)
         champ.ready = True
 
     def run(self, cand: Side, champ: Side | None, seeds: list[int], language: str, run_limit: float) -> None:
@@ -271,7 +305,7 @@ class Driver:
             self.lock()
         warm_seed = secrets.randbits(62)
         for wl in wls:
-            self.command(cand, Cmd.warmup, Ok, wl=wl, seed=warm_seed)
+            self.warm_up(cand, wl, warm_seed)
         if timed:
             self.lock()
         for wl in wls:

@@ -40,6 +40,10 @@ class GuardSettings:
     # after the search, at most baseline_timeout_s, side by side with the champion (and may still be crowned):
     # a champion is never reported without its torch.compile comparison for want of time
     compile_after_budget: bool = True
+    # A warm-up (JIT compilation, autotuning, first calls) holds the device lock shared for at most this many
+    # seconds: no other process times on the GPU meanwhile (its kernels would time-slice with the measured
+    # ones); past it the warm-up goes on without it. 0: warm-ups never wait for, nor hold back, a timing.
+    warmup_lock_s: float = 15.0
     memory_gb: float | None = None  # memory cap per device for the guard's memory plan (null: the device's memory)
 
     # -- resolved by the wiring from other config keys ----------------------------------------

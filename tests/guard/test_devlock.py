@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from kernelarc.guard.devlock import DeviceLock
 
@@ -91,3 +92,139 @@ def test_an_evaluation_stops_waiting_for_the_gpu_at_the_sessions_deadline(tmp_pa
     finally:
         other.release()
         g.close()
+
+
+# -- warm-ups take the lock shared (devlock.py's docstring says why) -----------------------------------
+def _pair(tmp_path, monkeypatch) -> tuple[DeviceLock, DeviceLock]:
+    monkeypatch.setenv("KERNELARC_DEVICE_LOCK_DIR", str(tmp_path))
+    return DeviceLock("cuda:0", key="gpu-test"), DeviceLock("cuda:0", key="gpu-test")
+
+
+def test_warm_ups_share_the_device_and_hold_a_timing_back(tmp_path, monkeypatch):
+    timer, warm = _pair(tmp_path, monkeypatch)
+    a, b = warm.acquire_shared(timeout=1), warm.acquire_shared(timeout=1)
+    assert isinstance(a, int) and isinstance(b, int), "two warm-ups run together"
+    assert timer.acquire(timeout=0.3) is False, "a timing started beside a warm-up"
+    warm.release_shared(a)
+    assert timer.acquire(timeout=0.3) is False, "a timing started beside the second warm-up"
+    warm.release_shared(b)
+    assert timer.acquire(timeout=2) is True
+    assert warm.acquire_shared(timeout=0.3) is False, "a warm-up started during a timing"
+    timer.release()
+    c = warm.acquire_shared(timeout=2)
+    assert isinstance(c, int)
+    warm.release_shared(c)
+    assert timer.acquire(timeout=0) is True  # no descriptor kept a lock
+    timer.release()
+
+
+def test_a_waiting_timing_goes_before_warm_ups_that_come_after_it(tmp_path, monkeypatch):
+    timer, warm = _pair(tmp_path, monkeypatch)
+    first = warm.acquire_shared(timeout=1)
+    got = threading.Event()
+    t = threading.Thread(target=lambda: (timer.acquire(), got.set()), daemon=True)
+    t.start()
+    time.sleep(0.3)  # the timer now waits at the turnstile's far side, behind the first warm-up
+    assert not got.is_set()
+    assert warm.acquire_shared(timeout=0.3) is False, "a later warm-up overtook the waiting timing"
+    warm.release_shared(first)
+    assert got.wait(5)
+    timer.release()
+    t.join()
+    later = warm.acquire_shared(timeout=2)
+    assert isinstance(later, int)
+    warm.release_shared(later)
+
+
+def test_a_warm_up_in_another_process_holds_a_timing_back(tmp_path):
+    code = (
+        "import time; from pathlib import Path; from kernelarc.guard.devlock import DeviceLock\n"
+        f"l = DeviceLock('cuda:0', key='gpu-test'); l.path = Path({str(tmp_path)!r}) / 'x.lock'\n"
+        "tok = l.acquire_shared(); print('warming', flush=True); time.sleep(60)\n"
+    )
+    warm = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert warm.stdout.readline().strip() == "warming"
+        timer = DeviceLock("cuda:0", key="gpu-test")
+        timer.path = tmp_path / "x.lock"
+        assert timer.acquire(timeout=0.5) is False
+        warm.kill()  # a dead warm-up's shared lock goes with it
+        assert timer.acquire(timeout=10) is True
+        timer.release()
+    finally:
+        warm.kill()
+        warm.wait()
+
+
+def test_without_a_cross_process_lock_a_warm_up_waits_for_nothing():
+    lock = DeviceLock("cpu")
+    with lock:  # even beside an in-process timing: the CPU has no time-sliced device
+        assert lock.acquire_shared(timeout=0) is None
+    lock.release_shared(None)
+
+
+def _slow_first_call(marker: Path) -> str:
+    """A candidate whose first call (a warm-up's) says it started, then takes 3 s, as a JIT compile would."""
+    return f"""import time
+import torch
+_CALLS = [0]
+def run(x, weight):
+    _CALLS[0] += 1
+    if _CALLS[0] == 1:
+        open({str(marker)!r}, "w").close()
+        time.sleep(3.0)
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
+"""
+
+
+def _timing_wait_beside_a_warm_up(tmp_path, monkeypatch, warmup_lock_s: float) -> float:
+    """Seconds another process's timing waits for the device once a guard's candidate has started its warm-up's
+    3 s first call."""
+    import tempfile
+
+    from kernelarc.guard.judge import Guard, GuardConfig
+    from kernelarc.models import Candidate
+    from kernelarc.tasks import load_builtin
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("KERNELARC_DEVICE_LOCK_DIR", str(tmp_path))
+    shared = Path(tempfile.mkdtemp(prefix="kernelarc-test-", dir="/tmp"))
+    shared.chmod(0o777)  # the worker may run as its own uid
+    marker = shared / "warming"
+    task = load_builtin("rmsnorm", cpu=True)
+    cfg = GuardConfig(timeout_s=60, target_ms=5, min_iters=3, max_iters=20, prestart=1, warmup_lock_s=warmup_lock_s)
+    g = Guard(task, None, "cpu", cfg)
+    g._gpu = DeviceLock("cuda:0", key="gpu-shared")  # as two processes on one GPU see it
+    other = DeviceLock("cuda:0", key="gpu-shared")
+    res: dict = {}
+
+    def evaluate() -> None:
+        try:
+            res["v"] = g.evaluate(Candidate(source=_slow_first_call(marker), language="pytorch"), trusted=True)
+        except BaseException as e:  # noqa: BLE001 - reported by the test below
+            res["e"] = e
+
+    t = threading.Thread(target=evaluate, daemon=True)
+    try:
+        t.start()
+        deadline = time.monotonic() + 60
+        while not marker.exists() and "e" not in res and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert marker.exists(), res.get("e")
+        t0 = time.monotonic()
+        assert other.acquire(timeout=30)
+        waited = time.monotonic() - t0
+        other.release()
+        t.join(60)
+        assert "v" in res, res.get("e")
+        assert res["v"].verdict.correct, res["v"].verdict.errors
+        return waited
+    finally:
+        t.join(60)
+        g.close()
+
+
+def test_a_guard_warms_up_under_the_shared_lock_for_at_most_warmup_lock_s(tmp_path, monkeypatch):
+    assert _timing_wait_beside_a_warm_up(tmp_path / "a", monkeypatch, 30.0) > 2.0  # the 3 s first call held it back
+    assert _timing_wait_beside_a_warm_up(tmp_path / "b", monkeypatch, 0.3) < 1.8  # let go after 0.3 s (1 s polls)
