@@ -37,13 +37,16 @@ class PoolTooSmall(ValueError):
 class MemoryPool:
     """A ledger of GB reserved on one GPU by cooperating processes (see the module docstring)."""
 
-    def __init__(self, folder: Path, total_gb: float, *, poll_s: float = 2.0):
+    def __init__(self, folder: Path, total_gb: float, *, poll_s: float = 2.0,
+                 device_free_gb: Callable[[], float | None] | None = None, device_grace_s: float = 300.0):  # fmt: skip
         if total_gb <= 0:
             raise ValueError(f"suite.memory_pool_gb must be positive, got {total_gb}")
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.total_gb = float(total_gb)
         self.poll_s = poll_s
+        self.device_free_gb = device_free_gb  # the device's own free memory (None: not known)
+        self.device_grace_s = device_grace_s
         self._held: dict[Path, int] = {}  # this process's entries -> the descriptor holding their flock
         self._thread_lock = threading.Lock()  # the folder's flock is per open file: threads take this first
 
@@ -114,6 +117,7 @@ class MemoryPool:
         t0 = time.monotonic()
         since = time.time()
         told = False
+        ledger_ok_since: float | None = None  # when the ledger first had room for this priority request
         try:
             while True:
                 with self._locked():
@@ -124,8 +128,12 @@ class MemoryPool:
                     first = not waiters or (priority and (since, str(path)) <= waiters[0])
                     entry = {"key": key, "gb": gb, "pid": os.getpid(), "since": since}
                     if first and used + gb <= self.total_gb + 1e-9:
-                        self._write(path, {**entry, "wait": False})
-                        return time.monotonic() - t0
+                        ledger_ok_since = ledger_ok_since or time.monotonic()
+                        if not priority or self._device_has(gb, time.monotonic() - ledger_ok_since):
+                            self._write(path, {**entry, "wait": False})
+                            return time.monotonic() - t0
+                    else:
+                        ledger_ok_since = None
                     if priority:
                         self._write(path, {**entry, "wait": True})
                     free = self.total_gb - used
@@ -138,6 +146,20 @@ class MemoryPool:
         except BaseException:
             self.release(key)
             raise
+
+    def _device_has(self, gb: float, waited_s: float) -> bool:
+        """Whether the device has ``gb`` free (unknown counts as yes; so does waiting ``device_grace_s``)."""
+        if self.device_free_gb is None or waited_s >= self.device_grace_s:
+            return True
+        try:
+            free = self.device_free_gb()
+        except Exception as e:  # noqa: BLE001 - a failed query must not stop the suite
+            log.debug("device free memory unknown: %s", e)
+            return True
+        if free is None or free >= gb:
+            return True
+        log.info("memory pool: %.1f GB reserved in the ledger's room, but the device has %.1f GB free", gb, free)
+        return False
 
     def release(self, key: str) -> None:
         path = self._path(key)

@@ -454,7 +454,18 @@ def _memory_pool(c: Any, claims: Path | None) -> tuple[MemoryPool | None, float]
         raise UsageError("suite.memory_pool_gb needs suite.claims: the folder the processes that share it agree on")
     if c.guard.memory_gb is None or c.guard.memory_gb > gb:
         raise UsageError(f"suite.memory_pool_gb={gb:g} needs guard.memory_gb (each session's share) at most that large")
-    return MemoryPool(claims / "memory", gb), float(c.guard.memory_gb)
+    return MemoryPool(claims / "memory", gb, device_free_gb=_device_free_gb), float(c.guard.memory_gb)
+
+
+def _device_free_gb() -> float | None:
+    """The GPU's free memory as its driver counts it, this process's cached blocks returned first (None: no GPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.empty_cache()
+    free, _total = torch.cuda.mem_get_info()
+    return free / 2**30
 
 
 def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:

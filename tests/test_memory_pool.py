@@ -111,6 +111,31 @@ def test_an_interrupted_wait_leaves_nothing_behind(tmp_path):
     pool.acquire("b", 2.0, timeout_s=1)  # no waiter left to hold plain requests back
 
 
+def test_a_waiter_that_needs_more_also_waits_for_the_devices_own_free_memory(tmp_path):
+    """The ledger counts plans: processes can hold more than they planned (L2/004's 32 GB re-run, granted by the
+    ledger, died of CUDA out of memory with 155 MB free), so a priority request waits for the device too; a plain
+    one does not; after the grace period the request goes ahead (the guard's own plan then says what is missing)."""
+    free = [3.0]
+    pool = MemoryPool(tmp_path / "pool", 10.0, poll_s=0.02, device_free_gb=lambda: free[0], device_grace_s=30)
+    got = threading.Event()
+    t = threading.Thread(target=lambda: (pool.acquire("big", 7.0, priority=True), got.set()))
+    t.start()
+    assert not got.wait(0.4), "the ledger's room was granted while the device had 3 GB free"
+    free[0] = 8.0
+    assert got.wait(5)
+    t.join()
+    pool.release("big")
+    free[0] = 0.5
+    pool.acquire("share", 4.0, timeout_s=1)  # a plain share never waits for the device
+    pool.release("share")
+    impatient = MemoryPool(tmp_path / "pool2", 10.0, poll_s=0.02, device_free_gb=lambda: 0.5, device_grace_s=0.2)
+    t0 = time.monotonic()
+    impatient.acquire("big", 7.0, priority=True, timeout_s=10)
+    assert 0.15 < time.monotonic() - t0 < 5
+    unknown = MemoryPool(tmp_path / "pool3", 10.0, poll_s=0.02, device_free_gb=lambda: None)
+    unknown.acquire("big", 7.0, priority=True, timeout_s=1)  # no GPU (or no answer): the ledger alone decides
+
+
 def test_the_need_read_from_a_refusal_is_a_cap_the_plan_accepts(tmp_path):
     t = load_task(_memory_problem(tmp_path, sizes=(16, 4096)))
     run = load_module(t.definition.reference, "memory_probe").run

@@ -8,8 +8,8 @@ both with commands, one at a time, and decides everything from what comes back:
 
 1. Both import their source (the challenger's static checks already passed in the judge); a
    champion's worker only once, with its warm-up, for all the evaluations it serves.
-2. Warm-up calls (JIT compilation) on inputs from a throw-away seed, under the per-GPU lock taken shared
-   (other warm-ups may run, no timing; released after ``guard.warmup_lock_s``, devlock.py says why).
+2. Warm-up calls (JIT compilation) on inputs from a throw-away seed, outside the per-GPU lock (with
+   ``guard.warmup_lock_s``: under it, taken shared, for at most that long; devlock.py says why).
 3. Under the lock: the challenger's checked calls, on inputs from seeds drawn from os.urandom and
    sent one at a time, only when used; every output compared with the judge's reference; the
    same buffers rewritten with another set's content and checked again. The champion builds the

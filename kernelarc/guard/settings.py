@@ -40,10 +40,12 @@ class GuardSettings:
     # after the search, at most baseline_timeout_s, side by side with the champion (and may still be crowned):
     # a champion is never reported without its torch.compile comparison for want of time
     compile_after_budget: bool = True
-    # A warm-up (JIT compilation, autotuning, first calls) holds the device lock shared for at most this many
-    # seconds: no other process times on the GPU meanwhile (its kernels would time-slice with the measured
-    # ones); past it the warm-up goes on without it. 0: warm-ups never wait for, nor hold back, a timing.
-    warmup_lock_s: float = 15.0
+    # Seconds a warm-up (JIT compilation, autotuning, first calls) may hold the device lock shared, so that no other
+    # process times on the GPU meanwhile (its kernels would time-slice with the measured ones); past it the warm-up
+    # goes on without it. 0 (the default): warm-ups never wait for, nor hold back, a timing. Measured on the H200
+    # suite (8 sessions on one GPU, 15 s): void comparisons 11% instead of 14.5%, but half the candidates judged
+    # in L1 and a fifth in L2 (BENCHMARKS.md, runs Y-Z2): worth it for a few sessions on a GPU, not for eight.
+    warmup_lock_s: float = 0.0
     memory_gb: float | None = None  # memory cap per device for the guard's memory plan (null: the device's memory)
 
     # -- resolved by the wiring from other config keys ----------------------------------------
