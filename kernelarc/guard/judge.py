@@ -308,7 +308,9 @@ class Guard:
             # nvcc builds the library while the candidate is imported; once it is imported, the plain
             # limit applies again, so a kernel that hangs on the GPU is killed as soon as any other.
             limit += self.cfg.build_timeout_s
-        status, res = self._drive(job, champion if timed_champion else None, role, seeds, limit, run_limit, hard)
+        consistency = self.cfg.consistency_factor * (self.cfg.trusted_slack if trusted else 1.0)
+        status, res = self._drive(job, champion if timed_champion else None, role, seeds, limit, run_limit, hard,
+                                  (champion_reference or {}, consistency))  # fmt: skip
         errors += res["errors"]
         warnings += res["warnings"]
         ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference,
@@ -342,6 +344,7 @@ class Guard:
         limit: float,
         run_limit: float,
         hard: float | None = None,
+        consistency: tuple[dict[int, float], float] = ({}, 0.0),
     ) -> tuple[Status | None, dict]:
         res: dict[str, Any] = {"errors": [], "warnings": [], "samples": {}, "champion_samples": {}, "phases": {},
                                "checks": {}}  # fmt: skip
@@ -351,6 +354,7 @@ class Guard:
         slot: ChampionWorker | None = None
         clock = Clock(limit, hard)
         drv = Driver(self, clock, res)
+        drv.champ_ref, drv.consistency = consistency
         nbytes = buffer_bytes(self.task, self.workloads)
         try:
             t = time.monotonic()

@@ -75,6 +75,9 @@ class GuardSettings:
     # its comparison is void only past this multiple of the consistency factor: a CPU session crowned a
     # torch.compile 70x slower than the reference once the reference, beside it, ran 228x slower than alone.
     trusted_slack: float = field(default=5.0, metadata=_INTERNAL)
+    # A workload whose champion ran past the consistency factor is timed again at most this many times before the
+    # comparison is void (drive.Driver.time_workload says why)
+    retimes: int = field(default=2, metadata=_INTERNAL)
 
     @property
     def flush_bytes(self) -> int:

@@ -26,15 +26,22 @@ def test_locks_with_one_key_exclude_each_other(tmp_path, monkeypatch):
     t.join()
 
 
-def test_another_process_waits_and_a_dead_holder_frees_the_device(tmp_path):
+def _holder(tmp_path, take: str) -> subprocess.Popen:
+    """Another process that takes the lock file ``tmp_path/x.lock`` (``take``: "acquire()" or "acquire_shared()")
+    and keeps it for a minute; returned once it holds it."""
     code = (
-        "import sys, time; from kernelarc.guard.devlock import DeviceLock\n"
-        f"l = DeviceLock('cuda:0', key='gpu-test'); l.path = __import__('pathlib').Path({str(tmp_path)!r}) / 'x.lock'\n"
-        "l.acquire(); print('held', flush=True); time.sleep(60)\n"
+        "import time; from pathlib import Path; from kernelarc.guard.devlock import DeviceLock\n"
+        f"l = DeviceLock('cuda:0', key='gpu-test'); l.path = Path({str(tmp_path)!r}) / 'x.lock'\n"
+        f"tok = l.{take}; print('held', flush=True); time.sleep(60)\n"
     )
-    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_another_process_waits_and_a_dead_holder_frees_the_device(tmp_path):
+    holder = _holder(tmp_path, "acquire()")
     try:
-        assert holder.stdout.readline().strip() == "held"
         mine = DeviceLock("cuda:0", key="gpu-test")
         mine.path = tmp_path / "x.lock"
         got = threading.Event()
@@ -137,14 +144,8 @@ def test_a_waiting_timing_goes_before_warm_ups_that_come_after_it(tmp_path, monk
 
 
 def test_a_warm_up_in_another_process_holds_a_timing_back(tmp_path):
-    code = (
-        "import time; from pathlib import Path; from kernelarc.guard.devlock import DeviceLock\n"
-        f"l = DeviceLock('cuda:0', key='gpu-test'); l.path = Path({str(tmp_path)!r}) / 'x.lock'\n"
-        "tok = l.acquire_shared(); print('warming', flush=True); time.sleep(60)\n"
-    )
-    warm = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    warm = _holder(tmp_path, "acquire_shared()")
     try:
-        assert warm.stdout.readline().strip() == "warming"
         timer = DeviceLock("cuda:0", key="gpu-test")
         timer.path = tmp_path / "x.lock"
         assert timer.acquire(timeout=0.5) is False
