@@ -158,7 +158,7 @@ class MemoryPool:
             return True
         if free is None or free >= gb:
             return True
-        log.info("memory pool: %.1f GB reserved in the ledger's room, but the device has %.1f GB free", gb, free)
+        log.debug("memory pool: room for %.1f GB in the ledger, but the device has %.1f GB free", gb, free)
         return False
 
     def release(self, key: str) -> None:

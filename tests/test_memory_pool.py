@@ -118,7 +118,7 @@ def test_a_waiter_that_needs_more_also_waits_for_the_devices_own_free_memory(tmp
     free = [3.0]
     pool = MemoryPool(tmp_path / "pool", 10.0, poll_s=0.02, device_free_gb=lambda: free[0], device_grace_s=30)
     got = threading.Event()
-    t = threading.Thread(target=lambda: (pool.acquire("big", 7.0, priority=True), got.set()))
+    t = threading.Thread(target=lambda: (pool.acquire("big", 7.0, priority=True), got.set()), daemon=True)
     t.start()
     assert not got.wait(0.4), "the ledger's room was granted while the device had 3 GB free"
     free[0] = 8.0

@@ -383,25 +383,41 @@ class Driver:
         time-slice with the measured ones for a while: 11-15% of the H200 suite's comparisons were void for it. A
         second timing, a moment later, is mostly clear of it; a champion that stays slow (a challenger that slows
         it, a worker gone bad) is as slow again, and the comparison stays void (the decision reapplies the rule
-        to the samples kept, the last timing's, against the crowned latency, never against a re-timed one)."""
+        to the champion's last timing against its crowned latency, never against a re-timed one).
+
+        Every timing passes the integrity checks on its own (``cross_check``: a timer forged in one timing only is
+        caught there). The champion is judged on its last timing; the challenger on all of its timings pooled, so
+        that a timing of its own that went badly is no re-roll for it: where its process slowed the champion, its
+        earlier samples stay in its median."""
+        kept: tuple[list[float], list[float]] = ([], [])
         for attempt in range(max(self.cfg.retimes, 0) + 1):
+            t = time.monotonic()
             self.time_rounds(wl, cand, champ)
-            why = self.inconsistent(wl, champ)
-            if why is None or attempt == self.cfg.retimes or self.clock.left() < 2.0:
+            self.cross_check(wl, cand, champ)
+            took = time.monotonic() - t
+            why = self.inconsistent(wl, cand, champ)
+            if why is None or attempt == self.cfg.retimes or self.clock.left() < 2 * took + 2.0:
                 break
             self.res["warnings"].append(f"workload {wl} timed again: {why}")
+            kept[0].extend(cand.samples.get(wl, []))
+            kept[1].extend(cand.events.get(wl, []))
             for s in (cand, champ):
-                s.samples.pop(wl, None)
-                s.events.pop(wl, None)
+                for per_wl in (s.samples, s.events, s.wall_ms, s.unexplained):
+                    per_wl.pop(wl, None)
             time.sleep(0.25 * (attempt + 1))
-        self.cross_check(wl, cand, champ)
+        if kept[0]:
+            cand.samples[wl] = kept[0] + cand.samples.get(wl, [])
+        if kept[1]:
+            cand.events[wl] = kept[1] + cand.events.get(wl, [])
 
-    def inconsistent(self, wl: int, champ: Side | None) -> str | None:
+    def inconsistent(self, wl: int, cand: Side, champ: Side | None) -> str | None:
+        """Why this workload's comparison would be void (None: it would not, or timing it again could not help:
+        a challenger no faster than the slowed champion is no faster than a champion at its crowned speed)."""
         ref = self.champ_ref.get(wl)
         if champ is None or not ref or ref <= 0 or self.consistency <= 0 or not champ.samples.get(wl):
             return None
         now = median(champ.samples[wl])
-        if now / ref <= self.consistency:
+        if now / ref <= self.consistency or not cand.samples.get(wl) or median(cand.samples[wl]) >= now:
             return None
         return f"the champion measured {now:.4g} ms beside the challenger vs {ref:.4g} ms when crowned"
 

@@ -16,24 +16,28 @@ from kernelarc.models import Candidate, Status
 
 
 class _Scripted(Driver):
-    """A driver whose workers answer every timing command from a script: the champion's per-call latency in
-    each timing attempt (a warm-up burst starts an attempt); the challenger's is always 1.0 ms."""
+    """A driver whose workers answer every timing command from a script: each side's per-call latency in each
+    timing attempt (a warm-up burst starts an attempt); the challenger's last entry holds for later attempts."""
 
-    def __init__(self, champion_ms: list[float], retimes: int = 2):
+    def __init__(self, champion_ms: list[float], retimes: int = 2, challenger_ms: list[float] | None = None):
         cfg = replace(GuardSettings(), retimes=retimes, timed_checks=0, champion_checks=0, rounds=4)
         super().__init__(SimpleNamespace(cfg=cfg, device="cuda:0"), Clock(60.0), {"warnings": [], "phases": {}})
-        self.champion_ms, self.attempt = champion_ms, {"candidate": -1, "champion": -1}
+        self.script = {"champion": champion_ms, "candidate": challenger_ms or [1.0]}
+        self.attempt = {"candidate": -1, "champion": -1}
         self.champ_ref, self.consistency = {0: 1.0}, 1.5
+        self.checked: list[tuple[float, ...]] = []
 
     def command(self, side, cmd, expect, meanwhile=None, **f):
         assert cmd is Cmd.time
         if f.get("warm"):
             self.attempt[side.label] += 1
-        ms = self.champion_ms[self.attempt[side.label]] if side.label == "champion" else 1.0
+        script = self.script[side.label]
+        ms = script[min(self.attempt[side.label], len(script) - 1)]
         return Timing(kind=Kind.timing, wl=0, method=TimerMethod.events, samples_ms=[ms] * max(f["n"], 1))
 
-    def cross_check(self, wl, cand, champ):  # the integrity rules are tested on real workers elsewhere
-        pass
+    def cross_check(self, wl, cand, champ):  # the integrity rules themselves are tested on real workers elsewhere
+        self.checked.append(tuple(sorted(set(cand.samples[wl]) | set(champ.samples[wl]))))
+        assert len(cand.unexplained[wl]) == len(champ.unexplained[wl]) == self.cfg.rounds  # this timing's alone
 
 
 def _sides() -> tuple[Side, Side]:
@@ -44,9 +48,19 @@ def test_a_transient_slowdown_is_timed_again_and_the_clear_timing_kept():
     drv = _Scripted([4.0, 1.1])
     cand, champ = _sides()
     drv.time_workload(0, cand, champ)
-    assert set(champ.samples[0]) == {1.1} and set(cand.samples[0]) == {1.0}  # the first attempt's samples gone
+    assert set(champ.samples[0]) == {1.1}  # the champion's first timing is gone
     assert len(drv.res["warnings"]) == 1 and "timed again" in drv.res["warnings"][0], drv.res["warnings"]
     assert "4 ms beside the challenger vs 1 ms when crowned" in drv.res["warnings"][0]
+    assert drv.checked == [(1.0, 4.0), (1.0, 1.1)]  # every timing passed the integrity checks on its own
+
+
+def test_the_challengers_timings_are_pooled_so_a_retime_is_no_re_roll_for_it():
+    drv = _Scripted([4.0, 1.1], challenger_ms=[3.0, 0.5])
+    cand, champ = _sides()
+    drv.time_workload(0, cand, champ)
+    assert set(cand.samples[0]) == {3.0, 0.5} and set(champ.samples[0]) == {1.1}
+    n = len(cand.samples[0]) // 2
+    assert cand.samples[0] == [3.0] * n + [0.5] * n
 
 
 def test_a_persistent_slowdown_is_timed_retimes_times_more_and_stays_slow():
@@ -54,15 +68,17 @@ def test_a_persistent_slowdown_is_timed_retimes_times_more_and_stays_slow():
     cand, champ = _sides()
     drv.time_workload(0, cand, champ)
     assert set(champ.samples[0]) == {4.0}  # the last attempt's, for the decision to void
-    assert len(drv.res["warnings"]) == 2
+    assert len(drv.res["warnings"]) == 2 and len(drv.checked) == 3
 
 
-@pytest.mark.parametrize("champion_ms", [[1.4], [0.2]])
-def test_a_consistent_or_faster_champion_is_timed_once(champion_ms):
-    drv = _Scripted(champion_ms)
+@pytest.mark.parametrize(("champion_ms", "challenger_ms"), [([1.4], [1.0]), ([0.2], [1.0]), ([4.0, 1.0], [5.0])])
+def test_a_consistent_champion_or_a_hopeless_challenger_is_timed_once(champion_ms, challenger_ms):
+    """A champion within the factor needs no second timing; nor does a challenger slower than even the slowed
+    champion (no faster than a champion at its crowned speed either)."""
+    drv = _Scripted(champion_ms, challenger_ms=challenger_ms)
     cand, champ = _sides()
     drv.time_workload(0, cand, champ)
-    assert drv.res["warnings"] == [] and set(champ.samples[0]) == {champion_ms[0]}
+    assert drv.res["warnings"] == [] and set(champ.samples[0]) == {champion_ms[0]} and len(drv.checked) == 1
 
 
 def test_no_retimes_without_a_crowned_latency_or_with_retimes_off():
