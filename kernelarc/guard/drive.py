@@ -155,7 +155,7 @@ class Driver:
         self.shared: Any = None  # the shared lock's token while a warm-up holds it
         self.shared_since = 0.0
         self.champ_ref: dict[int, float] = {}  # the champion's latency per workload when it was crowned
-        self.consistency = 0.0  # the factor past which a comparison is void (decision.decide); 0: none
+        self.consistency = 0.0  # the factor past which a workload is timed again (the plain factor); 0: never
         self.measured: list[int] = []  # the worker pids moved onto the quiet cores while the lock is held
 
     # -- messages ------------------------------------------------------------------------

@@ -98,3 +98,18 @@ def test_on_a_real_guard_a_champion_that_stays_slow_is_timed_again_and_voided(gu
     assert any("inconsistent comparison" in w for w in v.warnings), v.warnings
     again = [w for w in v.warnings if "timed again" in w]
     assert len(again) == guard.cfg.retimes * len(lat), v.warnings
+
+
+def test_a_trusted_baseline_is_timed_again_past_the_plain_factor_and_judged_within_its_slack(guard, slow):  # noqa: F811
+    """torch.compile (trusted) beside a champion running 3.35x its crowned time: timed again like any challenger (Y's
+    L1/072 crowned torch.compile, slower than the reference alone, while the reference ran 2x its crowned time),
+    and, still so after that, compared within the slack, not void."""
+    cand, lat = slow
+    # crowned at 1/3.35 of what it measures: the geometric middle of the plain factor (1.5) and the slack's (7.5),
+    # so a 2.2x swing of this machine's load either way changes nothing
+    factor = guard.cfg.consistency_factor * guard.cfg.trusted_slack**0.5
+    ref = {w: ms / factor for w, ms in lat.items()}
+    v = guard.evaluate(Candidate(source=FAST, language="pytorch"), cand, champion_reference=ref, trusted=True).verdict
+    assert v.status is Status.champion, (v.status, v.warnings)
+    assert len([w for w in v.warnings if "timed again" in w]) == guard.cfg.retimes * len(lat), v.warnings
+    assert not any("inconsistent comparison" in w for w in v.warnings), v.warnings
