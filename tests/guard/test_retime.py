@@ -113,3 +113,36 @@ def test_a_trusted_baseline_is_timed_again_past_the_plain_factor_and_judged_with
     assert v.status is Status.champion, (v.status, v.warnings)
     assert len([w for w in v.warnings if "timed again" in w]) == guard.cfg.retimes * len(lat), v.warnings
     assert not any("inconsistent comparison" in w for w in v.warnings), v.warnings
+
+
+class _Noisy(_Scripted):
+    """Each timing's samples spread around the scripted latency: every other call ``spread`` times slower."""
+
+    def __init__(self, champion_ms, challenger_ms, spread):
+        super().__init__(champion_ms, challenger_ms=challenger_ms)
+        self.spread = spread
+        self.champ_ref = {}  # no crowned latency: only the noise can ask for another timing
+
+    def command(self, side, cmd, expect, meanwhile=None, **f):
+        msg = super().command(side, cmd, expect, meanwhile, **f)
+        spread = self.spread[min(self.attempt[side.label], len(self.spread) - 1)]
+        ms = msg.samples_ms[0]
+        samples = [ms * (spread if i % 2 else 1.0) for i in range(len(msg.samples_ms))]
+        return Timing(kind=Kind.timing, wl=0, method=TimerMethod.events, samples_ms=samples)
+
+
+def test_a_large_gain_hidden_by_noise_is_timed_again_on_both_sides():
+    """torch.compile 2.4-243x faster by the medians stayed correct_slower on the H200 for its spread: timed again,
+    the quiet timing replaces both sides' samples."""
+    drv = _Noisy([2.0], challenger_ms=[1.0], spread=[20.0, 1.0])  # 2x by the medians, 2.8x needed
+    cand, champ = _sides()
+    drv.time_workload(0, cand, champ)
+    assert len(drv.res["warnings"]) == 1 and "inside the noise" in drv.res["warnings"][0], drv.res["warnings"]
+    assert set(cand.samples[0]) == {1.0} and set(champ.samples[0]) == {2.0}
+
+
+def test_a_tie_hidden_by_noise_is_not_timed_again():
+    drv = _Noisy([1.1], challenger_ms=[1.0], spread=[20.0, 1.0])
+    cand, champ = _sides()
+    drv.time_workload(0, cand, champ)
+    assert drv.res["warnings"] == [] and len(drv.checked) == 1
