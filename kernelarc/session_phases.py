@@ -350,10 +350,21 @@ class SessionPhases:
             "baseline_notes": dict(self.baseline_notes),
             # seconds torch.compile took when measured (correct) after the budget; None: within it, or not at all
             "compile_after_budget_s": self.compile_after_budget,
+            **self._timing_health(),
         }
         if self.sinks.tracker is not None:
             self.sinks.tracker.close("FINISHED", summary)
         return summary
+
+    def _timing_health(self) -> dict[str, int]:
+        """How far the session's timings could be trusted: its verdicts, those void for an inconsistent champion
+        (``decision.decide``), and the workload timings done again before a decision (``Driver.time_workload``)."""
+        warnings = [r.verdict.warnings for r in self.records]
+        return {
+            "verdicts": len(self.records),
+            "void_comparisons": sum(any("inconsistent comparison" in w for w in ws) for ws in warnings),
+            "timed_again": sum(" timed again: " in w for ws in warnings for w in ws),
+        }
 
     def _drift_corrected_speedup(self, baseline: str) -> float | None:
         """The champion's speedup over a baseline as timed side by side: through the chain of interleaved pairs that

@@ -308,6 +308,8 @@ class SimulatedGuard:
         v = Verdict(candidate_id=cand.id, status=status, workloads=[r], latency_ms=geomean([med]), noise=r.noise,
                     speedup_vs_baseline=r.speedup_vs_baseline, speedup_vs_compile=r.speedup_vs_compile,
                     eval_seconds=0.0, phases={"timing": 0.0})  # fmt: skip
+        if "inconsistent" in d.reason:  # as the real judge words a void comparison
+            v.warnings.append(d.reason)
         if not math.isnan(d.speedup):
             v.speedup_vs_champion = d.speedup
         return Evaluation(v, samples, champ_samples, d)

@@ -50,6 +50,7 @@ COLUMNS = (
     "speedup_vs_compile", "compile_after_budget", "speedup_vs_reference_drift_corrected",
     "speedup_vs_compile_drift_corrected", "sol_score", "sol_fraction", "latency_ms", "evaluated", "elapsed_min",
     "workloads", "reason", "mlflow_run_id", "registry_version", "harness_verdict", "harness_passed", "harness_speedup",
+    "verdicts", "void_comparisons", "timed_again",
 )  # fmt: skip
 
 
@@ -78,6 +79,9 @@ class ProblemResult(BaseModel):
     sol_fraction: float | None = None
     latency_ms: float | None = None
     evaluated: int = 0
+    verdicts: int = 0  # the session's verdicts, baselines included ...
+    void_comparisons: int = 0  # ... those void for a champion measured inconsistently beside the challenger
+    timed_again: int = 0  # workload timings done again before a decision (guard: Driver.time_workload)
     elapsed_min: float | None = None
     workloads: list[int] | None = None
     reason: str | None = None
@@ -179,6 +183,8 @@ def result_from_summary(problem: str, summary: dict[str, Any], workloads: list[i
         sol_score=summary.get("sol_score"),
         sol_fraction=summary.get("sol_fraction"), latency_ms=summary.get("latency_ms"),
         evaluated=int(summary.get("evaluated") or 0), elapsed_min=summary.get("elapsed_min"), workloads=workloads,
+        verdicts=int(summary.get("verdicts") or 0), void_comparisons=int(summary.get("void_comparisons") or 0),
+        timed_again=int(summary.get("timed_again") or 0),
         reason=reason, mlflow_run_id=summary.get("mlflow_run_id"), registry_version=summary.get("registry_version"),
     )  # fmt: skip
 
@@ -230,6 +236,11 @@ def render_table(results: list[ProblemResult]) -> str:
     if late:
         line += f"; * torch.compile measured after the budget on {late}"
     lines.append(line)
+    verdicts = sum(r.verdicts for r in results)
+    if verdicts:
+        lines.append(f"timing: {sum(r.void_comparisons for r in results)} of {verdicts} verdicts void (champion "
+                     f"inconsistent beside the challenger); {sum(r.timed_again for r in results)} workload timings "
+                     "done again")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -124,8 +124,10 @@ by = {}
 for r in rows:
     by[r["status"]] = by.get(r["status"], 0) + 1
 print("suite rows:", len(rows), by)
-from kernelarc.suite import ProblemResult, render_table  # its last line: built champions, geomean over torch.compile
-print(render_table([ProblemResult.model_validate(r) for r in rows]).splitlines()[-1])
+from kernelarc.suite import ProblemResult, render_table  # its closing lines: built champions, geomean, timing
+for line in render_table([ProblemResult.model_validate(r) for r in rows]).splitlines():
+    if line.startswith(("a KernelArc-built", "timing:")):
+        print(line)
 missing = sorted(set(os.environ.get("PROBLIST", "").split()) - {r["problem"] for r in rows})
 print(f"problems without a row ({len(missing)}):", " ".join(missing) or "none")
 for r in rows:

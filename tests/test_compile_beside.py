@@ -254,3 +254,5 @@ def test_a_void_torch_compile_comparison_crowns_nothing_and_is_measured_again_af
     assert again.verdict.speedup_vs_champion is not None and summary["compile_after_budget_s"] is not None
     # the figure comes from the valid pair: torch.compile is half the library's speed here
     assert summary["speedup_vs_compile_drift_corrected"] >= 1.5
+    # the summary counts the void comparison (the suite table's timing line)
+    assert summary["void_comparisons"] == 1 and summary["verdicts"] == len(s.records) and summary["timed_again"] == 0

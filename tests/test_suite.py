@@ -76,6 +76,19 @@ def test_table_round_trips_with_harness_columns(tmp_path):
     assert header[:3] == ["problem", "definition", "status"] and "harness_verdict" in header
 
 
+def test_the_table_says_how_far_the_timings_could_be_trusted():
+    from kernelarc.suite import render_table, result_from_summary
+
+    summary = {"status": "finished", "champion_agent": "tiling", "champion_family": "rmsnorm.rowblock",
+               "verdicts": 9, "void_comparisons": 2, "timed_again": 3}  # fmt: skip
+    r = result_from_summary("L1/001_x", summary, [0])
+    assert (r.verdicts, r.void_comparisons, r.timed_again) == (9, 2, 3)
+    old = result_from_summary("L1/002_y", {"status": "finished"}, [0])  # a summary from before the counts
+    assert (old.verdicts, old.void_comparisons, old.timed_again) == (0, 0, 0)
+    text = render_table([r, old])
+    assert "timing: 2 of 9 verdicts void" in text and "3 workload timings done again" in text
+
+
 def test_bad_suite_usage_is_exit_2(tmp_path):
     r = _suite(tmp_path, tmp_path / "missing")
     assert r.returncode == 2 and "not a folder" in r.stderr
