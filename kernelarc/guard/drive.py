@@ -325,8 +325,8 @@ class Driver:
         self.res["checked"] = True  # every checked call of the challenger passed
         if not timed:
             return
-        for wl in wls:
-            self.time_workload(wl, cand, champ)
+        for i, wl in enumerate(wls):
+            self.time_workload(wl, cand, champ, later=len(wls) - 1 - i)
 
     def compare(self, side: Side, msg: Outputs, wl: int, seed: int, j: int) -> None:
         if msg.wl != wl:
@@ -378,7 +378,7 @@ class Driver:
             self.compare(side, msg.check, wl, check_seed, -1)
         return msg
 
-    def time_workload(self, wl: int, cand: Side, champ: Side | None) -> None:
+    def time_workload(self, wl: int, cand: Side, champ: Side | None, later: int = 0) -> None:
         """Time one workload, both sides interleaved; timed again (``cfg.retimes`` times at most) where the champion
         ran more than the consistency factor slower than when it was crowned, which would void the comparison.
         On one GPU shared by several sessions, another process's kernels (a warm-up's, outside the device lock)
@@ -391,26 +391,32 @@ class Driver:
         caught there). The champion is judged on its last timing; the challenger on all of its timings pooled, so
         that a timing of its own that went badly is no re-roll for it: where its process slowed the champion, its
         earlier samples stay in its median. A workload whose apparent gain is inside its noise is timed again
-        too (``undecided``), its samples replaced on both sides."""
+        too (``undecided``, once, with its own allowance), its samples replaced on both sides. ``later``: the
+        workloads still to time in this evaluation, whose time a retime must leave."""
         kept: tuple[list[float], list[float]] = ([], [])
-        for attempt in range(max(self.cfg.retimes, 0) + 1):
+        left = {"inconsistent": max(self.cfg.retimes, 0), "undecided": min(max(self.cfg.retimes, 0), 1)}
+        attempt = 0
+        while True:
             t = time.monotonic()
             self.time_rounds(wl, cand, champ)
             self.cross_check(wl, cand, champ)
             took = time.monotonic() - t
-            why, pool = self.inconsistent(wl, cand, champ), True
+            why, trigger = self.inconsistent(wl, cand, champ), "inconsistent"
             if why is None:
-                why, pool = self.undecided(wl, cand, champ), False
-            if why is None or attempt == self.cfg.retimes or self.clock.left() < 2 * took + 2.0:
+                why, trigger = self.undecided(wl, cand, champ), "undecided"
+            # another timing only while the clock leaves room for it and one timing of each workload still to come
+            if why is None or not left[trigger] or self.clock.left() < took * (2 + later) + 2.0:
                 break
+            left[trigger] -= 1
+            attempt += 1
             self.res["warnings"].append(f"workload {wl} timed again: {why}")
-            if pool:
+            if trigger == "inconsistent":
                 kept[0].extend(cand.samples.get(wl, []))
                 kept[1].extend(cand.events.get(wl, []))
             for s in (cand, champ):
                 for per_wl in (s.samples, s.events, s.wall_ms, s.unexplained):
                     per_wl.pop(wl, None)
-            time.sleep(0.25 * (attempt + 1))
+            time.sleep(0.25 * attempt)
         if kept[0]:
             cand.samples[wl] = kept[0] + cand.samples.get(wl, [])
         if kept[1]:
@@ -424,7 +430,9 @@ class Driver:
         spread wider still (time-sliced with another process's kernels). Timed again, both sides' samples are
         replaced: interference only ever inflates a sample, and the decision still needs the new timing's ratio
         past the new timing's bar."""
-        if champ is None or not cand.samples.get(wl) or not champ.samples.get(wl):
+        if champ is None or not self.champ_ref or not cand.samples.get(wl) or not champ.samples.get(wl):
+            return None  # (without a crowned latency, e.g. the final side by side, nothing checks the champion)
+        if median(cand.samples[wl]) <= 0:
             return None
         ratio = median(champ.samples[wl]) / median(cand.samples[wl])
         noise = max(rel_noise(cand.samples[wl]), rel_noise(champ.samples[wl]))

@@ -76,7 +76,7 @@ class GuardSettings:
     # torch.compile 70x slower than the reference once the reference, beside it, ran 228x slower than alone.
     trusted_slack: float = field(default=5.0, metadata=_INTERNAL)
     # A workload whose champion ran past the consistency factor is timed again at most this many times before the
-    # comparison is void (drive.Driver.time_workload says why)
+    # comparison is void; one whose apparent gain is inside its noise, once more (drive.Driver.time_workload)
     retimes: int = field(default=2, metadata=_INTERNAL)
 
     @property

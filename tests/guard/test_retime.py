@@ -121,7 +121,7 @@ class _Noisy(_Scripted):
     def __init__(self, champion_ms, challenger_ms, spread):
         super().__init__(champion_ms, challenger_ms=challenger_ms)
         self.spread = spread
-        self.champ_ref = {}  # no crowned latency: only the noise can ask for another timing
+        self.champ_ref = {0: 100.0}  # crowned slow: only the noise can ask for another timing
 
     def command(self, side, cmd, expect, meanwhile=None, **f):
         msg = super().command(side, cmd, expect, meanwhile, **f)
@@ -146,3 +146,23 @@ def test_a_tie_hidden_by_noise_is_not_timed_again():
     cand, champ = _sides()
     drv.time_workload(0, cand, champ)
     assert drv.res["warnings"] == [] and len(drv.checked) == 1
+
+
+def test_noise_is_not_timed_again_where_no_crowned_latency_checks_the_champion():
+    """The incumbent's and the final side-by-side comparisons pass no crowned latency: there nothing would catch a
+    champion slowed on purpose, so a noisy draw is not drawn again."""
+    drv = _Noisy([2.0], challenger_ms=[1.0], spread=[20.0, 1.0])
+    drv.champ_ref = {}
+    cand, champ = _sides()
+    drv.time_workload(0, cand, champ)
+    assert drv.res["warnings"] == [] and len(drv.checked) == 1
+
+
+def test_a_noisy_timing_does_not_use_up_the_inconsistent_champions_retimes():
+    drv = _Noisy([2.0, 40.0, 40.0, 15.0], challenger_ms=[1.0], spread=[20.0, 1.0])
+    drv.champ_ref = {0: 15.0}  # the noisy first timing's champion median (21 ms) is within 1.5x of it
+    cand, champ = _sides()
+    drv.time_workload(0, cand, champ)
+    # noisy (2x inside the noise) -> inconsistent -> inconsistent -> consistent: four timings, the last one kept
+    assert len(drv.checked) == 4 and len(drv.res["warnings"]) == 3, drv.res["warnings"]
+    assert "inside the noise" in drv.res["warnings"][0] and set(champ.samples[0]) == {15.0}
