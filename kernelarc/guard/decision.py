@@ -45,6 +45,20 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
 
 
+def workload_noise(challenger: list[float], champion: list[float]) -> float:
+    """One workload's relative noise in a comparison: the larger of the two sides'."""
+    return max(rel_noise(challenger), rel_noise(champion))
+
+
+def slowed_champion(champion: list[float], crowned_ms: float | None, consistency: float) -> float | None:
+    """The champion's median beside a challenger where it is more than ``consistency`` times its crowned latency
+    (the comparison is void); None where it is not, or no crowned latency is known."""
+    if not crowned_ms or crowned_ms <= 0 or not champion:
+        return None
+    now = median(champion)
+    return now if now / crowned_ms > consistency else None
+
+
 def noise_bar(noise: float, min_gain: float, noise_factor: float = 1.0) -> float:
     """The speedup a challenger must exceed over a comparison whose relative noise is ``noise``."""
     return 1.0 + max(min_gain, noise_factor * noise)
@@ -102,17 +116,15 @@ def decide(
         # is, something in the challenger's process may have slowed it and the comparison is void.
         for w in common:
             ref = champion_reference.get(w)
-            if ref and ref > 0:
-                r = median(champion[w]) / ref
-                if r > consistency:
-                    return Decision(
-                        False, math.nan, math.nan,
-                        f"champion measured {median(champion[w]):.4g} ms side by side vs {ref:.4g} ms alone on "
-                        f"workload {w}: inconsistent comparison, not promoted",
-                    )  # fmt: skip
+            if (now := slowed_champion(champion[w], ref, consistency)) is not None:
+                return Decision(
+                    False, math.nan, math.nan,
+                    f"champion measured {now:.4g} ms side by side vs {ref:.4g} ms alone on "
+                    f"workload {w}: inconsistent comparison, not promoted",
+                )  # fmt: skip
     ratios = [median(champion[w]) / median(challenger[w]) for w in common]
     speedup = geomean(ratios)
-    per_wl = [max(rel_noise(challenger[w]), rel_noise(champion[w])) for w in common]
+    per_wl = [workload_noise(challenger[w], champion[w]) for w in common]
     noise = math.sqrt(sum(x * x for x in per_wl)) / len(per_wl)
     required = noise_bar(noise, min_gain, noise_factor)
     if speedup > required:

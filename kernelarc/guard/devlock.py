@@ -171,4 +171,4 @@ def _flock(fd: int, op: int, deadline: float | None) -> bool:
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(0.005)
+            time.sleep(0.02)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelarc.guard.buffers import JudgeBuffer
-from kernelarc.guard.decision import median, noise_bar, rel_noise
+from kernelarc.guard.decision import median, noise_bar, slowed_champion, workload_noise
 from kernelarc.guard.pool import Worker
 from kernelarc.guard.protocol import Cmd, Done, Fail, Imported, Ok, Outputs, ProtocolError, Tag, TimerMethod, Timing
 from kernelarc.guard.sandbox import Role, find_processes, sandbox
@@ -157,7 +157,6 @@ class Driver:
         self.shared: Any = None  # the shared lock's token while a warm-up holds it
         self.shared_since = 0.0
         self.champ_ref: dict[int, float] = {}  # the champion's latency per workload when it was crowned
-        self.consistency = 0.0  # the factor past which a workload is timed again (the plain factor); 0: never
         self.measured: list[int] = []  # the worker pids moved onto the quiet cores while the lock is held
 
     # -- messages ------------------------------------------------------------------------
@@ -425,17 +424,16 @@ class Driver:
     def undecided(self, wl: int, cand: Side, champ: Side | None) -> str | None:
         """Why this workload's timing cannot tell a gain from noise (None: it can, or there is no gain to tell): the
         challenger's median at least ``UNDECIDED_GAIN`` times faster than the champion's, but inside this workload's
-        own noise bar. On the H200 suite
-        torch.compile ran 2.4-243x faster than a champion by the medians and stayed correct_slower, its samples
-        spread wider still (time-sliced with another process's kernels). Timed again, both sides' samples are
-        replaced: interference only ever inflates a sample, and the decision still needs the new timing's ratio
-        past the new timing's bar."""
+        own noise bar. On the H200 suite torch.compile ran 2.4-243x faster than a champion by the medians and stayed
+        correct_slower, its samples spread wider still (time-sliced with another process's kernels). Timed again,
+        both sides' samples are replaced: interference only ever inflates a sample, and the decision still needs
+        the new timing's ratio past the new timing's bar."""
         if champ is None or not self.champ_ref or not cand.samples.get(wl) or not champ.samples.get(wl):
             return None  # (without a crowned latency, e.g. the final side by side, nothing checks the champion)
         if median(cand.samples[wl]) <= 0:
             return None
         ratio = median(champ.samples[wl]) / median(cand.samples[wl])
-        noise = max(rel_noise(cand.samples[wl]), rel_noise(champ.samples[wl]))
+        noise = workload_noise(cand.samples[wl], champ.samples[wl])
         bar = noise_bar(noise, self.cfg.min_gain, self.cfg.noise_factor)
         if ratio < UNDECIDED_GAIN or ratio > bar:  # a tie is not timed again: more draws would only favour it
             return None
@@ -444,11 +442,13 @@ class Driver:
     def inconsistent(self, wl: int, cand: Side, champ: Side | None) -> str | None:
         """Why this workload's comparison would be void (None: it would not, or timing it again could not help:
         a challenger no faster than the slowed champion is no faster than a champion at its crowned speed)."""
-        ref = self.champ_ref.get(wl)
-        if champ is None or not ref or ref <= 0 or self.consistency <= 0 or not champ.samples.get(wl):
+        # past the plain factor, trusted baselines too: the slack only decides what is void (Y's L1/072: torch.compile
+        # crowned, slower than the reference alone, while the reference ran 2x its crowned time)
+        if champ is None:
             return None
-        now = median(champ.samples[wl])
-        if now / ref <= self.consistency or not cand.samples.get(wl) or median(cand.samples[wl]) >= now:
+        ref = self.champ_ref.get(wl)
+        now = slowed_champion(champ.samples.get(wl, []), ref, self.cfg.consistency_factor)
+        if now is None or not cand.samples.get(wl) or median(cand.samples[wl]) >= now:
             return None
         return f"the champion measured {now:.4g} ms beside the challenger vs {ref:.4g} ms when crowned"
 

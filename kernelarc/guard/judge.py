@@ -308,10 +308,8 @@ class Guard:
             # nvcc builds the library while the candidate is imported; once it is imported, the plain
             # limit applies again, so a kernel that hangs on the GPU is killed as soon as any other.
             limit += self.cfg.build_timeout_s
-        # re-timed past the plain factor, trusted baselines too: the slack only decides what is void (Y's L1/072:
-        # torch.compile crowned, slower than the reference alone, while the reference ran 2x its crowned time)
         status, res = self._drive(job, champion if timed_champion else None, role, seeds, limit, run_limit, hard,
-                                  (champion_reference or {}, self.cfg.consistency_factor))  # fmt: skip
+                                  champion_reference)  # fmt: skip
         errors += res["errors"]
         warnings += res["warnings"]
         ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference,
@@ -345,7 +343,7 @@ class Guard:
         limit: float,
         run_limit: float,
         hard: float | None = None,
-        consistency: tuple[dict[int, float], float] = ({}, 0.0),
+        champion_reference: dict[int, float] | None = None,
     ) -> tuple[Status | None, dict]:
         res: dict[str, Any] = {"errors": [], "warnings": [], "samples": {}, "champion_samples": {}, "phases": {},
                                "checks": {}}  # fmt: skip
@@ -355,7 +353,7 @@ class Guard:
         slot: ChampionWorker | None = None
         clock = Clock(limit, hard)
         drv = Driver(self, clock, res)
-        drv.champ_ref, drv.consistency = consistency
+        drv.champ_ref = champion_reference or {}  # workloads re-timed where the champion strays from it
         nbytes = buffer_bytes(self.task, self.workloads)
         try:
             t = time.monotonic()

@@ -24,7 +24,7 @@ class _Scripted(Driver):
         super().__init__(SimpleNamespace(cfg=cfg, device="cuda:0"), Clock(60.0), {"warnings": [], "phases": {}})
         self.script = {"champion": champion_ms, "candidate": challenger_ms or [1.0]}
         self.attempt = {"candidate": -1, "champion": -1}
-        self.champ_ref, self.consistency = {0: 1.0}, 1.5
+        self.champ_ref = {0: 1.0}  # the consistency factor: the GPU's 1.5 (the settings' default)
         self.checked: list[tuple[float, ...]] = []
 
     def command(self, side, cmd, expect, meanwhile=None, **f):
