@@ -95,3 +95,21 @@ def test_errors_name_file_field_and_expectation(tmp_path):
         load_task(tmp_path)
     with pytest.raises(TaskError, match="unknown task"):
         load_builtin("nope")
+
+
+def test_a_relative_task_path_is_judged_from_the_workers_folder_too(monkeypatch):
+    """``task.path=../shared/...`` loaded in the session but failed every evaluation in the guard's workers, which
+    load the folder again from their own working folder ("task folder not found")."""
+    from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
+
+    monkeypatch.chdir(SHARED.parent)
+    task = load_task("sol-execbench/FlashInfer-Bench/024_rmsnorm_h2048", cpu=True)
+    assert task.path.is_absolute() and task.path == SHARED / "FlashInfer-Bench" / "024_rmsnorm_h2048"
+    small = min(range(len(task.workloads)), key=task.io_bytes)
+    cfg = GuardConfig(timeout_s=60, target_ms=5, min_iters=3, max_iters=20, prestart=1, workloads=[small])
+    g = Guard(task, None, "cpu", cfg)
+    try:
+        v = g.evaluate(reference_candidate(task), trusted=True).verdict
+        assert v.correct, v.errors
+    finally:
+        g.close()

@@ -257,8 +257,10 @@ def _check_workload(wl: Workload, defn: Definition, where: str) -> None:
 
 
 def load_task(path: str | Path, *, workload_file: str | None = None, cpu: bool = False) -> Task:
-    """Load a problem folder. With ``cpu=True`` prefer its tiny CPU workload set."""
-    p = Path(path)
+    """Load a problem folder. With ``cpu=True`` prefer its tiny CPU workload set. The task keeps the folder's
+    absolute path: the guard's workers load it again from their own working folder (a relative
+    ``task.path=../shared/...`` failed every evaluation there with "task folder not found")."""
+    p = Path(path).resolve()
     if not p.is_dir():
         raise TaskError(f"{p}: task folder not found")
     defn = _load_definition(p)
