@@ -15,6 +15,11 @@ softmax, SwiGLU / GeGLU, RoPE, LayerNorm, ...) and offers:
   family's knobs, under the same names (so the search ports points between it and the built-in
   task's family), plus the graph-level knobs; every site of that kind runs the family kernel.
 
+* ``composed.<task>.recurrence`` where capture refuses the reference for unrolling a per-step Python loop
+  (``GraphTooLarge``) and that loop is a pointwise recurrence (``kernelarc.graph.recurrence``): one Triton
+  kernel walking the steps with the carried state in registers (knobs: lanes per program, warps, unrolling,
+  prefetch, division / sqrt precision); it is then the problem's only composed family.
+
 No family here is static (``FAMILIES`` is empty): they depend on the problem.
 
 ``start_points`` orders the first candidates worth measuring on a tiny budget: the KernelArc kernel
@@ -46,10 +51,12 @@ from kernelarc.graph.adapters import (
     patch_rope_interleaved,
     rope_full_cos,
 )
-from kernelarc.graph.capture import Capture, CaptureError, capture_task
+from kernelarc.graph.capture import Capture, CaptureError, GraphTooLarge, capture_task
 from kernelarc.graph.catalog import recognize
 from kernelarc.graph.compose import CasePlan, CompositionError, GraphKnobs, SitePlan, check_case, emit_module
 from kernelarc.graph.patterns import Kind, Site
+from kernelarc.graph.recurrence import KNOB_DEFAULTS as RECURRENCE_DEFAULTS
+from kernelarc.graph.recurrence import Recurrence, RecurrenceError, recognise_recurrence, render_recurrence
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,10 @@ class Recognition:
     error: str | None = None
     sites: list[list[Site]] = field(default_factory=list)  # per case
     impls: dict[int, set[Impl]] = field(default_factory=dict)  # id(site) -> implementations that emit
+    # a reference whose trace unrolls a per-step Python loop (capture's GraphTooLarge) and, where that loop
+    # is a pointwise recurrence, its kernel plan (kernelarc.graph.recurrence)
+    too_large: bool = False
+    recurrence: Recurrence | None = None
 
     def kinds(self) -> list[Kind]:
         seen: list[Kind] = []
@@ -98,7 +109,9 @@ def recognise(task) -> Recognition:
     try:
         cap = capture_task(task)
     except CaptureError as e:
-        rec = Recognition(task.name, None, error=str(e))
+        rec = Recognition(task.name, None, error=str(e), too_large=isinstance(e, GraphTooLarge))
+        if rec.too_large:
+            _recurrence(task, rec)
         _CACHE[key] = rec
         return rec
     rec = Recognition(task.name, cap)
@@ -124,6 +137,21 @@ def recognise(task) -> Recognition:
     _drop_unsafe_baked(rec)
     _CACHE[key] = rec
     return rec
+
+
+def _recurrence(task, rec: Recognition) -> None:
+    """A reference refused for unrolling a per-step loop: recognise the loop as a recurrence kernel."""
+    try:
+        rec.recurrence = recognise_recurrence(task)
+    except RecurrenceError as e:
+        rec.error = f"{rec.error}; not a recurrence KernelArc emits: {e}"
+        log.info("%s: per-step loop not emitted as a recurrence kernel: %s", task.name, e)
+        return
+    except Exception as e:  # noqa: BLE001 - a bug here costs the recurrence family, not the session
+        rec.error = f"{rec.error}; recurrence recognition failed: {type(e).__name__}: {e}"
+        log.warning("%s: recurrence recognition failed", task.name, exc_info=True)
+        return
+    log.info("%s: %s", task.name, rec.recurrence.describe())
 
 
 def is_varlen(site: Site) -> bool:
@@ -292,6 +320,8 @@ def composed_families(task) -> list[Family]:
 
     rec = recognise(task)
     if rec.capture is None:
+        if rec.recurrence is not None:
+            return [f for f in [_recurrence_family(task, rec)] if _renders(f)]
         log.info("%s: reference not captured (%s)", task.name, rec.error)
         return []
     subst = [k for k in rec.kinds() if rec.substitutable(k, Impl.library) or rec.substitutable(k, Impl.family)]
@@ -388,7 +418,7 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
         return []
     rec = recognise(task)
     if rec.capture is None:
-        return []
+        return _recurrence_points(prefix, composed)
     registry = list(all_families())
     by_kind: dict[Kind, list[Family]] = {}
     library = None
@@ -512,6 +542,54 @@ def site_start(rec: Recognition, fam: Family, kind: Kind) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if kind is Kind.fp8_gemm and "MMA" in names and any(s.params.get("requant") for s in sites):
         out["MMA"] = "bf16"
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# per-step recurrences (kernelarc.graph.recurrence)
+
+
+RECURRENCE_KNOBS = (
+    Knob("BLOCK", (32, 64, 128, 256, 512, 1024), "tiling", "lanes per program (each program walks every step)"),
+    Knob("num_warps", (1, 2, 4, 8), "scheduling", "warps per program"),
+    Knob("UNROLL", (1, 2, 4, 8, 16), "memory", "steps per loop iteration, their per-step loads issued together"),
+    Knob("PREFETCH", (True, False), "memory", "the next UNROLL steps' loads issued before this chunk computes"),
+    Knob("precision", ("ieee", "fast"), "precision", "fp32 division and sqrt IEEE-rounded or approximate"),
+)
+RECURRENCE_START = dict(RECURRENCE_DEFAULTS)
+# after the start point: two lanes per thread, then more and smaller programs with deeper unrolling
+RECURRENCE_POINTS = ({"BLOCK": 128, "num_warps": 2}, {"BLOCK": 32, "num_warps": 1, "UNROLL": 16})
+
+
+def _recurrence_valid(k: Mapping[str, Any]) -> bool:
+    return k["BLOCK"] >= 32 * k["num_warps"]  # no thread without a lane of its own
+
+
+def _recurrence_family(task, rec: Recognition) -> Family:
+    assert rec.recurrence is not None
+    recurrence = rec.recurrence
+    return Family(
+        name=f"composed.{task.name}.recurrence",
+        task=task.name,
+        description="the reference's per-step loop as one Triton kernel: programs own lanes, carried state in "
+        "registers, per-step loads unrolled",
+        knobs=RECURRENCE_KNOBS,
+        start=dict(RECURRENCE_START),
+        render=lambda k: render_recurrence(task.name, recurrence, task.definition.reference, k),
+        valid=_recurrence_valid,
+        language="triton",
+    )
+
+
+def _recurrence_points(prefix: str, composed: list[Family]) -> list[tuple[Family, dict[str, Any]]]:
+    fam = next((f for f in composed if f.name == f"{prefix}recurrence"), None)
+    if fam is None:
+        return []
+    out: list[tuple[Family, dict[str, Any]]] = []
+    for extra in ({}, *RECURRENCE_POINTS):
+        point = fam.check_point({**fam.start, **extra})
+        if fam.valid(point) and all(point != p for _f, p in out):
+            out.append((fam, point))
     return out
 
 

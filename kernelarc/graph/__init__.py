@@ -13,7 +13,10 @@ library's interface, with ``patches`` rewriting a rendered family module where t
 form of its kernel (eps, gate activation, two gate / up tensors, interleaved or full-width RoPE).
 ``compose`` emits a candidate source for the whole problem: the graph as plain ``torch.ops.aten``
 calls with recognised sites replaced by family kernels or library calls, under graph-level knobs
-(library backends, Inductor options, CUDA graphs, precision).
+(library backends, Inductor options, CUDA graphs, precision). ``recurrence`` takes the references capture
+refuses for unrolling a per-step Python loop: traced at a few short loop lengths, cut into prefix, identical
+per-step blocks and suffix, and emitted as one Triton kernel that walks the steps with the carried state in
+registers.
 
 This package imports nothing from ``kernelarc.families``: the family glue lives in
 ``kernelarc.families.composed``, which hands rendered kernel sources in.
