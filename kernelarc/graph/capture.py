@@ -157,10 +157,28 @@ class _CallBudget(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _precount(fn, args: Sequence[Any]) -> None:
+    """Run ``fn`` once on copies of its meta inputs under the call budget, without tracing, and raise
+    GraphTooLarge where it makes too many torch calls. On meta tensors a call costs microseconds, under
+    make_fx a few milliseconds: L1/094's loop was refused after 34 s of tracing (twice that on a busy
+    host), out of a 90 s session budget that then left its reference too little time to be judged."""
+    if not all(a.device.type == "meta" for a in args if isinstance(a, torch.Tensor)):
+        return  # real (CPU) inputs of a custom generator: running them costs real time, leave it to make_fx
+    copies = [_meta_like(a) for a in args]
+    try:
+        with torch.no_grad(), _CallBudget(CALLS_PER_NODE_BOUND * MAX_GRAPH_NODES):
+            fn(*copies)
+    except GraphTooLarge:
+        raise
+    except Exception:  # noqa: BLE001 - whatever fails here (data-dependent reads, ...) is make_fx's to judge
+        return
+
+
 def trace(fn, args: Sequence[Any], symbolic: bool) -> torch.fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     mode = "symbolic" if symbolic else "real"
+    _precount(fn, args)
 
     @functools.wraps(fn)  # make_fx names the graph's placeholders after fn's parameters
     def bounded(*a):

@@ -242,3 +242,27 @@ def test_a_long_python_loop_is_refused_before_it_is_unrolled(monkeypatch):
     with pytest.raises(capture.GraphTooLarge, match="stopped after"):
         trace(scan, (_meta(2, 5000, dtype=F32),), symbolic=True)
     assert len(steps) < 200  # about 3 x 40 calls, 3 calls a step: stopped near step 40 of 4999
+
+
+def test_a_long_python_loop_is_refused_without_tracing(monkeypatch):
+    """The call budget is checked on a plain run over meta tensors first: a per-step loop is refused
+    before make_fx traces a single step (L1/094: 34 s of tracing out of a 90 s budget before)."""
+    import torch.fx.experimental.proxy_tensor as proxy_tensor
+
+    import kernelarc.graph.capture as capture
+
+    def scan(x):
+        acc = x[:, 0]
+        for t in range(1, x.shape[1]):
+            acc = torch.maximum(acc * 0.5, x[:, t])
+        return acc
+
+    def no_tracing(*a, **k):
+        raise AssertionError("make_fx was called for a loop the call budget refuses")
+
+    monkeypatch.setattr(capture, "MAX_GRAPH_NODES", 40)
+    monkeypatch.setattr(proxy_tensor, "make_fx", no_tracing)
+    with pytest.raises(capture.GraphTooLarge, match="stopped after"):
+        trace(scan, (_meta(2, 5000, dtype=F32),), symbolic=False)
+    with pytest.raises(capture.CaptureError, match="make_fx was called"):  # a short loop goes on to be traced
+        trace(scan, (_meta(2, 8, dtype=F32),), symbolic=False)
