@@ -15,9 +15,33 @@ from typing import Any
 
 from kernelarc.families.base import Knob
 
+# ``_cast_out(x, DT)`` in candidate source (INTERPRET defined before it): a value to an output dtype; under
+# Triton's interpreter, which truncates fp32 -> bf16, rounded to nearest even as the GPU does. Shared by
+# the memory-bound families' header and the recurrence kernels (kernelarc.graph.recurrence).
+CAST_OUT = """
+if INTERPRET:
+
+    @triton.jit
+    def _cast_out(x, DT: tl.constexpr):
+        # Triton's interpreter truncates fp32 -> bf16; round to nearest even as the GPU does.
+        if DT == tl.bfloat16:
+            b = x.to(tl.float32).to(tl.uint32, bitcast=True)
+            b = (b + (((b >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+            return b.to(tl.float32, bitcast=True).to(DT)
+        else:
+            return x.to(DT)
+
+else:
+
+    @triton.jit
+    def _cast_out(x, DT: tl.constexpr):
+        return x.to(DT)
+"""
+
 # The header of every rendered candidate. INTERPRET is decided at import; the SM count
 # is read at call time and only for CUDA tensors (never at import, never on the CPU).
-HEADER = '''"""$doc
+HEADER = (
+    '''"""$doc
 
 Rendered by kernelarc family $family with knobs:
 $knob_lines
@@ -37,25 +61,9 @@ def _num_sms(device):
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
 
-
-if INTERPRET:
-
-    @triton.jit
-    def _cast_out(x, DT: tl.constexpr):
-        # Triton's interpreter truncates fp32 -> bf16; round to nearest even as the GPU does.
-        if DT == tl.bfloat16:
-            b = x.to(tl.uint32, bitcast=True)
-            b = (b + (((b >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-            return b.to(tl.float32, bitcast=True).to(DT)
-        else:
-            return x.to(DT)
-
-else:
-
-    @triton.jit
-    def _cast_out(x, DT: tl.constexpr):
-        return x.to(DT)
 '''
+    + CAST_OUT
+)
 
 # ---------------------------------------------------------------------------------
 # source helpers

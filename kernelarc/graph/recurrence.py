@@ -48,7 +48,8 @@ import torch
 import torch.fx
 from torch.fx import Node
 
-from kernelarc.graph.capture import MAX_CONCRETE_CASES, CaptureError, example_inputs, trace
+from kernelarc.families._mem_common import CAST_OUT
+from kernelarc.graph.capture import MAX_CONCRETE_CASES, CaptureError, example_inputs, node_meta_val, trace
 from kernelarc.graph.compose import CompositionError, _callee, _fmt, _namer, _var, drop_main_guard
 
 log = logging.getLogger(__name__)
@@ -106,38 +107,32 @@ class TLen:
     fl: bool = False  # as a float (``float(T)``)
 
 
-class _TInt(int):
-    """An integer argument of the prefix or suffix that is the loop length plus ``c``: written as such
-    (``compose._fmt`` writes ints with ``repr``)."""
-
-    c: int
-
-    def __new__(cls, value: int, c: int) -> _TInt:
-        obj = int.__new__(cls, value)
-        obj.c = c
-        return obj
-
-    def __repr__(self) -> str:
-        return _tlen_src(self.c)
-
-
 def _tlen_src(c: int, fl: bool = False) -> str:
     src = "T" if c == 0 else f"(T + {c})" if c > 0 else f"(T - {-c})"
     return f"float({src})" if fl else src
 
 
-class _TFloat(float):
-    """``_TInt`` for a float that is the loop length plus ``c``."""
+class _TLenNumber:
+    """A number argument of the prefix or suffix that is the loop length plus ``c``: written as such
+    (``compose._fmt`` writes numbers with ``repr``). Mixed into ``int`` and ``float`` below."""
 
     c: int
 
-    def __new__(cls, value: float, c: int) -> _TFloat:
-        obj = float.__new__(cls, value)
+    def __new__(cls, value: Any, c: int):
+        obj = super().__new__(cls, value)
         obj.c = c
         return obj
 
     def __repr__(self) -> str:
-        return _tlen_src(self.c, True)
+        return _tlen_src(self.c, isinstance(self, float))
+
+
+class _TInt(_TLenNumber, int):
+    pass
+
+
+class _TFloat(_TLenNumber, float):
+    pass
 
 
 @dataclass(frozen=True)
@@ -479,10 +474,6 @@ class _Plan:
         return any(it.kind == "value" and it.op == op for it in self.items)
 
 
-def _meta(n: Node) -> Any:
-    return n.meta.get("val")
-
-
 def _shape_of(v: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in v.shape)
 
@@ -528,13 +519,13 @@ class _Analysis:
     def metas(self, j: int, which: str = "ab") -> list[Any]:
         out = []
         if "a" in which:
-            out += [_meta(self.na[self.start + k * self.g.P + j]) for k in range(self.ka)]
+            out += [node_meta_val(self.na[self.start + k * self.g.P + j]) for k in range(self.ka)]
         if "b" in which:
-            out += [_meta(self.nb[self.start + k * self.g.P + j]) for k in range(self.kb)]
+            out += [node_meta_val(self.nb[self.start + k * self.g.P + j]) for k in range(self.kb)]
         return out
 
     def outer_meta(self, i: int) -> tuple[Any, Any]:
-        return _meta(self.na[i]), _meta(self.nb[i])
+        return node_meta_val(self.na[i]), node_meta_val(self.nb[i])
 
     def live(self) -> set[int]:
         """Block nodes whose values reach a store, the suffix or an effect (ops that mutate are never dead)."""
@@ -890,7 +881,7 @@ class _Analysis:
             dim, idx = views[0][0]
             if not isinstance(idx, Step) or idx.off != 0:
                 continue
-            shape = _shape_of(_meta(n))
+            shape = _shape_of(node_meta_val(n))
             d = dim + len(shape) if dim < 0 else dim
             if shape[d] - self.t.a != self.g.dk:  # the K steps are every index of the dimension
                 continue
@@ -954,7 +945,7 @@ def _as(x: _Ctx, i: int, c: torch.dtype) -> str:
     if c == torch.bool:
         return f"({e} != 0)"
     if c == torch.bfloat16:
-        return f"_cast({e}, tl.bfloat16)"
+        return f"_cast_out({e}, tl.bfloat16)"
     return f"{e}.to({_TL[c]})"
 
 
@@ -1182,7 +1173,7 @@ def _cast_expr(expr: str, have: torch.dtype | None, want: torch.dtype) -> str:
     if want == torch.bool:
         return f"({expr} != 0)"
     if want == torch.bfloat16:
-        return f"_cast({expr}, tl.bfloat16)"
+        return f"_cast_out({expr}, tl.bfloat16)"
     return f"({expr}).to({_TL[want]})"
 
 
@@ -1436,30 +1427,15 @@ def _recognise_axis(task: Any, fn: Any, axis: str) -> Recurrence:
 # rendering
 
 
-_HEAD = """
+_HEAD = (
+    """
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _INF = tl.constexpr(math.inf)
 _NAN = tl.constexpr(math.nan)
 
-
-if INTERPRET:
-
-    @triton.jit
-    def _cast(x, DT: tl.constexpr):
-        # Triton's interpreter truncates fp32 -> bf16; round to nearest even as the GPU does.
-        if DT == tl.bfloat16:
-            b = x.to(tl.float32).to(tl.uint32, bitcast=True)
-            b = (b + (((b >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-            return b.to(tl.float32, bitcast=True).to(DT)
-        else:
-            return x.to(DT)
-
-else:
-
-    @triton.jit
-    def _cast(x, DT: tl.constexpr):
-        return x.to(DT)
 """
+    + CAST_OUT
+)
 
 # Triton's libdevice functions do not run in its interpreter: tanh, expm1, log1p from exp / log, with
 # series near zero (where 1 - exp and log(1 + x) cancel), within a few fp32 ulp
@@ -1576,7 +1552,7 @@ def _kernel_src(fname: str, plan: _Plan, unroll: int, precise: bool, prefetch: b
             lit = _lit(v, ptr.dtype) if ptr.dtype != torch.float64 else repr(float(v))
             return f"tl.full([BLOCK], {lit}, {_TL[ptr.dtype]})"
         e, dt = operand(r, tag, u)
-        return e if dt == ptr.dtype else f"_cast({e}, P{it.ptr}.dtype.element_ty)"
+        return e if dt == ptr.dtype else f"_cast_out({e}, P{it.ptr}.dtype.element_ty)"
 
     def substep(tag: str, u: int) -> list[str]:
         lines = []
@@ -1624,7 +1600,7 @@ def _kernel_src(fname: str, plan: _Plan, unroll: int, precise: bool, prefetch: b
         aligned = (1,) * (len(L) - len(ptr.shape)) + tuple(ptr.shape)
         canon = "".join(f" & (i{d} == 0)" for d in lane if aligned[d] != L[d])  # broadcast dims: one lane stores
         e = f"s{j}" if j in plan.states else f"e{j}" if j in carried else operand(val, "a", 0)[0]
-        e = e if plan.dtype(val) == ptr.dtype else f"_cast({e}, P{p}.dtype.element_ty)"
+        e = e if plan.dtype(val) == ptr.dtype else f"_cast_out({e}, P{p}.dtype.element_ty)"
         body.append(f"tl.store(b{p}, {e}, mask=mask{canon})")
     src = ["@triton.jit", f"def {fname}({', '.join(params)}):", *["    " + ln for ln in body]]
     return "\n".join(src), launch
