@@ -940,13 +940,7 @@ def _as(x: _Ctx, i: int, c: torch.dtype) -> str:
         return f"{e}.to({_TL[c]})"
     if kind == "tlen":
         return e
-    if x.dtypes[i] == c:
-        return e
-    if c == torch.bool:
-        return f"({e} != 0)"
-    if c == torch.bfloat16:
-        return f"_cast_out({e}, tl.bfloat16)"
-    return f"{e}.to({_TL[c]})"
+    return _cast_expr(e, x.dtypes[i], c)
 
 
 def _promoted(x: _Ctx) -> torch.dtype:
