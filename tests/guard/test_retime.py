@@ -20,7 +20,9 @@ class _Scripted(Driver):
     timing attempt (a warm-up burst starts an attempt); the challenger's last entry holds for later attempts."""
 
     def __init__(self, champion_ms: list[float], retimes: int = 2, challenger_ms: list[float] | None = None):
-        cfg = replace(GuardSettings(), retimes=retimes, timed_checks=0, champion_checks=0, rounds=4)
+        # calls per burst fixed: the driver sizes them from the warm-up's wall time, which a busy host varies
+        cfg = replace(GuardSettings(), retimes=retimes, timed_checks=0, champion_checks=0, rounds=4, min_iters=40,
+                      max_iters=40)  # fmt: skip
         super().__init__(SimpleNamespace(cfg=cfg, device="cuda:0"), Clock(60.0), {"warnings": [], "phases": {}})
         self.script = {"champion": champion_ms, "candidate": challenger_ms or [1.0]}
         self.attempt = {"candidate": -1, "champion": -1}
