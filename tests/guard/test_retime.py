@@ -106,14 +106,21 @@ def test_a_trusted_baseline_is_timed_again_past_the_plain_factor_and_judged_with
     """torch.compile (trusted) beside a champion running 3.35x its crowned time: timed again like any challenger (Y's
     L1/072 crowned torch.compile, slower than the reference alone, while the reference ran 2x its crowned time),
     and, still so after that, compared within the slack, not void."""
-    cand, lat = slow
-    # crowned at 1/3.35 of what it measures: the geometric middle of the plain factor (1.5) and the slack's (7.5),
-    # so a 2.2x swing of this machine's load either way changes nothing
+    cand, _ = slow
+    # measured again right before: the module fixture's latencies were taken tests earlier, under another load
+    lat = {w.index: w.latency_ms for w in guard.evaluate(cand).verdict.workloads}
+    # crowned at 1/sqrt(slack) of the void bound (on this CPU 4x * sqrt(5) = 8.9x below what it measures): the
+    # geometric middle of the plain factor and the slack's, so a 2.2x swing of this machine's load either way
+    # changes nothing
     factor = guard.cfg.consistency_factor * guard.cfg.trusted_slack**0.5
     ref = {w: ms / factor for w, ms in lat.items()}
     v = guard.evaluate(Candidate(source=FAST, language="pytorch"), cand, champion_reference=ref, trusted=True).verdict
     assert v.status is Status.champion, (v.status, v.warnings)
-    assert len([w for w in v.warnings if "timed again" in w]) == guard.cfg.retimes * len(lat), v.warnings
+    # timed again at least once; how often depends on the load (a retime that comes back within the plain factor
+    # ends that workload's retimes, as it should): a CI host once read the champion 4.8x its crowned time there
+    again = [w for w in v.warnings if "timed again" in w]
+    assert 1 <= len(again) <= guard.cfg.retimes * len(lat), v.warnings
+    assert all("when crowned" in w for w in again), v.warnings
     assert not any("inconsistent comparison" in w for w in v.warnings), v.warnings
 
 
