@@ -54,12 +54,17 @@ def input_signature(args: Sequence[Any]) -> tuple:
 
 def workload_signature(task: Task, index: int) -> tuple:
     """The signature of workload ``index``'s inputs, from the definition (no tensors are built)
-    unless the task generates its inputs with a custom function."""
-    from kernelarc.tasks.inputs import make_inputs, torch_dtype
+    unless the task generates its inputs with a custom function: then on meta tensors, or on the CPU where
+    the generator needs real data and its inputs are small (``capture.example_inputs``; CaptureError
+    otherwise). On the H200, L2/024's 16 GB of inputs built on the CPU for this held its session past the
+    suite's end."""
+    from kernelarc.tasks.inputs import torch_dtype
 
     wl = task.workloads[index]
     if {d.type for d in wl.inputs.values()} == {"custom"}:
-        return input_signature(make_inputs(task, index, 0, "cpu"))
+        from kernelarc.graph.capture import example_inputs
+
+        return input_signature(example_inputs(task, index))
     out: list[Any] = []
     for name, spec in task.definition.inputs.items():
         desc = wl.inputs[name]
@@ -293,7 +298,11 @@ def compose(routes: Sequence[Route], default: Candidate, axes: dict[int, dict[st
             cands.append(c)
     if len(cands) < 2:
         raise CompositionError("a dispatch needs at least two different kernels")
-    parts = [rename_part(c.source, f"_p{i}_") for i, c in enumerate(cands)]
+    # (a baseline part is the reference's own source, whose ``if __name__ == "__main__":`` demo block the guard's
+    # static check rejects in a candidate: Quant/003's dispatch on the H200 was rejected_hack for it)
+    from kernelarc.graph.compose import drop_main_guard
+
+    parts = [rename_part(drop_main_guard(c.source), f"_p{i}_") for i, c in enumerate(cands)]
     hoisted: dict[str, tuple[str, str]] = {}  # bound name -> (what it refers to, the first statement binding it)
     order: list[str] = []
     for p in parts:

@@ -150,7 +150,10 @@ class SearchSession(SessionPhases):
         # budget.minutes counts from ``started`` (a time.monotonic() instant: the wiring's start, so that
         # capturing and recognising the reference count too), else from now
         self.t0 = time.monotonic() if started is None else started
-        self.elapsed_before = 0.0
+        self.elapsed_before = 0.0  # wall seconds of earlier runs of this session (resumed)
+        self.budget_before = 0.0  # their budget.minutes share (SessionPhases._budget_spent_s)
+        self.reference_s = 0.0  # wall seconds of this run's reference measurement ...
+        self.reference_wait_s = 0.0  # ... of which waiting for a device another process held
         self.eval_seconds = 0.0
         self.eval_wall: dict[str, tuple[float, float]] = {}  # candidate -> its last evaluation's wall start, end
         self.timing_seconds = 0.0
@@ -286,8 +289,7 @@ class SearchSession(SessionPhases):
         return self.settings.candidates - self.evaluated
 
     def _out_of_time(self) -> bool:
-        mins = (time.monotonic() - self.t0 + self.elapsed_before) / 60
-        if mins >= self.settings.minutes:
+        if self._time_left_s() <= 0:
             return True
         return self.settings.usd is not None and self.usd >= self.settings.usd
 
@@ -448,6 +450,7 @@ class SearchSession(SessionPhases):
         # attempt's set-up does not count against the budget
         self.redo_baselines = resumed and meta.get("status") == "failed"
         self.elapsed_before = float(meta.get("elapsed_s", 0.0)) if resumed and not self.redo_baselines else 0.0
+        self.budget_before = float(meta.get("budget_s", self.elapsed_before)) if self.elapsed_before else 0.0
         late = meta.get("compile_after_budget") or {}
         if late:  # measured after the budget before the session was stopped: once is enough
             self.compile_after_budget = late.get("s")
@@ -485,7 +488,8 @@ class SearchSession(SessionPhases):
             self._close_tracking("FAILED", self._failed_summary(reason), reason)
             raise
         finally:
-            self.state.save_meta({**self.state.meta(), "elapsed_s": time.monotonic() - self.t0 + self.elapsed_before})
+            self.state.save_meta({**self.state.meta(), "elapsed_s": time.monotonic() - self.t0 + self.elapsed_before,
+                                  "budget_s": self._budget_spent_s()})  # fmt: skip
             for g in self.guards:
                 g.close()
         return final
@@ -496,8 +500,17 @@ class SearchSession(SessionPhases):
         # do not fit beside the reference (its note says so; test doubles and Ray guards have no plan here).
         per = max(1, self.settings.parallel)
         flight = _Flight(sum(max_parallel(g, per) if isinstance(g, Guard) else per for g in self.guards))
-        flight.baseline_queue = [_Baseline(label, cand, t) for label, cand, t in self.deferred_baselines]
-        self.deferred_baselines = []
+        deferred, self.deferred_baselines = self.deferred_baselines, []
+        g = self.settings.guard
+        if flight.slots == 1 and deferred and g.compile_baseline and g.compile_after_budget:
+            # One evaluation at a time here (the memory plan): torch.compile beside the search would hold the only
+            # slot for up to half the budget (on the H200, L1/094's timed out there and left the search 40 s).
+            # It is measured after the search instead, side by side with the champion and crowned if faster, with
+            # its full guard.baseline_timeout_s (_compile_after_budget).
+            for label, _, _ in deferred:
+                self.baseline_notes[label] = "one evaluation at a time on this device (memory plan): after the search"
+            deferred = []
+        flight.baseline_queue = [_Baseline(label, cand, t) for label, cand, t in deferred]
         with (
             ThreadPoolExecutor(max_workers=flight.slots) as epool,
             ThreadPoolExecutor(max_workers=max(1, len(self.agents))) as apool,

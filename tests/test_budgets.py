@@ -1,4 +1,5 @@
-"""Budgets hold: bad budgets are usage errors before anything runs; baselines count against budget.minutes."""
+"""Budgets hold: bad budgets are usage errors before anything runs; torch.compile counts against budget.minutes
+(the reference's own measurement does not: tests/test_budget_clock.py)."""
 
 from __future__ import annotations
 
@@ -77,8 +78,9 @@ def test_baselines_get_only_the_time_left(tmp_path):
     (meta,) = (tmp_path / ".kernelarc").rglob("session.json")
     state = json.loads(meta.read_text())
     assert state["status"] == "finished"
-    # the clock started with the session: elapsed includes the reference baseline
-    assert state["elapsed_s"] <= 0.02 * 60 + timeout_s
+    # the session's wall time: the budget, the reference's measurement, at most one timeout past them
+    assert state["elapsed_s"] <= 0.02 * 60 + 2 * timeout_s
+    assert state["budget_s"] <= state["elapsed_s"]
     records = [json.loads(x) for x in (meta.parent / "evaluations.jsonl").read_text().splitlines()]
     assert [x["candidate"]["strategy"] for x in records if x["kind"] == "baseline"] == ["reference"]
     assert sum(x["kind"] == "candidate" for x in records) < 40

@@ -41,6 +41,12 @@ class SlowCompileGuard(SimulatedGuard):
 
 
 def _session(tmp_path, compile_factor: float, *extra: str, reference_factor: float = 1.0, guard_cls=None):
+    s, guards = _build(tmp_path, compile_factor, *extra, reference_factor=reference_factor, guard_cls=guard_cls)
+    return s, s.run(), guards[0]
+
+
+def _build(tmp_path, compile_factor: float, *extra: str, reference_factor: float = 1.0, guard_cls=None):
+    """The session (not run) and the list its guards go into."""
     # beside the search on this CPU session too (its default is a GPU session's only); unless a test says
     beside = (
         []
@@ -58,8 +64,7 @@ def _session(tmp_path, compile_factor: float, *extra: str, reference_factor: flo
                                        reference_factor=reference_factor))  # fmt: skip
         return guards[-1]
 
-    s = build_session(c, plain(cfg), resolve_gpu(c), progress=Progress(False), make_guard=make)
-    return s, s.run(), guards[0]
+    return build_session(c, plain(cfg), resolve_gpu(c), progress=Progress(False), make_guard=make), guards
 
 
 def test_candidates_are_judged_while_torch_compile_is_measured(tmp_path):

@@ -347,3 +347,45 @@ def test_every_family_start_point_can_be_a_part():
             part = dispatch.rename_part(cand.source, "_p2_")
             assert "_p2_run" in part.names, (name, cand.strategy)
             compile(part.body, f"{name} {cand.strategy}", "exec")
+
+
+def test_a_custom_input_signature_is_taken_on_meta_tensors(monkeypatch):
+    """L2/024 on the H200: 16 GB of custom inputs built on the CPU for the signature held the session past the
+    suite's end. The signature now comes from meta tensors; the same as the real inputs' where they are small."""
+    from shared_dirs import SKIP_REASON, shared_path
+
+    from kernelarc.tasks import inputs
+    from kernelarc.tasks.loader import load_task
+
+    sol = shared_path("sol-execbench")
+    if not sol.is_dir():
+        pytest.skip(SKIP_REASON)
+    small = load_task(sol / "L1" / "094_time_decay_exponential_stabilization", cpu=True)
+    i = min(range(len(small.workloads)), key=small.io_bytes)
+    assert dispatch.workload_signature(small, i) == dispatch.input_signature(make_inputs(small, i, 7, "cpu"))
+    real = inputs.make_inputs
+
+    def no_cpu(task, index, seed, device, *a, **k):
+        assert str(device) == "meta", "real tensors built for a signature"
+        return real(task, index, seed, device, *a, **k)
+
+    monkeypatch.setattr(inputs, "make_inputs", no_cpu)
+    big = load_task(sol / "L2" / "024_moe_expert_parallel_execution", cpu=True)
+    j = max(range(len(big.workloads)), key=big.io_bytes)
+    assert big.io_bytes(j) > 1 << 30
+    sig = dispatch.workload_signature(big, j)
+    assert len(sig) == len(big.definition.inputs) and all(isinstance(x, tuple | str) for x in sig)
+
+
+def test_a_part_with_a_main_block_composes_into_a_candidate_the_static_check_passes():
+    """Quant/003 on the H200: a dispatch whose part was the reference (its ``if __name__ == "__main__":`` demo
+    call) was rejected_hack for the "__main__" literal; the block is dead code in an imported candidate."""
+    from kernelarc.guard.static import check_source
+
+    ref = _cand('import torch\n\n\ndef run(x):\n    return x * 2\n\n\nif __name__ == "__main__":\n    print(run(1))\n')
+    other = _cand("import torch\n\n\ndef run(x):\n    return x + x\n")
+    assert check_source(ref.source).violations  # the plain reference would be rejected so
+    src = dispatch.compose([dispatch.Route(other, [1], [((4,), "torch.float32")], [1.0])], default=ref)
+    assert "__main__" not in src and not check_source(src).violations, check_source(src).violations
+    mod = load_module(src, "composite_main")
+    assert mod.run(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]

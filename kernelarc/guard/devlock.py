@@ -60,6 +60,11 @@ class DeviceLock:
         self._sem = threading.Semaphore(1)
         self._fd: int | None = None
         self.path: Path | None = None
+        # Seconds this lock's holder-to-be waited for the device while another process held it (the file lock;
+        # the thread semaphore lets one thread at a time wait there, so these intervals never overlap): the time
+        # a session spent blocked by other sessions on the GPU, which its budget does not count (SearchSession)
+        self.foreign_wait_s = 0.0
+        self._foreign_since: float | None = None
         key = key or (device_key(device) if cross_process else None)
         if key is not None:
             base = Path(os.environ.get(LOCK_DIR_ENV) or tempfile.gettempdir())
@@ -80,6 +85,7 @@ class DeviceLock:
             self._fd = None
             return True
         gate = self._open_gate()
+        self._foreign_since = time.monotonic()
         try:
             # the turnstile, held while this timer waits: warm-ups that come after it wait behind it
             taken = (gate is None or _flock(gate, fcntl.LOCK_EX, deadline)) and _flock(fd, fcntl.LOCK_EX, deadline)
@@ -89,6 +95,8 @@ class DeviceLock:
             self._fd = None
             return True
         finally:
+            self.foreign_wait_s += time.monotonic() - self._foreign_since
+            self._foreign_since = None
             if gate is not None:
                 os.close(gate)  # (closing drops its flock)
         if not taken:  # blocked while another process measured on this GPU until the deadline
@@ -97,6 +105,11 @@ class DeviceLock:
             return False
         self._fd = fd
         return True
+
+    def foreign_wait_now(self) -> float:
+        """``foreign_wait_s`` including a wait in progress."""
+        since = self._foreign_since
+        return self.foreign_wait_s + (time.monotonic() - since if since is not None else 0.0)
 
     def acquire_shared(self, timeout: float | None = None) -> int | bool | None:
         """Take the device shared, for a warm-up: any number of holders, none while a timing holds it, and none

@@ -170,6 +170,10 @@ class Guard:
                                         buffer_bytes=nbytes if nbytes <= POOL_BUFFER_MAX else 0)  # fmt: skip
             return self._pool
 
+    def device_wait_s(self) -> float:
+        """Seconds this guard's evaluations waited for the device while another process measured on it."""
+        return self._gpu.foreign_wait_now()
+
     def close(self) -> None:
         with self._champ_lock:
             champ, self._champ = self._champ, None

@@ -248,3 +248,31 @@ def _timing_waits_for_the_warm_up(tmp_path, monkeypatch, warmup_lock_s: float) -
 def test_a_guard_warms_up_under_the_shared_lock_for_at_most_warmup_lock_s(tmp_path, monkeypatch):
     assert _timing_waits_for_the_warm_up(tmp_path / "a", monkeypatch, 30.0)  # the 4 s first call held it back
     assert not _timing_waits_for_the_warm_up(tmp_path / "b", monkeypatch, 0.3)  # let go after 0.3 s (1 s polls)
+
+
+def test_only_a_wait_for_another_process_counts_as_a_foreign_wait(tmp_path):
+    """``foreign_wait_s``: what the session's budget does not count (SearchSession._budget_spent_s). Waiting for
+    another thread of this process (its semaphore) is the session's own time; waiting for another process is not."""
+    mine = DeviceLock("cuda:0", key="gpu-test")
+    mine.path = tmp_path / "x.lock"
+    mine.acquire()  # held by one thread of this process ...
+    t = threading.Thread(target=lambda: (mine.acquire(), mine.release()), daemon=True)
+    t.start()
+    time.sleep(0.4)  # ... another waits for it
+    mine.release()
+    t.join(5)
+    assert mine.foreign_wait_s < 0.2, mine.foreign_wait_s
+    holder = _holder(tmp_path, "acquire()")
+    try:
+        got = threading.Event()
+        t = threading.Thread(target=lambda: (mine.acquire(), got.set()), daemon=True)
+        t.start()
+        time.sleep(0.6)
+        assert 0.4 < mine.foreign_wait_now() < 5  # a wait in progress counts as it goes
+        holder.kill()
+        assert got.wait(10)
+        mine.release()
+        assert 0.5 < mine.foreign_wait_s < 10, mine.foreign_wait_s
+    finally:
+        holder.kill()
+        holder.wait()

@@ -1,0 +1,67 @@
+"""What budget.minutes counts (SessionPhases._budget_spent_s): the session's own work, not the measurement of the
+task's reference (a cost the problem sets) nor waits for a device another process holds (suite shards on one GPU);
+and with one evaluation slot, torch.compile is measured after the search instead of holding the slot."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from test_compile_beside import SlowCompileGuard, _build, _session
+
+REF_S = 3.0
+
+
+class SlowReference(SlowCompileGuard):
+    """The reference's measurement takes REF_S (L1/094's Python loop took 10 s a call on the H200)."""
+
+    def evaluate(self, cand, champion=None, **kw):
+        if cand.strategy == "reference":
+            time.sleep(REF_S)
+        return super().evaluate(cand, champion, **kw)
+
+
+def test_the_references_measurement_does_not_use_up_the_budget(tmp_path):
+    # a 2.4 s budget behind a 3 s reference: counted, no candidate would be judged
+    s, summary, _ = _session(tmp_path, 0.5, "budget.minutes=0.04", guard_cls=SlowReference)
+    assert summary["evaluated"] >= 1, summary
+    assert s.reference_s >= REF_S
+    (meta,) = tmp_path.rglob("session.json")
+    state = json.loads(meta.read_text())
+    assert state["budget_s"] <= state["elapsed_s"] - REF_S + 0.01, state
+
+
+def test_waits_for_a_device_held_elsewhere_are_not_counted_up_to_the_budget(tmp_path):
+    s, guards = _build(tmp_path, 0.5, "budget.minutes=1")
+    (g,) = guards
+    wait = {"s": 0.0}
+    g.device_wait_s = lambda: wait["s"]  # what a real guard's DeviceLock reports
+    s.t0 = time.monotonic() - 100.0
+    assert abs(s._budget_spent_s() - 100.0) < 1.0
+    wait["s"] = 30.0
+    assert abs(s._budget_spent_s() - 70.0) < 1.0
+    # the reference's own waits are inside its (uncounted) measurement: not taken off twice
+    s.reference_s, s.reference_wait_s = 20.0, 10.0
+    assert abs(s._budget_spent_s() - 60.0) < 1.0
+    # at most budget.minutes of waits are not counted: a session runs at most twice its budget for them
+    wait["s"] = 500.0
+    assert abs(s._budget_spent_s() - (100.0 - 20.0 - 60.0)) < 1.0
+    assert abs(s._time_left_s() - (60.0 - 20.0)) < 1.0
+
+
+def test_a_guard_that_cannot_tell_its_waits_counts_them(tmp_path):
+    s, guards = _build(tmp_path, 0.5, "budget.minutes=1")
+    assert not hasattr(guards[0], "device_wait_s")  # the simulated guard
+    s.t0 = time.monotonic() - 10.0
+    assert abs(s._budget_spent_s() - 10.0) < 1.0
+
+
+def test_with_one_slot_torch_compile_is_measured_after_the_search(tmp_path):
+    s, summary, guard = _session(tmp_path, 2.0, "executor.parallel=1")
+    kinds = [(r.kind, r.candidate.strategy) for r in s.records]
+    at = kinds.index(("baseline", "torch.compile"))
+    assert all(k == "candidate" for k, _ in kinds[1:at]) and at > 1, kinds
+    assert kinds.count(("baseline", "torch.compile")) == 1  # once, after the budget
+    assert summary["evaluated"] == 6 and summary["compile_after_budget_s"] is not None
+    assert "after the search" in summary["baseline_notes"]["torch.compile"]
+    assert s.records[at].champion_id == guard.compile_champions[-1]  # beside the champion of the search's end
