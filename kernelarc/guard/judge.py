@@ -512,6 +512,7 @@ class Guard:
         looked like; shape, dtype and layout are checked against the reference's here."""
         refs, hps = self.reference(wl, seed, hp=j == 0)  # float64 (a metric): the first checked seed
         where = f"workload {wl} ({msg.tag.value}, seed {j})" if j >= 0 else f"workload {wl} (a checked timed call)"
+        res["failed_matched"] = None  # where a value comparison fails: its share of elements within the tolerance
         slots = layout(self.task, wl)
         if [m.name for m in msg.outputs] != [sl.name for sl in slots]:
             names = [m.name for m in msg.outputs]
@@ -553,6 +554,7 @@ class Guard:
                 entry["rel_err"] = max(entry["rel_err"], c.rel_err)
             if not c.ok:
                 res["errors"].append(f"{where}: {c.message}")
+                res["failed_matched"] = c.matched_ratio
                 return False
         return True
 

@@ -175,3 +175,31 @@ def test_a_noisy_timing_does_not_use_up_the_inconsistent_champions_retimes():
     # noisy (2x inside the noise) -> inconsistent -> inconsistent -> consistent: four timings, the last one kept
     assert len(drv.checked) == 4 and len(drv.res["warnings"]) == 3, drv.res["warnings"]
     assert "inside the noise" in drv.res["warnings"][0] and set(champ.samples[0]) == {15.0}
+
+
+HACK = Status.rejected_hack
+NEAR = [(0.987, Status.incorrect), (0.5, HACK), (0.0, HACK), (None, HACK)]
+
+
+@pytest.mark.parametrize(("matched", "status"), NEAR)
+def test_a_timed_output_just_outside_the_tolerance_is_incorrect_not_a_hack(matched, status):
+    """L2/028 on the H200: a composed candidate whose checks passed, then 98.7% of a checked timed call's gradient
+    within the tolerance (torch.compile missed it too), was rejected_hack. A near miss is incorrect; outputs far
+    off (a kernel that skips work while timed: stale or missing), or of the wrong shape or dtype (None), stay a
+    hack."""
+    from kernelarc.guard.drive import Stop
+    from kernelarc.guard.protocol import Outputs, Tag
+
+    drv = _Scripted([1.0])
+
+    def check(buf, msg, wl, seed, j, res):
+        res.setdefault("errors", []).append("workload 0 (a checked timed call): out: ...")
+        res["failed_matched"] = matched
+        return False
+
+    drv.g._check_outputs = check
+    msg = Outputs(kind=Kind.outputs, tag=Tag.timed, wl=0, outputs=[])
+    cand, _ = _sides()
+    with pytest.raises(Stop) as e:
+        drv.compare(cand, msg, 0, 1, -1)
+    assert e.value.status is status, e.value.message
