@@ -154,6 +154,7 @@ class SearchSession(SessionPhases):
         self.budget_before = 0.0  # their budget.minutes share (SessionPhases._budget_spent_s)
         self.reference_s = 0.0  # wall seconds of this run's reference measurement ...
         self.reference_wait_s = 0.0  # ... of which waiting for a device another process held
+        self.reference_judge_s = 0.0  # ... and the judge computing the reference's outputs
         self.eval_seconds = 0.0
         self.eval_wall: dict[str, tuple[float, float]] = {}  # candidate -> its last evaluation's wall start, end
         self.timing_seconds = 0.0

@@ -103,10 +103,18 @@ class SessionPhases:
         so that no candidate was ever judged), and the waits for the device while another process measured on
         it (eight suite sessions share one GPU: one session's long timings used up the budgets of the sessions
         that waited for them, three of which judged no candidate). The waits are capped at budget.minutes, so
-        that a session never runs more than twice its budget for them. An earlier run's share counts where the
+        that a session never runs more than twice its budget for them. Nor do the reference outputs the judge
+        computes to check each candidate against (``_judge_reference_s``). An earlier run's share counts where the
         session resumed."""
         waited = min(max(self._device_wait_s() - self.reference_wait_s, 0.0), self.settings.minutes * 60)
-        return time.monotonic() - self.t0 + self.budget_before - self.reference_s - waited
+        judged = max(self._judge_reference_s() - self.reference_judge_s, 0.0)
+        return time.monotonic() - self.t0 + self.budget_before - self.reference_s - waited - judged
+
+    def _judge_reference_s(self) -> float:
+        """Seconds the judges spent computing the reference's outputs to check candidates against (the reference's
+        cost, once per checked input set: 10 s a call on L1/094, a few per candidate): the most over the session's
+        guards, whose devices compute side by side; 0 for guards that do not say (test doubles, Ray actors)."""
+        return max((float(getattr(g, "reference_s", 0.0) or 0.0) for g in self.guards), default=0.0)
 
     def _device_wait_s(self) -> float:
         """Seconds the session's evaluations waited for a device another process held: the least over its guards
@@ -165,7 +173,7 @@ class SessionPhases:
                     self.deferred_baselines.append((label, cand, timeout))
                     continue
             self.ui.line(f"measuring baseline: {label} (at most {timeout:.0f} s) ...")
-            t, w = time.monotonic(), self._device_wait_s()
+            t, w, j = time.monotonic(), self._device_wait_s(), self._judge_reference_s()
             # the reference's deadline is its own timeout's, not the budget's
             deadline = time.time() + timeout + g.timeout_s if label == "reference" else None
             try:
@@ -178,6 +186,7 @@ class SessionPhases:
                 waited = self._device_wait_s() - w
                 self.reference_s += time.monotonic() - t
                 self.reference_wait_s += waited
+                self.reference_judge_s += self._judge_reference_s() - j
             self._record_baseline(label, cand, ev, self.champion.id if self.champion else None)
         for r in self.records:
             self._note_baseline(r)

@@ -65,3 +65,15 @@ def test_with_one_slot_torch_compile_is_measured_after_the_search(tmp_path):
     assert summary["evaluated"] == 6 and summary["compile_after_budget_s"] is not None
     assert "after the search" in summary["baseline_notes"]["torch.compile"]
     assert s.records[at].champion_id == guard.compile_champions[-1]  # beside the champion of the search's end
+
+
+def test_the_judges_reference_outputs_are_not_counted(tmp_path):
+    """Checking a candidate computes the reference on each checked input set (10 s a call on L1/094): the
+    problem's cost, like the reference's own measurement; during that measurement it is not taken off twice."""
+    s, guards = _build(tmp_path, 0.5, "budget.minutes=1")
+    (g,) = guards
+    s.t0 = time.monotonic() - 100.0
+    g.reference_s = 25.0  # what a real guard accumulates (Guard.reference)
+    assert abs(s._budget_spent_s() - 75.0) < 1.0
+    s.reference_s, s.reference_judge_s = 20.0, 5.0  # 5 of the 25 were inside the reference's measurement
+    assert abs(s._budget_spent_s() - (100.0 - 20.0 - 20.0)) < 1.0

@@ -64,9 +64,14 @@ def test_a_champion_faster_than_when_crowned_is_compared(guard, slow):
     cand, lat = slow
     # as if crowned at ten times what it measures now (a busy machine then): only a higher bar
     ref = {w: ms * 10 for w, ms in lat.items()}
-    v = guard.evaluate(Candidate(source=FAST, language="pytorch"), cand, champion_reference=ref).verdict
+    # A loaded 2-core CI host once spread the samples 13x, so the gain stayed inside the noise bar: that is the
+    # noise rule, not this one; such an attempt is made again (three at most), none may call the champion inconsistent
+    for _ in range(3):
+        v = guard.evaluate(Candidate(source=FAST, language="pytorch"), cand, champion_reference=ref).verdict
+        assert not any("inconsistent" in w for w in v.warnings), v.warnings
+        if v.status is Status.champion:
+            break
     assert v.status is Status.champion, (v.status, v.warnings)
-    assert not any("inconsistent" in w for w in v.warnings), v.warnings
 
 
 def test_a_trusted_baseline_is_void_only_past_the_slack(guard, slow):
@@ -78,7 +83,13 @@ def test_a_trusted_baseline_is_void_only_past_the_slack(guard, slow):
     bound = cfg.consistency_factor * cfg.trusted_slack
     fast = Candidate(source=FAST, language="pytorch")
     within = {w: ms / (cfg.consistency_factor * 2) for w, ms in lat.items()}  # void for a challenger, not for it
-    v = guard.evaluate(fast, cand, trusted=True, champion_reference=within).verdict
+    # On this CPU the 10x-work champion runs only about 1.8x the challenger's time (a call's fixed cost), near the
+    # noise bar: an attempt the noise decided is made again (three at most); none may be void
+    for _ in range(3):
+        v = guard.evaluate(fast, cand, trusted=True, champion_reference=within).verdict
+        assert not any("inconsistent comparison" in w for w in v.warnings), v.warnings
+        if v.status is Status.champion:
+            break
     assert v.status is Status.champion, (v.status, v.warnings)
     beyond = {w: ms / (bound * 3) for w, ms in lat.items()}
     v = guard.evaluate(fast, cand, trusted=True, champion_reference=beyond).verdict
