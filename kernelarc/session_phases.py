@@ -110,6 +110,13 @@ class SessionPhases:
         judged = max(self._judge_reference_s() - self.reference_judge_s, 0.0)
         return time.monotonic() - self.t0 + self.budget_before - self.reference_s - waited - judged
 
+    def _wait_allowance_s(self) -> float:
+        """Seconds of waiting for a device held elsewhere that the budget may still leave uncounted (0 where the
+        guards do not report their waits)."""
+        if not self.guards or not all(hasattr(g, "device_wait_s") for g in self.guards):
+            return 0.0
+        return max(self.settings.minutes * 60 - max(self._device_wait_s() - self.reference_wait_s, 0.0), 0.0)
+
     def _judge_reference_s(self) -> float:
         """Seconds the judges spent computing the reference's outputs to check candidates against (the reference's
         cost, once per checked input set: 10 s a call on L1/094, a few per candidate): the most over the session's
