@@ -106,16 +106,19 @@ class SessionPhases:
         that a session never runs more than twice its budget for them. Nor do the reference outputs the judge
         computes to check each candidate against (``_judge_reference_s``). An earlier run's share counts where the
         session resumed."""
-        waited = min(max(self._device_wait_s() - self.reference_wait_s, 0.0), self.settings.minutes * 60)
+        waited = min(self._search_waits_s(), self.settings.minutes * 60)
         judged = max(self._judge_reference_s() - self.reference_judge_s, 0.0)
         return time.monotonic() - self.t0 + self.budget_before - self.reference_s - waited - judged
 
     def _wait_allowance_s(self) -> float:
         """Seconds of waiting for a device held elsewhere that the budget may still leave uncounted (0 where the
         guards do not report their waits)."""
-        if not self.guards or not all(hasattr(g, "device_wait_s") for g in self.guards):
-            return 0.0
-        return max(self.settings.minutes * 60 - max(self._device_wait_s() - self.reference_wait_s, 0.0), 0.0)
+        return max(self.settings.minutes * 60 - self._search_waits_s(), 0.0) if self._waits_known() else 0.0
+
+    def _search_waits_s(self) -> float:
+        """The waits for a device held elsewhere outside the reference's measurement (that one is not counted
+        whole), before the cap."""
+        return max(self._device_wait_s() - self.reference_wait_s, 0.0)
 
     def _judge_reference_s(self) -> float:
         """Seconds the judges spent computing the reference's outputs to check candidates against (the reference's
@@ -127,8 +130,11 @@ class SessionPhases:
         """Seconds the session's evaluations waited for a device another process held: the least over its guards
         (a session with guards on several devices is blocked only while all of them are), 0 for guards that do
         not know (test doubles, Ray actors)."""
-        waits = [g.device_wait_s() for g in self.guards if hasattr(g, "device_wait_s")]
-        return min(waits) if waits and len(waits) == len(self.guards) else 0.0
+        return min(g.device_wait_s() for g in self.guards) if self._waits_known() else 0.0
+
+    def _waits_known(self) -> bool:
+        """Whether every guard of the session reports its waits for the device (real guards do)."""
+        return bool(self.guards) and all(hasattr(g, "device_wait_s") for g in self.guards)
 
     def _calibrate(self) -> None:
         """Measure the GPU's real ceilings; speed of light is computed over them, and both are recorded."""
