@@ -357,15 +357,33 @@ class SessionPhases:
                     log.warning("could not move the registry alias to v%s: %s", version, e)
         if self.sinks.tracker is not None:
             self.sinks.tracker.best_so_far(self.records, self.best_history)
-        elapsed = time.monotonic() - self.t0 + self.elapsed_before
         rec = self._champion_record()
         if rec is not None:
             # Baselines measured after this champion was crowned (e.g. torch.compile) complete its metrics.
             self._refresh(Evaluation(rec.verdict, rec.samples))
             self.champion_verdict = rec.verdict
+        summary = self._summary(version, moved)
+        if self.sinks.tracker is not None:
+            self.sinks.tracker.close("FINISHED", summary)
+        return summary
+
+    def summary_so_far(self, reason: str) -> dict[str, Any]:
+        """The summary of what the session has judged so far, for a run stopped from outside (a suite cut by its
+        time limit: on the H200, L1/094's session had crowned a kernel 1,500x faster than its reference when the
+        suite's time ran out during torch.compile after the budget, and the problem had no row). Called from a
+        signal handler in the thread the stop interrupted: no device work and no store call (the session's lock is
+        reentrant); the champion's verdict as its latest record has it (refreshed when each baseline came)."""
+        rec = self._champion_record()
+        if rec is not None:
+            self.champion_verdict = rec.verdict
+        version = self.versions.get(self.champion.id) if self.champion else None
+        return {**self._summary(version, False), "stopped": True, "reason": reason}
+
+    def _summary(self, version: int | None, moved: bool) -> dict[str, Any]:
+        elapsed = time.monotonic() - self.t0 + self.elapsed_before
         v = self.champion_verdict
         gpu_min = self.timing_seconds / 60
-        summary = {
+        return {
             "task": self.task.name,
             "gpu": self.target.name,
             "champion": self.champion.id if self.champion else None,
@@ -400,9 +418,6 @@ class SessionPhases:
             "compile_after_budget_s": self.compile_after_budget,
             **self._timing_health(),
         }
-        if self.sinks.tracker is not None:
-            self.sinks.tracker.close("FINISHED", summary)
-        return summary
 
     def _timing_health(self) -> dict[str, int]:
         """How far the session's timings could be trusted: its verdicts, those void for an inconsistent champion

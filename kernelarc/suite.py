@@ -6,10 +6,13 @@ One search session per SOL-ExecBench problem folder found under ``dir`` (a folde
 subprocess per problem). Every problem ends with a row: a champion, or a recorded reason; one
 failing problem never stops the others. A suite killed at any point and started again with the
 same command reads the problems already done from their saved results and resumes the one that
-was running from its session state. The table is printed, written as ``table.csv`` and
-``table.json`` and logged as an MLflow run of the experiment ``kernelarc/suite/<gpu>``, with the
-sessions' run ids. ``scripts/harness_eval.py`` later fills its ``harness_*`` columns on the GPU
-machine with the verdicts of NVIDIA's harness on the exported champions.
+was running from its session state. A suite stopped by a signal (SIGTERM: ``timeout``, a
+scheduler) first saves the running problem's row from what its session has judged so far, marked
+``stopped``; the same command started again runs that problem again from its session state. The
+table is printed, written as ``table.csv`` and ``table.json`` and logged as an MLflow run of the
+experiment ``kernelarc/suite/<gpu>``, with the sessions' run ids. ``scripts/harness_eval.py`` later
+fills its ``harness_*`` columns on the GPU machine with the verdicts of NVIDIA's harness on the
+exported champions.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -45,13 +49,35 @@ register_configs()
 log = logging.getLogger(__name__)
 
 CHILD_ENV = "KERNELARC_SUITE_CHILD"  # set in a problem's subprocess (suite.isolation=process)
+STOP_GRACE_S = 8.0  # a stopped suite's wait for a problem's subprocess to save its row (timeout -k 10 kills at 10 s)
 COLUMNS = (
     "problem", "definition", "status", "champion_family", "champion_parts", "speedup_vs_reference",
     "speedup_vs_compile", "compile_after_budget", "speedup_vs_reference_drift_corrected",
     "speedup_vs_compile_drift_corrected", "sol_score", "sol_fraction", "latency_ms", "evaluated", "elapsed_min",
     "workloads", "reason", "mlflow_run_id", "registry_version", "harness_verdict", "harness_passed", "harness_speedup",
-    "verdicts", "void_comparisons", "timed_again",
+    "verdicts", "void_comparisons", "timed_again", "stopped",
 )  # fmt: skip
+
+
+class SuiteStopped(BaseException):  # noqa: N818 - an interrupt (like KeyboardInterrupt), not an error
+    """A stop signal reached the suite. A BaseException, so that no ``except Exception`` on the way swallows it."""
+
+
+# The row of the problem this process is running, from what its session has judged so far: set while a session
+# runs inline, called by the stop signal's handler (_on_stop) before the suite unwinds.
+_SAVE_RUNNING: dict[str, Any] = {}
+
+
+def _on_stop(signum: int, _frame: Any) -> None:
+    name = signal.Signals(signum).name
+    save = _SAVE_RUNNING.pop("save", None)
+    if save is not None:
+        try:
+            save(f"stopped by {name} while it ran: the row is its champion so far; the same command runs it "
+                 "again from its session state")  # fmt: skip
+        except Exception:  # noqa: BLE001 - the stop goes on; the session state on disk still has the measurements
+            log.exception("could not save the running problem's row on %s", name)
+    raise SuiteStopped(name)
 
 
 class ProblemStatus(StrEnum):
@@ -82,6 +108,7 @@ class ProblemResult(BaseModel):
     verdicts: int = 0  # the session's verdicts, baselines included ...
     void_comparisons: int = 0  # ... those void for a champion measured inconsistently beside the challenger
     timed_again: int = 0  # workload timings done again before a decision (guard: Driver.time_workload)
+    stopped: bool = False  # the suite was stopped while this problem ran: its champion so far; run again on resume
     elapsed_min: float | None = None
     workloads: list[int] | None = None
     reason: str | None = None
@@ -157,12 +184,18 @@ def suite_key(cfg: Any, root: Path, gpu: str) -> str:
 
 
 def result_from_summary(problem: str, summary: dict[str, Any], workloads: list[int] | None) -> ProblemResult:
-    failed = summary.get("status") == "failed"
+    stopped = bool(summary.get("stopped"))
+    failed = summary.get("status") == "failed" or (stopped and not summary.get("champion"))
+    # torch.compile against the champion as the guard timed them side by side where a chain of such pairs links
+    # them, else the ratio of their own medians (measured minutes apart: on the H200, Quant/014's champion was
+    # crowned at a slow 0.125 ms and timed 0.07 / 0.0096 ms beside every later challenger, torch.compile 1.9x
+    # slower beside it, and the medians' ratio read 0.46x)
+    vs_compile = summary.get("speedup_vs_compile_drift_corrected") or summary.get("speedup_vs_compile")
     if failed:
         status = ProblemStatus.failed
     elif summary.get("champion_agent") in (None, "baseline"):
         status = ProblemStatus.baseline
-    elif (summary.get("speedup_vs_compile") or 1.0) < 1.0:
+    elif (vs_compile or 1.0) < 1.0:
         # a searched kernel beat the reference but not torch.compile, which then could not be crowned (e.g. it
         # was measured inconsistently): the table must not call that an improvement
         status = ProblemStatus.baseline
@@ -170,8 +203,9 @@ def result_from_summary(problem: str, summary: dict[str, Any], workloads: list[i
         status = ProblemStatus.improved
     reason = summary.get("reason")
     notes = summary.get("baseline_notes") or {}
-    if not failed and notes:  # a baseline that failed or was skipped is worth a word in the table
-        reason = "; ".join(f"{k}: {v}" for k, v in notes.items())
+    if summary.get("status") != "failed" and notes:  # a baseline that failed or was skipped is worth a word
+        said = "; ".join(f"{k}: {v}" for k, v in notes.items())
+        reason = f"{reason}; {said}" if stopped and reason else said
     return ProblemResult(
         problem=problem, definition=summary.get("task"), status=status,
         champion_family=summary.get("champion_family"), champion_parts=summary.get("champion_parts"),
@@ -184,7 +218,7 @@ def result_from_summary(problem: str, summary: dict[str, Any], workloads: list[i
         sol_fraction=summary.get("sol_fraction"), latency_ms=summary.get("latency_ms"),
         evaluated=int(summary.get("evaluated") or 0), elapsed_min=summary.get("elapsed_min"), workloads=workloads,
         verdicts=int(summary.get("verdicts") or 0), void_comparisons=int(summary.get("void_comparisons") or 0),
-        timed_again=int(summary.get("timed_again") or 0),
+        timed_again=int(summary.get("timed_again") or 0), stopped=stopped,
         reason=reason, mlflow_run_id=summary.get("mlflow_run_id"), registry_version=summary.get("registry_version"),
     )  # fmt: skip
 
@@ -225,7 +259,9 @@ def render_table(results: list[ProblemResult]) -> str:
         )
     counts = {s.value: sum(r.status is s for r in results) for s in ProblemStatus}
     lines.append("-" * len(head))
-    lines.append(", ".join(f"{k} {v}" for k, v in counts.items() if v) + f" of {len(results)} problems")
+    stopped = sum(r.stopped for r in results)
+    lines.append(", ".join(f"{k} {v}" for k, v in counts.items() if v) + f" of {len(results)} problems"
+                 + (f" ({stopped} stopped while running: their champions so far)" if stopped else ""))  # fmt: skip
     built = sum(is_kernelarc_built(r) for r in results)
     tc = [r.speedup_vs_compile for r in results if r.speedup_vs_compile]
     dc = geomean([r.speedup_vs_compile_drift_corrected or 0 for r in results])
@@ -379,8 +415,10 @@ def choose_workloads(cfg: DictConfig, problem: Path, on_cpu: bool) -> tuple[list
     return representative(pool, int(n), task.io_bytes), task
 
 
-def run_inline(cfg: DictConfig, problem: Path, rel: str, target: Any, log_path: Path) -> ProblemResult:
-    """One isolated search session in this process: every exception becomes the row's reason."""
+def run_inline(cfg: DictConfig, problem: Path, rel: str, target: Any, log_path: Path,
+               on_stop: Callable[[ProblemResult], None] | None = None) -> ProblemResult:  # fmt: skip
+    """One isolated search session in this process: every exception becomes the row's reason. While the session
+    runs, a stop signal hands ``on_stop`` the row of what it has judged so far (``Session.summary_so_far``)."""
     from kernelarc.app import TaskError, UsageError, typed
     from kernelarc.config import plain
     from kernelarc.session import SessionFailed
@@ -394,7 +432,11 @@ def run_inline(cfg: DictConfig, problem: Path, rel: str, target: Any, log_path: 
         pcfg = _problem_cfg(cfg, problem, workloads)
         c = typed(pcfg)
         session = build_session(c, plain(pcfg), target, progress=Progress(bool(cfg.suite.progress)), task=task)
+        if on_stop is not None:
+            running, chosen = session, workloads
+            _SAVE_RUNNING["save"] = lambda why: on_stop(result_from_summary(rel, running.summary_so_far(why), chosen))
         summary = session.run()
+        _SAVE_RUNNING.pop("save", None)
         return result_from_summary(rel, summary, workloads)
     except SessionFailed as e:
         return result_from_summary(rel, {**e.summary, "status": "failed", "reason": e.reason}, workloads)
@@ -408,6 +450,7 @@ def run_inline(cfg: DictConfig, problem: Path, rel: str, target: Any, log_path: 
         return ProblemResult(problem=rel, status=ProblemStatus.crashed, reason=f"{first} (traceback: {log_path})",
                              workloads=workloads)  # fmt: skip
     finally:
+        _SAVE_RUNNING.pop("save", None)
         session = None  # noqa: F841 - drop the session's references (cached reference outputs) now
         gc.collect()
         try:
@@ -430,6 +473,18 @@ def run_subprocess(overrides: list[str], rel: str, result_path: Path, log_path: 
         try:
             code = p.wait(timeout=timeout)
             why = f"exit code {code}"
+        except SuiteStopped:
+            # the child runs in its own process group, out of the stop's reach: pass it on, so that the child saves
+            # its row (its own _on_stop), and end it if it does not stop within a few seconds
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            raise
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
@@ -540,8 +595,13 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
 
         def run() -> ProblemResult:
             if c.suite.isolation == "process" and not child:
-                return run_subprocess(over, rel, rpath_of(rel), log_path, c.suite.problem_timeout_s)
-            return run_inline(pcfg, problem, rel, target, log_path)
+                try:
+                    return run_subprocess(over, rel, rpath_of(rel), log_path, c.suite.problem_timeout_s)
+                except SuiteStopped:
+                    if rpath_of(rel).is_file():  # the row the child saved when the stop reached it
+                        record(i, rel, ProblemResult.model_validate_json(rpath_of(rel).read_text()))
+                    raise
+            return run_inline(pcfg, problem, rel, target, log_path, on_stop=lambda r: record(i, rel, r))
 
         t = time.monotonic()
         if pool is None:
@@ -565,6 +625,7 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
 
     def record(i: int, rel: str, r: ProblemResult) -> None:
         rpath_of(rel).write_text(r.model_dump_json(indent=2))
+        results[:] = [x for x in results if x.problem != rel]  # a row saved at a stop, or refused for memory
         results.append(r)
         if not child:
             write_table(results, out)
@@ -583,9 +644,9 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
             rel = str(problem.relative_to(root)) if problem != root else problem.name
             rpath = results_dir / f"{slug(rel)}.json"
             saved = ProblemResult.model_validate_json(rpath.read_text()) if rpath.is_file() else None
-            if saved is not None and saved.status is ProblemStatus.crashed:
-                # a crash is a bug or a transient fault (a killed process, a store error), not a result: run it
-                # again, from its session state where it got that far
+            if saved is not None and (saved.status is ProblemStatus.crashed or saved.stopped):
+                # a crash is a bug or a transient fault (a killed process, a store error), not a result, and a
+                # stopped row is a session's result so far: run it again, from its session state
                 saved = None
             if saved is not None:
                 r = saved
@@ -612,7 +673,6 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
             r = run_one(i, rel, problem, need)
             if r.status is ProblemStatus.failed and r.reason and "memory_pool_gb" not in r.reason:
                 r.reason = f"with guard.memory_gb={need:g} (suite.memory_pool_gb): {r.reason.split(' [' + DEFERRED)[0]}"
-            results[:] = [x for x in results if x.problem != rel]
             record(i, rel, r)
         status = "FINISHED"
     finally:
@@ -641,7 +701,9 @@ def main(cfg: DictConfig) -> None:
     logging.getLogger("kernelarc").setLevel(logging.WARNING)
     # A suite cut by an outer time limit (``timeout``, a scheduler) says where each thread was, so a
     # problem that overran its budget can be diagnosed from the log alone; then it ends as before.
+    # Before that, the running problem's row is saved from what its session has judged so far (_on_stop).
     with contextlib.suppress(AttributeError, ValueError, RuntimeError):  # no SIGTERM here, or not the main thread
+        signal.signal(signal.SIGTERM, _on_stop)
         faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
     try:
         overrides = list(HydraConfig.get().overrides.task)
@@ -651,6 +713,9 @@ def main(cfg: DictConfig) -> None:
         run_suite(cfg, overrides)
     except (UsageError, TaskError) as e:
         fail(str(e))
+    except SuiteStopped as e:
+        print(f"suite stopped by {e}: the rows so far are saved; the same command resumes it", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
 
 
 if __name__ == "__main__":

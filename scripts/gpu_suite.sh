@@ -68,11 +68,13 @@ fi
 # Every shard gets the whole list and takes problems from one queue (suite.claims): a shard that drew
 # quick problems goes on with the next one instead of idling while another works through slow ones.
 CLAIMS=/tmp/kernelarc-claims; rm -rf "$CLAIMS"; mkdir -p "$CLAIMS"
-# after a restore, problems with a saved (non-crashed) row in any shard are taken already
+# after a restore, problems with a saved row in any shard are taken already (not a crash, nor a row saved when a
+# stop cut its session: those run again, from their session state)
 python3 - "$CLAIMS" <<'EOF2'
 import json, pathlib, sys
 for r in pathlib.Path(".kernelarc").glob("suite_shard*/*/*/results/*.json"):
-    if json.loads(r.read_text()).get("status") != "crashed":
+    row = json.loads(r.read_text())
+    if row.get("status") != "crashed" and not row.get("stopped"):
         (pathlib.Path(sys.argv[1]) / (r.stem + ".claim")).write_text("restored\n")
 EOF2
 list=""; for p in "${PROBS[@]}"; do list+="'$p',"; done

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -270,3 +272,71 @@ def test_a_dispatch_between_baselines_is_not_kernelarc_built():
     assert not is_kernelarc_built(ProblemResult(**row, champion_parts=["pytorch.compile_variants", "unknown"]))
     assert is_kernelarc_built(ProblemResult(**row, champion_parts=["composed.x.rmsnorm.rowblock", "torch.compile"]))
     assert is_kernelarc_built(ProblemResult(**row))  # a row saved before parts were recorded: as before
+
+
+def _wait_for(pred, seconds: float, proc: subprocess.Popen) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and proc.poll() is None:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+def test_a_stopped_suite_saves_the_running_problems_row_and_runs_it_again(tmp_path):
+    """L1/094 on the H200: its session had crowned a recurrence kernel 1,500x faster than the reference when the
+    suite's time limit (``timeout``) stopped it during torch.compile after the budget; the shard had no table and the
+    problem no row. A SIGTERM now saves the running problem's row from what its session judged so far (stopped), and
+    the same command runs that problem again from its session state."""
+    tree = tmp_path / "tree"
+    ref = json.loads((RMSNORM / "definition.json").read_text())["reference"]
+    _problem(tree, "L1/001_rmsnorm", "rmsnorm", ref)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "kernelarc.suite", f"dir={tree}", *ARGS, "budget.candidates=40", "budget.minutes=1"]
+    evals = lambda: list((tmp_path / ".kernelarc").glob("rmsnorm/*/*/evaluations.jsonl"))  # noqa: E731
+    judged = lambda: any('"kind": "candidate"' in f.read_text() for f in evals())  # noqa: E731
+    with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        started = _wait_for(judged, 300, p)
+        if started:
+            p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    assert started, f"no candidate judged before the suite ended (rc {p.returncode}): {err[-2000:]}"
+    assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "suite stopped by SIGTERM" in err
+    (table,) = (tmp_path / ".kernelarc" / "suite" / "cpu").glob("*/table.json")
+    (row,) = json.loads(table.read_text())
+    assert row["stopped"] and row["problem"] == "L1/001_rmsnorm", row
+    assert row["reason"].startswith("stopped by SIGTERM while it ran"), row["reason"]
+    assert row["status"] in ("improved", "baseline") and row["champion_family"] and row["evaluated"] >= 1, row
+    assert row["speedup_vs_reference"] and row["mlflow_run_id"], row
+
+    # The same command: the problem runs again from its session state (same session run, the candidates judged
+    # before the stop are not judged again) and its row is final.
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[saved result]" not in r.stdout
+    (again,) = json.loads(table.read_text())
+    assert not again["stopped"] and again["mlflow_run_id"] == row["mlflow_run_id"], again
+    assert again["evaluated"] >= row["evaluated"] and again["reason"] is None, again
+
+
+def test_the_row_reads_torch_compile_as_timed_side_by_side():
+    """Quant/014 on the H200: the champion was crowned at a slow 0.125 ms and timed 0.07 / 0.0096 ms beside every
+    later challenger, with torch.compile 1.88x slower beside it; the ratio of the two medians, measured minutes
+    apart, read 0.46x and the row called a built champion the guard had kept over torch.compile 'baseline'."""
+    from kernelarc.suite import result_from_summary
+
+    summary = {"champion": "c1", "champion_agent": "fusion", "champion_family": "composed.x.library",
+               "speedup_vs_compile": 0.46, "speedup_vs_compile_drift_corrected": 1.88}  # fmt: skip
+    assert result_from_summary("Quant/014", summary, None).status is ProblemStatus.improved
+    slower = dict(summary, speedup_vs_compile=1.2, speedup_vs_compile_drift_corrected=0.8)
+    assert result_from_summary("Quant/014", slower, None).status is ProblemStatus.baseline
+    alone = dict(summary, speedup_vs_compile=0.9, speedup_vs_compile_drift_corrected=None)
+    assert result_from_summary("Quant/014", alone, None).status is ProblemStatus.baseline
+    # a stop before anything was crowned is no result, and says why; the notes of the baselines follow the reason
+    stopped = {"champion": None, "champion_agent": None, "stopped": True, "reason": "stopped by SIGTERM while it ran",
+               "baseline_notes": {"torch.compile": "not measured"}}  # fmt: skip
+    row = result_from_summary("L1/094", stopped, None)
+    assert row.status is ProblemStatus.failed and row.stopped
+    assert row.reason == "stopped by SIGTERM while it ran; torch.compile: not measured"
