@@ -21,7 +21,8 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 # The guard.* keys of the composed config: the parent run's params (DESIGN.md's tracking contract).
 GUARD_KEYS = {
-    "seeds", "seed_pool", "timeout_s", "baseline_timeout_s", "build_timeout_s", "warmup_ms", "target_ms",
+    "seeds", "seed_pool", "timeout_s", "baseline_timeout_s", "build_timeout_s", "compile_timeout_s", "warmup_ms",
+    "target_ms",
     "min_iters", "max_iters", "flush_mb", "min_gain", "noise_factor", "consistency", "hp_reference",
     "compile_baseline", "compile_after_budget", "warmup_lock_s", "memory_gb",
 }  # fmt: skip

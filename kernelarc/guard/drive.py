@@ -300,12 +300,16 @@ class Driver:
             self.warm_up(champ, wl, warm_seed)
         champ.ready = True
 
-    def run(self, cand: Side, champ: Side | None, seeds: list[int], language: str, run_limit: float) -> None:
+    def run(self, cand: Side, champ: Side | None, seeds: list[int], language: str, run_limit: float,
+            compile_s: float = 0.0) -> None:  # fmt: skip
+        """The challenger's evaluation once its worker is started: import (build), warm-up, checks, timing. After
+        the build the plain ``run_limit`` applies, plus ``compile_s`` for the warm-up of a candidate that compiles
+        at its first calls (torch.compile), and the plain limit again once it is warmed up."""
         if champ is not None and not champ.ready:
             self.setup_champion(champ)
         msg = self.recv(cand, Imported)
         self.res["warnings"] += [n for n in msg.notes if not n.startswith("sandbox:")]
-        self.clock.reset(run_limit, " after its build")
+        self.clock.reset(run_limit + compile_s, " after its build")
         wls = self.g.workloads
         timed = self.cfg.timing
         # A CUTLASS candidate was built at import and has nothing to compile here, so it warms up
@@ -316,6 +320,8 @@ class Driver:
         warm_seed = secrets.randbits(62)
         for wl in wls:
             self.warm_up(cand, wl, warm_seed)
+        if compile_s:
+            self.clock.reset(run_limit, " after its warm-up")
         if timed:
             self.lock()
         for wl in wls:

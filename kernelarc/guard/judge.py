@@ -34,7 +34,7 @@ from kernelarc.guard.protocol import Outputs
 from kernelarc.guard.quiet import from_env as quiet_cores
 from kernelarc.guard.sandbox import Role
 from kernelarc.guard.settings import GuardSettings
-from kernelarc.guard.static import check_source
+from kernelarc.guard.static import calls_torch_compile, check_source
 from kernelarc.models import LANGUAGES, Candidate, Status, Verdict, WorkloadResult
 from kernelarc.tasks.inputs import load_module, make_inputs
 from kernelarc.tasks.loader import Task
@@ -321,8 +321,13 @@ class Guard:
             # nvcc builds the library while the candidate is imported; once it is imported, the plain
             # limit applies again, so a kernel that hangs on the GPU is killed as soon as any other.
             limit += self.cfg.build_timeout_s
+        # Inductor compiles at a torch.compile'd function's first calls: the warm-up of a candidate that compiles gets
+        # guard.compile_timeout_s on top, and the plain limit applies again once it is warmed up. A trusted baseline's
+        # caller already gives it a compile-sized limit (guard.baseline_timeout_s).
+        compile_s = self.cfg.compile_timeout_s if not trusted and calls_torch_compile(cand.source) else 0.0
+        limit += compile_s
         status, res = self._drive(job, champion if timed_champion else None, role, seeds, limit, run_limit, hard,
-                                  champion_reference)  # fmt: skip
+                                  champion_reference, compile_s)  # fmt: skip
         errors += res["errors"]
         warnings += res["warnings"]
         ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference,
@@ -378,6 +383,7 @@ class Guard:
         run_limit: float,
         hard: float | None = None,
         champion_reference: dict[int, float] | None = None,
+        compile_s: float = 0.0,
     ) -> tuple[Status | None, dict]:
         res: dict[str, Any] = {"errors": [], "warnings": [], "samples": {}, "champion_samples": {}, "phases": {},
                                "checks": {}}  # fmt: skip
@@ -414,7 +420,7 @@ class Guard:
                             raise
                         slot.ready = True
                         res["phases"]["champion_setup"] = time.monotonic() - t
-            drv.run(cand, champ, seeds, job["language"], run_limit)
+            drv.run(cand, champ, seeds, job["language"], run_limit, compile_s)
             drv.finish([cand])
             res["phases"].update(cand.done.phases)
             notes = [x for x in cand.done.warnings if x.startswith("sandbox:")]

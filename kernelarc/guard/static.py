@@ -260,3 +260,15 @@ def _callee(node: ast.Call) -> str | None:
     if isinstance(f, ast.Attribute):
         return f.attr
     return None
+
+
+def calls_torch_compile(source: str) -> bool:
+    """Whether the source's code (not its comments or strings) names ``torch.compile``: such a candidate compiles
+    with Inductor at its first calls, and its warm-up gets ``guard.compile_timeout_s``. Naming it buys more time for
+    the warm-up only, never for the checks and timings after it."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    return any(isinstance(n, ast.Attribute) and n.attr == "compile" and _root_name(n) == "torch"
+               for n in ast.walk(tree))  # fmt: skip

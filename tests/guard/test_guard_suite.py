@@ -291,3 +291,64 @@ def test_a_busy_worker_dies_with_a_killed_search():
                 os.kill(p, signal.SIGKILL)
         if parent.poll() is None:
             parent.kill()
+
+
+# A candidate whose first call takes seconds (Inductor compiling at a torch.compile'd function's first call: here a
+# busy loop of 60 million steps, 6 s on the CPU of CI, 2 s or more on a fast one), then runs as GOOD does; "NAME"
+# names torch.compile in the code or only in a comment.
+COMPILES_AT_FIRST_CALL = """import torch
+NAME
+_FIRST = [True]
+def run(x, weight):
+    if _FIRST[0]:
+        _FIRST[0] = False
+        for _ in range(60_000_000):
+            pass
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
+"""
+
+
+def test_a_candidate_that_compiles_at_its_first_call_gets_the_compile_allowance_for_its_warm_up(guard):
+    """On the H200 with eight suite sessions compiling at once, 16 of 141 composed candidates that compile the rest of
+    their graph with Inductor had no result within guard.timeout_s=40: their compilation, at the first call, counted
+    as run time. A candidate whose code names torch.compile gets guard.compile_timeout_s for its warm-up."""
+    import dataclasses
+
+    from kernelarc.guard.static import calls_torch_compile
+
+    compiles = COMPILES_AT_FIRST_CALL.replace("NAME", "_fn = torch.compile(lambda t: t)")
+    mentions = COMPILES_AT_FIRST_CALL.replace("NAME", "# torch.compile(lambda t: t)")
+    assert calls_torch_compile(compiles) and not calls_torch_compile(mentions)
+    cfg, guard.cfg = guard.cfg, dataclasses.replace(guard.cfg, compile_timeout_s=60.0)
+    try:
+        v = guard.evaluate(Candidate(source=compiles, language="pytorch"), timeout_s=1.5).verdict
+        assert v.correct, (v.status, v.errors)
+        v = guard.evaluate(Candidate(source=mentions, language="pytorch"), timeout_s=1.5).verdict
+        assert v.status is Status.timeout and "no result within 2 s" in " ".join(v.errors), v.errors
+    finally:
+        guard.cfg = cfg
+
+
+def test_once_warmed_up_a_compiling_candidate_gets_the_plain_limit(guard):
+    """The allowance is for the warm-up only: a candidate that names torch.compile and then runs too slowly for the
+    plain limit in its checks is killed at that limit, not at the limit plus the allowance."""
+    import dataclasses
+    import time
+
+    slow = """import torch
+_fn = torch.compile
+def run(x, weight):
+    for _ in range(3_000_000):  # 0.3 s a call on the CPU of CI: the checks alone take more than the plain 1 s
+        pass
+    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
+"""
+    cfg, guard.cfg = guard.cfg, dataclasses.replace(guard.cfg, compile_timeout_s=60.0)
+    try:
+        t0 = time.monotonic()
+        v = guard.evaluate(Candidate(source=slow, language="pytorch"), timeout_s=1.0).verdict
+        took = time.monotonic() - t0
+    finally:
+        guard.cfg = cfg
+    assert v.status is Status.timeout and "after its warm-up" in " ".join(v.errors), (v.status, v.errors)
+    assert took < 30, took
