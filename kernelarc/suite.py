@@ -599,9 +599,9 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
                     return run_subprocess(over, rel, rpath_of(rel), log_path, c.suite.problem_timeout_s)
                 except SuiteStopped:
                     if rpath_of(rel).is_file():  # the row the child saved when the stop reached it
-                        record(i, rel, ProblemResult.model_validate_json(rpath_of(rel).read_text()))
+                        record(i, rel, ProblemResult.model_validate_json(rpath_of(rel).read_text()), track=False)
                     raise
-            return run_inline(pcfg, problem, rel, target, log_path, on_stop=lambda r: record(i, rel, r))
+            return run_inline(pcfg, problem, rel, target, log_path, on_stop=lambda r: record(i, rel, r, track=False))
 
         t = time.monotonic()
         if pool is None:
@@ -623,13 +623,15 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
             print(_progress(i, len(problems), r, time.monotonic() - t), flush=True)
         return r
 
-    def record(i: int, rel: str, r: ProblemResult) -> None:
+    def record(i: int, rel: str, r: ProblemResult, track: bool = True) -> None:
+        """Save a problem's row (its result file and the table) and log it to the suite's MLflow run; ``track=False``
+        from the stop signal's handler, which may have interrupted this thread inside a store call."""
         rpath_of(rel).write_text(r.model_dump_json(indent=2))
         results[:] = [x for x in results if x.problem != rel]  # a row saved at a stop, or refused for memory
         results.append(r)
         if not child:
             write_table(results, out)
-        if tracker is not None:
+        if tracker is not None and track:
             try:
                 tracker.problem_done(i, r, results)
             except Exception as e:  # noqa: BLE001
