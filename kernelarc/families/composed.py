@@ -206,7 +206,8 @@ def _drop_unsafe_baked(rec: Recognition) -> None:
 def _graph_knobs(rec: Recognition) -> list[Knob]:
     kinds = set(rec.kinds())
     rest_doc = "the graph outside the substituted sites: eager aten ops or torch.compile"
-    cg_doc = "replay the call as a CUDA graph (static input buffers, fresh inputs copied in): launch-bound workloads"
+    cg_doc = ("replay the call as a CUDA graph (small inputs copied into static buffers, large ones read in place by "
+              "one graph per buffer set): launch-bound workloads")  # fmt: skip
     knobs = [
         Knob("rest", ("eager", "inductor"), "fusion", rest_doc),
         Knob("max_autotune", (False, True), "tiling", "Inductor max_autotune (GEMM templates, tile search)"),
@@ -396,6 +397,26 @@ def rest_compute_ops(rec: Recognition, kind: Kind | None = None) -> int:
     return count
 
 
+# Bytes a kernel launch's time (about 5 us) moves at an H100 / H200's 3-4 TB/s: a workload that moves fewer than this
+# per compute op of its graph (the eager reference launches about one kernel per op) is launch-bound.
+LAUNCH_BYTES = 20 * 2**20
+
+
+def launch_bound(task, rec: Recognition) -> bool:
+    """Whether the problem's median workload moves fewer than ``LAUNCH_BYTES`` per compute op of its first graph case:
+    then its launches, not its data, set its time, and CUDA-graph replay is worth an early slot (on the H200, L2/059's
+    decoder layer at batch 1, 630-920 MB of weights, was left to torch.compile's 0.30 ms: its graph variants came
+    after five others and the budget)."""
+    from kernelarc.graph.patterns import op
+
+    if rec.capture is None or not task.workloads:
+        return False
+    nodes = rec.capture.cases[0].gm.graph.nodes
+    n = sum(1 for x in nodes if x.op == "call_function" and op(x) is not None and op(x) not in _VIEW_OPS)
+    sizes = sorted(task.io_bytes(i) for i in range(len(task.workloads)))
+    return n > 0 and sizes[len(sizes) // 2] < n * LAUNCH_BYTES
+
+
 def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str, Any]] | None = None
                  ) -> list[tuple[Family, dict[str, Any]]]:  # fmt: skip
     """The first points worth measuring for a composed problem, most promising first.
@@ -409,7 +430,8 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
     graph has compute left outside the sites (eager otherwise: nothing to fuse, and the compiled
     wrapper's guards cost a launch-bound call); then the library family the same way; then the other
     kinds' first families; then the other ``rest`` value and CUDA-graph replay of the first; then the
-    remaining kernel families. Empty when ``families`` holds no composed family."""
+    remaining kernel families. A launch-bound problem (``launch_bound``) has the CUDA-graph replays of the first
+    point and of the library family right after the first point. Empty when ``families`` holds no composed family."""
     from kernelarc.families import all_families
 
     prefix = f"composed.{task.name}."
@@ -460,8 +482,11 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
     order += [at(library, rest)] if lib_sites else []
     order += [at(by_kind[k][0], rest_of[k]) for k in kinds[1:]]
     order += [at(firsts[0], other)] if firsts and first_rest == "inductor" else []
-    order += [at(firsts[0], first_rest, cuda_graph=True)] if firsts else []
-    order += [at(library, rest if lib_sites else "inductor", cuda_graph=True)]
+    graphed = [at(firsts[0], first_rest, cuda_graph=True)] if firsts else []
+    graphed += [at(library, rest if lib_sites else "inductor", cuda_graph=True)]
+    if launch_bound(task, rec):
+        order = order[:1] + graphed + order[1:]
+    order += graphed
     order += [at(library, "eager" if rest == "inductor" else "inductor")] if lib_sites and rest == "inductor" else []
     order += [at(f, rest_of[k]) for k in kinds for f in by_kind[k][1:]]
     if kernels:
