@@ -69,6 +69,8 @@ _SAVE_RUNNING: dict[str, Any] = {}
 
 
 def _on_stop(signum: int, _frame: Any) -> None:
+    with contextlib.suppress(ValueError):  # one stop is enough: a second signal must not cut the row being saved
+        signal.signal(signum, signal.SIG_IGN)
     name = signal.Signals(signum).name
     save = _SAVE_RUNNING.pop("save", None)
     if save is not None:
@@ -468,6 +470,8 @@ def run_subprocess(overrides: list[str], rel: str, result_path: Path, log_path: 
     keep = [o for o in overrides if not o.lstrip("+~").startswith(("suite.problems", "suite.isolation"))]
     cmd = [sys.executable, "-m", "kernelarc.suite", *keep, f"suite.problems=['{rel}']", "suite.isolation=inline"]
     env = dict(os.environ, **{CHILD_ENV: "1"})
+    # a row left by an earlier attempt (crashed, stopped) is not this run's: a child that dies without one is a crash
+    result_path.unlink(missing_ok=True)
     with log_path.open("w") as logf:
         p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
@@ -626,7 +630,9 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
     def record(i: int, rel: str, r: ProblemResult, track: bool = True) -> None:
         """Save a problem's row (its result file and the table) and log it to the suite's MLflow run; ``track=False``
         from the stop signal's handler, which may have interrupted this thread inside a store call."""
-        rpath_of(rel).write_text(r.model_dump_json(indent=2))
+        tmp = rpath_of(rel).with_suffix(".tmp")  # whole or not at all: a kill mid-write leaves the last row
+        tmp.write_text(r.model_dump_json(indent=2))
+        tmp.replace(rpath_of(rel))
         results[:] = [x for x in results if x.problem != rel]  # a row saved at a stop, or refused for memory
         results.append(r)
         if not child:
@@ -645,7 +651,11 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
         for i, problem in enumerate(problems, 1):
             rel = str(problem.relative_to(root)) if problem != root else problem.name
             rpath = results_dir / f"{slug(rel)}.json"
-            saved = ProblemResult.model_validate_json(rpath.read_text()) if rpath.is_file() else None
+            try:
+                saved = ProblemResult.model_validate_json(rpath.read_text()) if rpath.is_file() else None
+            except ValueError as e:  # a row that cannot be read is no result: the problem runs (resumes) again
+                log.warning("unreadable saved row %s (%s): running %s again", rpath, e, rel)
+                saved = None
             if saved is not None and (saved.status is ProblemStatus.crashed or saved.stopped):
                 # a crash is a bug or a transient fault (a killed process, a store error), not a result, and a
                 # stopped row is a session's result so far: run it again, from its session state

@@ -43,7 +43,8 @@ def reference_problem(task: Task) -> str | None:
 
     try:
         mod = load_module(task.definition.reference, f"reference_{task.name}")
-    except BaseException as e:  # noqa: BLE001 - a reference may raise anything at import, SystemExit too
+    except (Exception, SystemExit) as e:  # a reference may raise anything at import; a stop (KeyboardInterrupt, the
+        # suite's SuiteStopped) is not the reference's failure and goes on
         first = str(e).splitlines()[0][:300] if str(e) else ""
         return f"the task's reference does not import: {type(e).__name__}: {first}"
     if not callable(getattr(mod, "run", None)):

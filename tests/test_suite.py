@@ -283,33 +283,56 @@ def _wait_for(pred, seconds: float, proc: subprocess.Popen) -> bool:
     return False
 
 
-@pytest.mark.slow
-def test_a_stopped_suite_saves_the_running_problems_row_and_runs_it_again(tmp_path):
-    """L1/094 on the H200: its session had crowned a recurrence kernel 1,500x faster than the reference when the
-    suite's time limit (``timeout``) stopped it during torch.compile after the budget; the shard had no table and the
-    problem no row. A SIGTERM now saves the running problem's row from what its session judged so far (stopped), and
-    the same command runs that problem again from its session state."""
+def _stop_after_first_candidate(tmp_path: Path, *extra: str) -> tuple[list[str], dict, subprocess.Popen, str]:
+    """A suite over one rmsnorm problem, stopped by SIGTERM once its session has judged a candidate: the command,
+    the environment, the finished process and its stderr."""
     tree = tmp_path / "tree"
     ref = json.loads((RMSNORM / "definition.json").read_text())["reference"]
     _problem(tree, "L1/001_rmsnorm", "rmsnorm", ref)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "kernelarc.suite", f"dir={tree}", *ARGS, "budget.candidates=40", "budget.minutes=1"]
+    cmd = [sys.executable, "-m", "kernelarc.suite", f"dir={tree}", *ARGS, "budget.candidates=40", "budget.minutes=1",
+           *extra]  # fmt: skip
     evals = lambda: list((tmp_path / ".kernelarc").glob("rmsnorm/*/*/evaluations.jsonl"))  # noqa: E731
     judged = lambda: any('"kind": "candidate"' in f.read_text() for f in evals())  # noqa: E731
     with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
         started = _wait_for(judged, 300, p)
         if started:
             p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=120)
+        _out, err = p.communicate(timeout=120)
     assert started, f"no candidate judged before the suite ended (rc {p.returncode}): {err[-2000:]}"
     assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "suite stopped by SIGTERM" in err
+    return cmd, env, p, err
+
+
+def _stopped_row(tmp_path: Path) -> tuple[Path, dict]:
     (table,) = (tmp_path / ".kernelarc" / "suite" / "cpu").glob("*/table.json")
     (row,) = json.loads(table.read_text())
     assert row["stopped"] and row["problem"] == "L1/001_rmsnorm", row
     assert row["reason"].startswith("stopped by SIGTERM while it ran"), row["reason"]
     assert row["status"] in ("improved", "baseline") and row["champion_family"] and row["evaluated"] >= 1, row
     assert row["speedup_vs_reference"] and row["mlflow_run_id"], row
+    return table, row
+
+
+@pytest.mark.slow
+def test_a_stopped_suite_in_process_isolation_saves_the_row_its_child_saved(tmp_path):
+    """suite.isolation=process: the child runs in its own process group, out of the stop's reach; the suite passes
+    the stop on, the child saves its row, and the suite records it. No process is left behind."""
+    _cmd, _env, p, _err = _stop_after_first_candidate(tmp_path, "suite.isolation=process")
+    _stopped_row(tmp_path)
+    left = subprocess.run(["pgrep", "-f", f"dir={tmp_path / 'tree'}"], capture_output=True, text=True).stdout.split()
+    assert not left, left
+
+
+@pytest.mark.slow
+def test_a_stopped_suite_saves_the_running_problems_row_and_runs_it_again(tmp_path):
+    """L1/094 on the H200: its session had crowned a recurrence kernel 1,500x faster than the reference when the
+    suite's time limit (``timeout``) stopped it during torch.compile after the budget; the shard had no table and the
+    problem no row. A SIGTERM now saves the running problem's row from what its session judged so far (stopped), and
+    the same command runs that problem again from its session state."""
+    cmd, env, _p, _err = _stop_after_first_candidate(tmp_path)
+    table, row = _stopped_row(tmp_path)
 
     # The same command: the problem runs again from its session state (same session run, the candidates judged
     # before the stop are not judged again) and its row is final.

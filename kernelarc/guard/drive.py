@@ -101,7 +101,8 @@ class Clock:
 
     def __init__(self, limit: float, hard: float | None = None):
         self.limit = limit
-        self.deadline = time.monotonic() + limit
+        self.started = time.monotonic()
+        self.deadline = self.started + limit
         self.hard = hard
         self.after = ""
 
@@ -123,6 +124,12 @@ class Clock:
 
     def excluded(self, seconds: float) -> None:
         self.deadline += seconds
+
+    def grant(self, seconds: float, after: str) -> None:
+        """Move the deadline by ``seconds`` (an allowance, or its unused part taken back) and say so if it expires."""
+        if seconds:
+            self.deadline += seconds
+            self.after = after
 
 
 # A checked timed call's outputs at least this share within the tolerance are a near miss (incorrect), not a hack
@@ -303,8 +310,9 @@ class Driver:
     def run(self, cand: Side, champ: Side | None, seeds: list[int], language: str, run_limit: float,
             compile_s: float = 0.0) -> None:  # fmt: skip
         """The challenger's evaluation once its worker is started: import (build), warm-up, checks, timing. After
-        the build the plain ``run_limit`` applies, plus ``compile_s`` for the warm-up of a candidate that compiles
-        at its first calls (torch.compile), and the plain limit again once it is warmed up."""
+        the build the plain ``run_limit`` applies; the warm-up of a candidate that compiles at its first calls
+        (torch.compile; its import then loads the compiler too, under the judge's limit plus ``compile_s``) may
+        take up to ``compile_s`` more, and what it leaves of that is taken back."""
         if champ is not None and not champ.ready:
             self.setup_champion(champ)
         msg = self.recv(cand, Imported)
@@ -314,14 +322,15 @@ class Driver:
         timed = self.cfg.timing
         # A CUTLASS candidate was built at import and has nothing to compile here, so it warms up
         # under the lock: a kernel of its that hangs then only delays the others, and never shares
-        # the GPU with their timing. JIT languages compile outside the lock.
-        if timed and language == "cutlass":
+        # the GPU with their timing. JIT languages compile outside the lock, and so does a CUTLASS
+        # composition whose rest of the graph Inductor compiles at its first calls.
+        if timed and language == "cutlass" and not compile_s:
             self.lock()
         warm_seed = secrets.randbits(62)
         for wl in wls:
             self.warm_up(cand, wl, warm_seed)
-        if compile_s:
-            self.clock.reset(run_limit, " after its warm-up")
+        # what the import and warm-up left of the allowance is not the checks' and timings'
+        self.clock.grant(-max(compile_s - (time.monotonic() - self.clock.started), 0.0), " after its build")
         if timed:
             self.lock()
         for wl in wls:

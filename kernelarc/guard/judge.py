@@ -321,10 +321,10 @@ class Guard:
             # nvcc builds the library while the candidate is imported; once it is imported, the plain
             # limit applies again, so a kernel that hangs on the GPU is killed as soon as any other.
             limit += self.cfg.build_timeout_s
-        # Inductor compiles at a torch.compile'd function's first calls: the warm-up of a candidate that compiles gets
-        # guard.compile_timeout_s on top, and the plain limit applies again once it is warmed up. A trusted baseline's
-        # caller already gives it a compile-sized limit (guard.baseline_timeout_s).
-        compile_s = self.cfg.compile_timeout_s if not trusted and calls_torch_compile(cand.source) else 0.0
+        # Inductor compiles at a torch.compile'd function's first calls: the import and warm-up of searched code that
+        # compiles get up to guard.compile_timeout_s more (Driver.run takes back what the warm-up leaves of it). The
+        # baselines (the reference, its torch.compile) have the limits their callers give them.
+        compile_s = self.compile_allowance_s(cand)
         limit += compile_s
         status, res = self._drive(job, champion if timed_champion else None, role, seeds, limit, run_limit, hard,
                                   champion_reference, compile_s)  # fmt: skip
@@ -333,6 +333,14 @@ class Guard:
         ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference,
                           trusted)  # fmt: skip
         return ev
+
+    def compile_allowance_s(self, cand: Candidate) -> float:
+        """Seconds of ``guard.compile_timeout_s`` a warm-up of ``cand`` may take beyond the plain limit: searched code
+        that calls torch.compile (Inductor compiles at the first calls), whoever runs it (challenger, champion,
+        registry incumbent); none for the baselines, which have their own limits."""
+        if cand.agent == "baseline" or not calls_torch_compile(cand.source):
+            return 0.0
+        return float(self.cfg.compile_timeout_s)
 
     def known_cost_s(self, champion_ms: dict[int, float] | None, n_seeds: int) -> float:
         """Seconds an evaluation spends on work that is not the candidate's, bounded from the latencies already
@@ -413,11 +421,17 @@ class Guard:
                     champ.ready = slot.ready
                     if not champ.ready:
                         t = time.monotonic()
+                        # a champion that compiles at its first calls compiles here, once for all the evaluations it
+                        # serves: up to guard.compile_timeout_s more, and none of its set-up is the challenger's time
+                        extra = self.compile_allowance_s(champion)
+                        clock.grant(extra, " (and guard.compile_timeout_s for the champion's set-up)")
                         try:
                             drv.setup_champion(champ)
                         except BaseException:
                             slot.retired = True  # before the lock goes to an evaluation waiting for this set-up
                             raise
+                        if extra:
+                            clock.grant(time.monotonic() - t - extra, "")
                         slot.ready = True
                         res["phases"]["champion_setup"] = time.monotonic() - t
             drv.run(cand, champ, seeds, job["language"], run_limit, compile_s)

@@ -333,20 +333,27 @@ def test_large_inputs_replay_one_cuda_graph_per_buffer_set_read_in_place(tmp_pat
     torch.testing.assert_close(first, kept)  # a caller's earlier output is not overwritten by the replay
     for args in sets[1:]:
         call(args)
-    assert len(captured) == 6 and max(len(c) for c in mod._BOUND.values()) == mod.BOUND_GRAPHS
+    assert len(captured) == 6 and len(mod._BOUND) == 1
+    mod.BOUND_GRAPHS = 4
+    call(make_inputs(task, 0, 9, "cpu"))  # a seventh buffer set: the least recently used graphs go
+    assert len(captured) == 7 and len(next(iter(mod._BOUND.values()))) == 4
+    call(sets[5])  # the most recent ones stay
+    assert len(captured) == 7
 
     # outputs too large for a launch-bound call (16 KB): the signature runs uncaptured from then on
     args = make_inputs(task, 1, 1, "cpu")
     for _ in range(4):
         call(args)
-    assert len(captured) == 6 and len(mod._UNGRAPHED) == 1
+    assert len(captured) == 7 and len(mod._UNGRAPHED) == 1
 
-    # a capture that fails (a host read in the graph): that signature runs uncaptured, with right results
+    # a capture that fails (a host read in the graph) fails the call, as the copying replay's does: the thread may be
+    # left on the capture's stream, where nothing after it belongs
     def failing(fn, args, sig):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     mod._capture = failing
     args = make_inputs(task, 2, 2, "cpu")
-    for _ in range(4):
-        call(args)
-    assert len(mod._UNGRAPHED) == 2
+    call(args)
+    call(args)
+    with pytest.raises(RuntimeError, match="capturing"):
+        mod.run(*args)
