@@ -101,7 +101,8 @@ class Clock:
 
     def __init__(self, limit: float, hard: float | None = None):
         self.limit = limit
-        self.started = time.monotonic()
+        self.started = time.monotonic()  # since when the time is the candidate's (a reset starts it again) ...
+        self.not_charged = 0.0  # ... less what was excluded since
         self.deadline = self.started + limit
         self.hard = hard
         self.after = ""
@@ -119,14 +120,22 @@ class Clock:
         return f"no result within {self.limit:.0f} s{self.after} (hang or too slow); worker killed"
 
     def reset(self, limit: float, after: str) -> None:
-        if limit < self.deadline - time.monotonic():
-            self.limit, self.deadline, self.after = limit, time.monotonic() + limit, after
+        now = time.monotonic()
+        if limit < self.deadline - now:
+            self.limit, self.deadline, self.after = limit, now + limit, after
+            self.started, self.not_charged = now, 0.0
+
+    def charged(self) -> float:
+        """Seconds of the candidate's own since the clock (re)started: waits and other work excluded."""
+        return time.monotonic() - self.started - self.not_charged
 
     def excluded(self, seconds: float) -> None:
+        """Time that was not the candidate's (a wait for the device, the champion's set-up): the deadline moves on."""
         self.deadline += seconds
+        self.not_charged += seconds
 
-    def grant(self, seconds: float, after: str) -> None:
-        """Move the deadline by ``seconds`` (an allowance, or its unused part taken back) and say so if it expires."""
+    def extend(self, seconds: float, after: str) -> None:
+        """An allowance on top of the limit (or its unused part taken back, ``seconds`` < 0), said if it expires."""
         if seconds:
             self.deadline += seconds
             self.after = after
@@ -330,7 +339,7 @@ class Driver:
         for wl in wls:
             self.warm_up(cand, wl, warm_seed)
         # what the import and warm-up left of the allowance is not the checks' and timings'
-        self.clock.grant(-max(compile_s - (time.monotonic() - self.clock.started), 0.0), " after its build")
+        self.clock.extend(-max(compile_s - self.clock.charged(), 0.0), " after its build")
         if timed:
             self.lock()
         for wl in wls:

@@ -424,14 +424,15 @@ class Guard:
                         # a champion that compiles at its first calls compiles here, once for all the evaluations it
                         # serves: up to guard.compile_timeout_s more, and none of its set-up is the challenger's time
                         extra = self.compile_allowance_s(champion)
-                        clock.grant(extra, " (and guard.compile_timeout_s for the champion's set-up)")
+                        clock.extend(extra, " (and guard.compile_timeout_s for the champion's set-up)")
                         try:
                             drv.setup_champion(champ)
                         except BaseException:
                             slot.retired = True  # before the lock goes to an evaluation waiting for this set-up
                             raise
                         if extra:
-                            clock.grant(time.monotonic() - t - extra, "")
+                            clock.extend(-extra, "")
+                            clock.excluded(time.monotonic() - t)
                         slot.ready = True
                         res["phases"]["champion_setup"] = time.monotonic() - t
             drv.run(cand, champ, seeds, job["language"], run_limit, compile_s)
