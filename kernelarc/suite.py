@@ -226,13 +226,29 @@ def result_from_summary(problem: str, summary: dict[str, Any], workloads: list[i
 
 
 # -- the table -------------------------------------------------------------------------------
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a kill mid-write leaves the last version."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def saved_row(path: Path) -> ProblemResult | None:
+    """A problem's saved row; None where there is none, or it cannot be read (no result: the problem runs again)."""
+    if not path.is_file():
+        return None
+    try:
+        return ProblemResult.model_validate_json(path.read_text())
+    except ValueError as e:
+        log.warning("unreadable saved row %s (%s): the problem runs again", path, e)
+        return None
+
+
 def write_table(results: list[ProblemResult], out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     rows = [r.model_dump(mode="json") for r in results]
     jpath, cpath = out / "table.json", out / "table.csv"
-    tmp = jpath.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rows, indent=2) + "\n")
-    tmp.replace(jpath)
+    _write_whole(jpath, json.dumps(rows, indent=2) + "\n")
     with cpath.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(COLUMNS))
         w.writeheader()
@@ -435,8 +451,11 @@ def run_inline(cfg: DictConfig, problem: Path, rel: str, target: Any, log_path: 
         c = typed(pcfg)
         session = build_session(c, plain(pcfg), target, progress=Progress(bool(cfg.suite.progress)), task=task)
         if on_stop is not None:
-            running, chosen = session, workloads
-            _SAVE_RUNNING["save"] = lambda why: on_stop(result_from_summary(rel, running.summary_so_far(why), chosen))
+
+            def save(why: str) -> None:
+                on_stop(result_from_summary(rel, session.summary_so_far(why), workloads))
+
+            _SAVE_RUNNING["save"] = save
         summary = session.run()
         _SAVE_RUNNING.pop("save", None)
         return result_from_summary(rel, summary, workloads)
@@ -493,8 +512,8 @@ def run_subprocess(overrides: list[str], rel: str, result_path: Path, log_path: 
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             why = f"killed after suite.problem_timeout_s={timeout:.0f} s"
-    if result_path.is_file():
-        return ProblemResult.model_validate_json(result_path.read_text())
+    if (row := saved_row(result_path)) is not None:
+        return row
     tail = log_path.read_text()[-300:].strip().splitlines()
     last = tail[-1] if tail else ""
     reason = f"subprocess {why}: {last} (log: {log_path})"
@@ -602,8 +621,8 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
                 try:
                     return run_subprocess(over, rel, rpath_of(rel), log_path, c.suite.problem_timeout_s)
                 except SuiteStopped:
-                    if rpath_of(rel).is_file():  # the row the child saved when the stop reached it
-                        record(i, rel, ProblemResult.model_validate_json(rpath_of(rel).read_text()), track=False)
+                    if (saved := saved_row(rpath_of(rel))) is not None:  # the child's, saved when the stop reached it
+                        record(i, rel, saved, track=False)
                     raise
             return run_inline(pcfg, problem, rel, target, log_path, on_stop=lambda r: record(i, rel, r, track=False))
 
@@ -630,9 +649,7 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
     def record(i: int, rel: str, r: ProblemResult, track: bool = True) -> None:
         """Save a problem's row (its result file and the table) and log it to the suite's MLflow run; ``track=False``
         from the stop signal's handler, which may have interrupted this thread inside a store call."""
-        tmp = rpath_of(rel).with_suffix(".tmp")  # whole or not at all: a kill mid-write leaves the last row
-        tmp.write_text(r.model_dump_json(indent=2))
-        tmp.replace(rpath_of(rel))
+        _write_whole(rpath_of(rel), r.model_dump_json(indent=2))
         results[:] = [x for x in results if x.problem != rel]  # a row saved at a stop, or refused for memory
         results.append(r)
         if not child:
@@ -650,12 +667,7 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
     try:
         for i, problem in enumerate(problems, 1):
             rel = str(problem.relative_to(root)) if problem != root else problem.name
-            rpath = results_dir / f"{slug(rel)}.json"
-            try:
-                saved = ProblemResult.model_validate_json(rpath.read_text()) if rpath.is_file() else None
-            except ValueError as e:  # a row that cannot be read is no result: the problem runs (resumes) again
-                log.warning("unreadable saved row %s (%s): running %s again", rpath, e, rel)
-                saved = None
+            saved = saved_row(rpath_of(rel))
             if saved is not None and (saved.status is ProblemStatus.crashed or saved.stopped):
                 # a crash is a bug or a transient fault (a killed process, a store error), not a result, and a
                 # stopped row is a session's result so far: run it again, from its session state

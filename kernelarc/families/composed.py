@@ -375,12 +375,20 @@ _VIEW_OPS = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "un
              "lift_fresh_copy", "_set_grad_enabled", "sym_numel", "sym_stride"}  # fmt: skip
 
 
+def _compute_ops(rec: Recognition) -> list[Any]:
+    """The compute ops (calls that are not views) of the first graph case; none without a capture."""
+    from kernelarc.graph.patterns import op
+
+    if rec.capture is None:
+        return []
+    nodes = rec.capture.cases[0].gm.graph.nodes
+    return [n for n in nodes if n.op == "call_function" and op(n) is not None and op(n) not in _VIEW_OPS]
+
+
 def rest_compute_ops(rec: Recognition, kind: Kind | None = None) -> int:
     """Compute ops of the first graph case that the candidate does not substitute (what torch.compile
     of the rest of the graph could still fuse): outside the sites with a library call and, with
     ``kind``, the sites of that kind on its kernel family (other kinds' family-only sites stay ops)."""
-    from kernelarc.graph.patterns import op
-
     if rec.capture is None or not rec.sites:
         return 0
 
@@ -389,12 +397,7 @@ def rest_compute_ops(rec: Recognition, kind: Kind | None = None) -> int:
         return Impl.library in impls or (s.kind is kind and Impl.family in impls)
 
     covered = {n for s in rec.sites[0] if served(s) for n in s.nodes}
-    count = 0
-    for n in rec.capture.cases[0].gm.graph.nodes:
-        name = op(n)
-        if n.op == "call_function" and name is not None and name not in _VIEW_OPS and n not in covered:
-            count += 1
-    return count
+    return sum(n not in covered for n in _compute_ops(rec))
 
 
 # Bytes a kernel launch's time (about 5 us) moves at an H100 / H200's 3-4 TB/s: a workload that moves fewer than this
@@ -407,14 +410,11 @@ def launch_bound(task, rec: Recognition) -> bool:
     then its launches, not its data, set its time, and CUDA-graph replay is worth an early slot (on the H200, L2/059's
     decoder layer at batch 1, 630-920 MB of weights, was left to torch.compile's 0.30 ms: its graph variants came
     after five others and the budget)."""
-    from kernelarc.graph.patterns import op
-
-    if rec.capture is None or not task.workloads:
+    n = len(_compute_ops(rec))
+    if not n or not task.workloads:
         return False
-    nodes = rec.capture.cases[0].gm.graph.nodes
-    n = sum(1 for x in nodes if x.op == "call_function" and op(x) is not None and op(x) not in _VIEW_OPS)
     sizes = sorted(task.io_bytes(i) for i in range(len(task.workloads)))
-    return n > 0 and sizes[len(sizes) // 2] < n * LAUNCH_BYTES
+    return sizes[len(sizes) // 2] < n * LAUNCH_BYTES
 
 
 def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str, Any]] | None = None

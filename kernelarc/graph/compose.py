@@ -252,7 +252,7 @@ def _clone_out(out):
 _GRAPHS = {}
 _BOUND = {}  # signature -> {input addresses: (replay, outputs)}, the least recently used first
 _WARMED = {}  # signature -> calls run as they are before its first capture
-_POOLS = {}  # signature -> the memory pool its address-bound graphs share
+_POOLS = {}  # signature -> the memory pool of its graphs (the address-bound ones share it)
 _UNGRAPHED = set()  # signatures run as they are: outputs too large for a launch-bound call
 BOUND_GRAPHS = 8  # address-bound graphs kept per signature (the judge times on one buffer set per seed, 3 by default)
 
@@ -262,7 +262,8 @@ def _on_cuda(tensors):
 
 
 def _capture(fn, args, sig):
-    # one CUDA graph of fn(*args), reading args where they are; its replay and its static outputs
+    # one CUDA graph of fn(*args), reading args where they are, in the memory pool of its signature's graphs;
+    # its replay and its static outputs
     pool = _POOLS.get(sig)
     if pool is None:
         pool = _POOLS[sig] = torch.cuda.graph_pool_handle()
@@ -280,7 +281,7 @@ def _out_bytes(out):
     return 0
 
 
-def _bound_graphed(args, tensors):
+def _bound_graphed(args, tensors, sig):
     # Inputs too large to copy into static buffers per call (a decoder layer's weights at batch 1): one graph
     # per set of input addresses, captured reading the caller's tensors in place and sharing one memory pool
     # per signature. A later call with tensors of the same layout at the same addresses (the judge times on a
@@ -288,7 +289,6 @@ def _bound_graphed(args, tensors):
     # The first two calls of a signature run as they are (compilation, warm-up); outputs over
     # CUDA_GRAPH_MAX_BYTES mean a call that is not launch-bound, which then always runs as it is. At most
     # BOUND_GRAPHS per signature, the least recently used dropped first.
-    sig = _kernelarc_signature(args) + tuple(t.stride() for t in tensors)
     warmed = _WARMED.get(sig, 0)
     if sig in _UNGRAPHED or warmed < 2:
         _WARMED[sig] = warmed + 1
@@ -318,24 +318,20 @@ def _graphed(*args):
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not _on_cuda(tensors):
         return _impl(*args)
+    sig = _kernelarc_signature(args) + tuple(t.stride() for t in tensors)
     if sum(t.nbytes for t in tensors) > CUDA_GRAPH_MAX_BYTES:
-        return _bound_graphed(args, tensors)
-    key = _kernelarc_signature(args) + tuple(t.stride() for t in tensors)
-    entry = _GRAPHS.get(key)
+        return _bound_graphed(args, tensors, sig)
+    entry = _GRAPHS.get(sig)
     if entry is None:
         static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         _impl(*static)
         _impl(*static)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = _impl(*static)
-        entry = (graph, static, out)
-        _GRAPHS[key] = entry
-    graph, static, out = entry
+        entry = _GRAPHS[sig] = (static, *_capture(_impl, static, sig))
+    static, replay, out = entry
     for s, a in zip(static, args):
         if isinstance(a, torch.Tensor):
             s.copy_(a)
-    graph.replay()
+    replay()
     return _clone_out(out)
 
 
