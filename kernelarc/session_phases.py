@@ -372,12 +372,25 @@ class SessionPhases:
         time limit: on the H200, L1/094's session had crowned a kernel 1,500x faster than its reference when the
         suite's time ran out during torch.compile after the budget, and the problem had no row). Called from a
         signal handler in the thread the stop interrupted: no device work and no store call (the session's lock is
-        reentrant); the champion's verdict as its latest record has it (refreshed when each baseline came)."""
-        rec = self._champion_record()
-        if rec is not None:
-            self.champion_verdict = rec.verdict
-        version = self.versions.get(self.champion.id) if self.champion else None
-        return {**self._summary(version, False), "stopped": True, "reason": reason}
+        reentrant); the champion's verdict as its latest record has it (refreshed when each baseline came).
+
+        A record is written to the state log (and fsynced) before it is applied in memory; a stop that lands in
+        between (the fsync is the slow part, and the signal's handler runs in the thread that wrote it) would leave
+        the row one judgement behind the log the resumed run reads. The records the log holds beyond those applied
+        are applied first; a worker thread's write-and-apply is waited for (the lock, bounded)."""
+        locked = self.lock.acquire(timeout=10)
+        try:
+            logged = self.state.load()
+            for rec in logged[len(self.records) :]:
+                self._replay(rec)
+            rec = self._champion_record()
+            if rec is not None:
+                self.champion_verdict = rec.verdict
+            version = self.versions.get(self.champion.id) if self.champion else None
+            return {**self._summary(version, False), "stopped": True, "reason": reason}
+        finally:
+            if locked:
+                self.lock.release()
 
     def _summary(self, version: int | None, moved: bool) -> dict[str, Any]:
         elapsed = time.monotonic() - self.t0 + self.elapsed_before

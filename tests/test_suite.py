@@ -363,3 +363,39 @@ def test_the_row_reads_torch_compile_as_timed_side_by_side():
     row = result_from_summary("L1/094", stopped, None)
     assert row.status is ProblemStatus.failed and row.stopped
     assert row.reason == "stopped by SIGTERM while it ran; torch.compile: not measured"
+
+
+class _Stop(BaseException):
+    pass
+
+
+def test_a_stop_between_the_logged_record_and_its_application_sees_the_record(tmp_path):
+    """CI: the stop test sent SIGTERM as soon as the first candidate's record was in the state log, the handler ran
+    while the session was between the log's fsync and applying the record in memory, and the row said 0 judged and
+    the reference champion, one judgement behind the log the resumed run reads. The row is now read after the
+    records the log holds are applied."""
+    from test_compile_beside import _build
+
+    from kernelarc.models import Status
+
+    s, _guards = _build(tmp_path, 2.0)
+    rows: list[dict] = []
+    append = s.state.append
+
+    def append_then_stop(rec):
+        append(rec)
+        if rec.kind == "candidate" and not rows:
+            rows.append(s.summary_so_far("stopped by SIGTERM while it ran"))
+            raise _Stop  # the handler raises; the session does not apply the record again
+
+    s.state.append = append_then_stop
+    with pytest.raises(_Stop):
+        s.run()
+    (row,) = rows
+    assert row["stopped"] and row["evaluated"] == 1, row
+    logged = s.state.load()
+    first = next(i for i, r in enumerate(logged) if r.kind == "candidate")
+    # the same champion the log's records up to that candidate crown, and nothing applied twice
+    crowned = [r.candidate.id for r in logged[: first + 1] if r.verdict.status is Status.champion]
+    assert row["champion"] == crowned[-1], (row["champion"], crowned)
+    assert [r.candidate.id for r in s.records] == [r.candidate.id for r in logged]
