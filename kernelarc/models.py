@@ -31,6 +31,12 @@ class Status(str, Enum):  # noqa: UP042 - str() and format() of a status stay "S
         return self in (Status.champion, Status.correct_slower)
 
 
+# The label of a champion (or a dispatch's part) that is a composition substituting no recognised site: the
+# reference's own graph under other execution settings (kernelarc.families.composed.graph_level_only). Not a kernel
+# KernelArc built, in the suite's count.
+GRAPH_LEVEL_ONLY = "graph-level only"
+
+
 class Candidate(BaseModel):
     """One proposed kernel: a Python source file defining ``run(*inputs)``."""
 

@@ -12,8 +12,9 @@ import time
 from typing import Any
 
 from kernelarc import dispatch
+from kernelarc.families.composed import graph_level_only
 from kernelarc.guard.judge import Evaluation, compiled_candidate, reference_candidate
-from kernelarc.models import Candidate, Status, Verdict
+from kernelarc.models import GRAPH_LEVEL_ONLY, Candidate, Status, Verdict
 from kernelarc.sinks import RegistrySink, TrackerSink
 from kernelarc.state import Record, StateLog
 from kernelarc.tasks.loader import Task
@@ -214,6 +215,11 @@ class SessionPhases:
             if ref is not None and ref.verdict.status is Status.timeout:
                 hint = (f"; judging the reference alone needs more than guard.baseline_timeout_s="
                         f"{self.settings.guard.baseline_timeout_s:g}: raise it")  # fmt: skip
+            elif ref is not None and ref.verdict.status is Status.rejected_hack:
+                # not a cheat: the reference breaks a rule every kernel is held to (it writes into its inputs or
+                # returns one of them: an in-place fused add + norm), so no candidate can be judged against it
+                hint = ("; the reference itself breaks a rule every candidate is held to (outputs must be new "
+                        "tensors and inputs left as they were): the problem cannot be judged as written")  # fmt: skip
             raise SessionFailed(f"the task's reference failed in the guard ({status}): {why}{hint}")
 
     def _compile_after_budget(self) -> None:
@@ -291,7 +297,12 @@ class SessionPhases:
         names = set()
         for cid in (c.knobs or {}).values():
             part = by_id.get(str(cid))
-            names.add((part.family or part.strategy) if part is not None else "unknown")
+            if part is None:
+                names.add("unknown")
+            else:
+                names.add(
+                    GRAPH_LEVEL_ONLY if graph_level_only(part.family, part.source) else (part.family or part.strategy)
+                )
         # none resolved (a dispatch crowned in an earlier session, re-measured from the registry): unknown
         return sorted(names) if names - {"unknown"} else None
 
@@ -403,6 +414,9 @@ class SessionPhases:
             "champion_family": (self.champion.family or self.champion.strategy) if self.champion else None,
             "champion_agent": self.champion.agent if self.champion else None,
             "champion_parts": self._champion_parts(),
+            "champion_graph_level_only": bool(
+                self.champion and graph_level_only(self.champion.family, self.champion.source)
+            ),
             "latency_ms": v.latency_ms if v else None,
             "tflops": v.tflops if v else None,
             "tbps": v.tbps if v else None,

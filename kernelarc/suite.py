@@ -43,6 +43,7 @@ from pydantic import BaseModel
 from kernelarc.config import register_configs
 from kernelarc.dispatch import FAMILY as DISPATCH
 from kernelarc.memory_pool import MemoryPool, PoolTooSmall
+from kernelarc.models import GRAPH_LEVEL_ONLY
 
 register_configs()
 
@@ -51,7 +52,8 @@ log = logging.getLogger(__name__)
 CHILD_ENV = "KERNELARC_SUITE_CHILD"  # set in a problem's subprocess (suite.isolation=process)
 STOP_GRACE_S = 8.0  # a stopped suite's wait for a problem's subprocess to save its row (timeout -k 10 kills at 10 s)
 COLUMNS = (
-    "problem", "definition", "status", "champion_family", "champion_parts", "speedup_vs_reference",
+    "problem", "definition", "status", "champion_family", "champion_parts", "champion_graph_level_only",
+    "speedup_vs_reference",
     "speedup_vs_compile", "compile_after_budget", "speedup_vs_reference_drift_corrected",
     "speedup_vs_compile_drift_corrected", "sol_score", "sol_fraction", "latency_ms", "evaluated", "elapsed_min",
     "workloads", "reason", "mlflow_run_id", "registry_version", "harness_verdict", "harness_passed", "harness_speedup",
@@ -98,6 +100,9 @@ class ProblemResult(BaseModel):
     status: ProblemStatus
     champion_family: str | None = None
     champion_parts: list[str] | None = None  # a shape dispatch's parts by family (or baseline label)
+    # the champion is a composition that substitutes no recognised site (the reference's graph under other
+    # execution settings: Inductor options, CUDA-graph replay): faster perhaps, but not KernelArc-built
+    champion_graph_level_only: bool = False
     speedup_vs_reference: float | None = None
     speedup_vs_compile: float | None = None
     compile_after_budget: bool = False  # torch.compile had no result within the budget: measured after it
@@ -211,6 +216,7 @@ def result_from_summary(problem: str, summary: dict[str, Any], workloads: list[i
     return ProblemResult(
         problem=problem, definition=summary.get("task"), status=status,
         champion_family=summary.get("champion_family"), champion_parts=summary.get("champion_parts"),
+        champion_graph_level_only=bool(summary.get("champion_graph_level_only")),
         speedup_vs_reference=summary.get("speedup_vs_baseline"),
         speedup_vs_compile=summary.get("speedup_vs_compile"),
         compile_after_budget=summary.get("compile_after_budget_s") is not None,
@@ -265,12 +271,16 @@ def _fmt(v: Any, spec: str = ".2f", suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
+def _champion_label(r: ProblemResult) -> str:
+    return GRAPH_LEVEL_ONLY if r.champion_graph_level_only else (r.champion_family or "-")
+
+
 def render_table(results: list[ProblemResult]) -> str:
     head = f"{'problem':<58} {'status':<9} {'champion':<26} {'x ref':>6} {'x comp':>6} {'SOL':>5} {'n':>3}  reason"
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
-            f"{r.problem[-58:]:<58} {r.status.value:<9} {(r.champion_family or '-')[:26]:<26} "
+            f"{r.problem[-58:]:<58} {r.status.value:<9} {_champion_label(r)[:26]:<26} "
             f"{_fmt(r.speedup_vs_reference, '.2f', 'x'):>6} "
             f"{_fmt(r.speedup_vs_compile, '.2f', '*' if r.compile_after_budget else 'x'):>6} "
             f"{_fmt(r.sol_score, '.2f'):>5} {r.evaluated:>3}  {(r.reason or '')[:90]}"
@@ -298,18 +308,21 @@ def render_table(results: list[ProblemResult]) -> str:
     return "\n".join(lines)
 
 
-# what is not KernelArc-built (issue 14): the reference, its torch.compile, and the reference re-run under other
-# torch.compile settings (the generic family, kernelarc.agents.search.GENERIC_FAMILY)
-NOT_BUILT = (None, "reference", "torch.compile", "pytorch.compile_variants")
+# what is not KernelArc-built (issue 14): the reference, its torch.compile, the reference re-run under other
+# torch.compile settings (the generic family, kernelarc.agents.search.GENERIC_FAMILY), and a composition that
+# substitutes no recognised site (the reference's graph under Inductor options or CUDA-graph replay)
+NOT_BUILT = (None, "reference", "torch.compile", "pytorch.compile_variants", GRAPH_LEVEL_ONLY)
 
 
 def is_kernelarc_built(r: ProblemResult) -> bool:
-    """The champion is a kernel KernelArc built (a family, a composition, a dispatch with such a part), not the
-    reference, its plain torch.compile, the reference under other torch.compile settings, or a dispatch that
-    only routes between those (a part that cannot be named counts as not built)."""
+    """The champion is a kernel KernelArc built (a family, a composition substituting at least one recognised site
+    with a KernelArc kernel or a fused library call, a dispatch with such a part), not the reference, its plain
+    torch.compile, the reference under other torch.compile settings or execution settings (a composition with no
+    substituted site), or a dispatch that only routes between those (a part that cannot be named counts as not
+    built)."""
     if r.champion_family == DISPATCH and r.champion_parts is not None:
         return any(p not in NOT_BUILT and p != "unknown" for p in r.champion_parts)
-    return r.champion_family not in NOT_BUILT
+    return r.champion_family not in NOT_BUILT and not r.champion_graph_level_only
 
 
 def geomean(values: list[float]) -> float | None:

@@ -314,6 +314,22 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
     return emit_module(title, shown, rec.capture, plans, parts, task.definition.reference, _graph_cfg(knobs))
 
 
+def graph_level_only(family: str | None, source: str) -> bool:
+    """Whether a candidate of the library family substitutes no recognised site: the reference's own graph, run
+    eagerly or under Inductor with other options, with or without the CUDA-graph replay. Faster it may be, but it is
+    the reference under other execution settings, not a kernel or a library substitution KernelArc built (issue 14's
+    count: on the H200 suite, 10 of the 23 champions counted as built were such compositions of problems with no
+    substitutable site). Read from the site list ``emit_module`` writes into the candidate's docstring, so it holds
+    for a champion re-measured from the registry too."""
+    if not (family or "").startswith("composed.") or not (family or "").endswith(".library"):
+        return False
+    head, sep, rest = source.partition("\n\nSites:\n")
+    if not sep or not head.lstrip().startswith('"""KernelArc candidate composed'):
+        return False
+    listed = rest.split('"""', 1)[0]
+    return not any(line.strip().startswith("case ") for line in listed.splitlines())
+
+
 def composed_families(task) -> list[Family]:
     """The composed families of a problem (empty when its reference cannot be captured): the library
     family, and one family per KernelArc kernel family that can serve a recognised site kind."""
@@ -552,7 +568,9 @@ def _renders(fam: Family) -> bool:
     try:
         fam.render(fam.start)
     except (CompositionError, AdapterError) as e:
-        log.info("%s not offered: %s", fam.name, e)
+        # a warning: no composition of the problem is searched for it (on a reference that builds a constant
+        # tensor, such as ALiBi slopes, only the compile variants were, and nothing on the console said why)
+        log.warning("%s not offered: %s", fam.name, e)
         return False
     return True
 

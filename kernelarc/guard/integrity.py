@@ -14,8 +14,9 @@ worker (``full``):
   unwritten output while the harness copies it out;
 * identity of every callable and class in the namespaces the harness uses (``torch``,
   ``torch.Tensor`` and its C base, ``torch.cuda``, ``torch.cuda.Event``, ``torch.nn.functional``,
-  ``time``, ``triton``, ``triton.testing``), of the harness modules' globals and of their
-  functions' ``__code__``.
+  ``time``, ``triton``, ``triton.testing``, and what the harness calls besides: ``builtins``, ``os``,
+  ``json``, ``random``, ``threading`` and ``pydantic.BaseModel``, which serialises every message), of
+  the harness modules' globals and of their functions' ``__code__``.
 
 A change is ``rejected_hack``. The reference and the champion never run in a process that ran
 candidate code, so none of this can slow them; what it protects is the candidate's own
@@ -24,6 +25,7 @@ measurement and outputs.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import types
@@ -89,12 +91,22 @@ class Integrity:
         }  # fmt: skip
         if torch.cuda.is_available():
             spaces.update({"torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event})
+        # What the harness calls between a candidate's call and its reply, beyond torch: its messages (pydantic's
+        # BaseModel serialises every one; a patched model_dump_json forged the timing samples), the standard
+        # modules it reads seeds, files and JSON through, and the builtins. A class is patched through any alias.
+        import builtins
+        import json
+        import random
+
+        import pydantic
+
+        spaces.update({"builtins": builtins, "os": os, "os.path": os.path, "json": json, "random": random,
+                       "random.Random": random.Random, "pydantic.BaseModel": pydantic.BaseModel,
+                       "threading": threading, "threading.Thread": threading.Thread})  # fmt: skip
         for name in ("triton", "triton.testing", "triton.language"):
             if name in sys.modules:
                 spaces[name] = sys.modules[name]
         self.spaces = spaces
-        import os
-
         self.torch_roots = (os.path.dirname(torch.__file__) + os.sep,)
         self.attrs = {name: _callables(ns) for name, ns in spaces.items()}
         self.modules = {m.__name__: m for m in harness_modules}

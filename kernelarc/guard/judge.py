@@ -132,6 +132,10 @@ def compiled_candidate(task: Task) -> Candidate:
                      rationale="torch.compile of the reference")  # fmt: skip
 
 
+def _scalar_value(o: Any) -> Any:
+    return o.item() if isinstance(o, torch.Tensor) and o.dim() == 0 else o
+
+
 class Guard:
     """Evaluates candidates for one task on one device."""
 
@@ -239,6 +243,12 @@ class Guard:
                 hps = None
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
+        # a scalar output (shape null) the reference returns as a 0-d tensor is its value (the worker reads a
+        # candidate's the same way)
+        scalar = [self.task.shape(name, wl) is None for name in self.task.definition.outputs]
+        outs = [_scalar_value(o) if s else o for o, s in zip(outs, scalar, strict=False)]
+        if hps is not None:
+            hps = [_scalar_value(o) if s else o for o, s in zip(hps, scalar, strict=False)]
         with self._refs_lock:
             self.reference_s += time.monotonic() - t_ref
             self._refs[key] = (outs, hps, hp)

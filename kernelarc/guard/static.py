@@ -14,7 +14,10 @@ CUTLASS and has no business reaching the interpreter's internals, so the checks 
   ``globals`` / ``vars`` / ``locals``, ``getattr`` / ``hasattr`` / ``operator.attrgetter`` /
   ``methodcaller`` with a computed name or a forbidden one, and string literals that spell a
   forbidden attribute (how a name is smuggled past the other rules);
-* assignments to attributes of imported modules (monkey-patching), however the module was bound.
+* assignments to attributes of imported modules (monkey-patching), however the module was bound,
+  also through a name bound to something reached from one (``_R = random.Random``);
+* the dynamic builtins (``getattr``, ``setattr``, ``eval``, ...) used as values (``_ga = getattr``),
+  which would hide their calls from the rules above.
 
 Module-level state through ``global`` is allowed (class 9 of issue 15): whether a kernel caches
 results is decided by behaviour (fresh and rewritten inputs must give fresh answers), not by
@@ -44,6 +47,9 @@ BANNED_MODULES = {
     "builtins": "patches builtins",
     "socket": "network access",
     "pickle": "arbitrary deserialization",
+    "pydantic": "patches the harness's messages",
+    "pdb": "debugger: frames and trace hooks",
+    "bdb": "debugger: frames and trace hooks",
     "marshal": "arbitrary code",
     "time": "can patch or read timers",
     "base64": "decodes hidden payloads",
@@ -98,6 +104,7 @@ BANNED_ATTRS = {
     "ExternalStream": "side CUDA streams are not allowed",
     "set_stream": "switches streams",
     "_getframe": "reads the judge's frames",
+    "currentframe": "reads the judge's frames",
     "f_back": "reads the judge's frames",
     "f_globals": "reads the judge's frames",
     "f_locals": "reads the judge's frames",
@@ -176,12 +183,29 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                 return why
         return None
 
-    # Every name an import statement binds is a module (or a module's member): never assigned into.
+    # Every name an import statement binds is a module (or a module's member): never assigned into. Nor is a name
+    # bound to something reached from one (``_R = random.Random; _R.randrange = spy`` patched the harness's
+    # random source through an alias), to the fixpoint of such bindings.
     protected = set(PROTECTED_ROOTS)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             protected |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    bindings = _bindings(tree)
+    grown = True
+    while grown:
+        grown = False
+        for name, value in bindings:
+            if name not in protected and _root_name(value) in protected:
+                protected.add(name)
+                grown = True
 
+    called = {n.func for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    # names the source binds itself (``def run(input)``): not the builtins of the same name
+    bound = {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
+    bound |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del)}
+    bound |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    bound |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
+              for a in n.names}  # fmt: skip
     has_run = False
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "run" and node in tree.body:
@@ -232,6 +256,9 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                 flag(node, f"string {node.value!r} names a forbidden attribute")
         elif isinstance(node, ast.Name) and node.id in ("__builtins__", "__loader__", "__spec__", "__import__"):
             flag(node, f"uses {node.id}")
+        elif isinstance(node, ast.Name) and node.id in _DYNAMIC and node not in called and node.id not in bound:
+            # ``_ga = getattr`` then ``_ga(frame, "f_" + "back")``: the call rules above see only direct calls
+            flag(node, f"uses {node.id} as a value (hides the calls these checks look at)")
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
@@ -247,6 +274,40 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                     if isinstance(el, ast.Attribute | ast.Subscript) and _root_name(el) in protected:
                         flag(node, f"assigns to {ast.unparse(el)} (monkey-patching a library)")
     return StaticReport(None, tuple(found), has_run)
+
+
+# Builtins whose calls the checks inspect: a candidate may call them directly, never pass or bind them.
+_DYNAMIC = set(BANNED_CALLS) | {"getattr", "hasattr"}
+
+
+def _bindings(tree: ast.AST) -> list[tuple[str, ast.AST]]:
+    """(name, value) for every plain name binding whose value is an expression: assignments (also tuple targets
+    paired element by element), annotated and walrus assignments, ``for`` targets and ``with ... as``."""
+    out: list[tuple[str, ast.AST]] = []
+
+    def pair(target: ast.AST, value: ast.AST) -> None:
+        if isinstance(target, ast.Name):
+            out.append((target.id, value))
+        elif isinstance(target, ast.Tuple | ast.List):
+            vals = (
+                value.elts if isinstance(value, ast.Tuple | ast.List) and len(value.elts) == len(target.elts) else None
+            )
+            for i, el in enumerate(target.elts):
+                pair(el, vals[i] if vals is not None else value)
+        elif isinstance(target, ast.Starred):
+            pair(target.value, value)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                pair(t, node.value)
+        elif isinstance(node, ast.AnnAssign | ast.NamedExpr) and node.value is not None:
+            pair(node.target, node.value)
+        elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
+            pair(node.target, node.iter)
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            pair(node.optional_vars, node.context_expr)
+    return out
 
 
 _FRAME_ATTRS = {"_getframe", "f_back", "f_globals", "f_locals", "f_code", "f_builtins", "tb_frame", "tb_next",

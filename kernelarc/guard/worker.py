@@ -9,20 +9,22 @@ unprivileged user where the judge is root (``sandbox``), its stdout and stderr g
 and torch's and the harness's integrity is checked after every candidate call (``integrity``).
 
 Timed inputs (``do_time``): the timing sets are the checked correctness sets of this job; before
-every timed call the set about to be used gets new content in place (a roll by a random offset
-that is not a multiple of the last dimension, which keeps independent draws independent draws),
-so no timed call sees content any earlier call saw: a result memoised on ``data_ptr``,
-``_version`` or a hash of sampled elements never pays, whatever the number of sets. A burst's
-last call is checked when the judge asks, on a set rewritten in place from a seed the judge
-staged just before that burst (os.urandom, unknown until then); outputs are poisoned before
-every call, checked or not, so a checked call looks like any other.
+every timed call the set about to be used gets new content in place: its plain random tensors are
+drawn again, as ``make_inputs`` draws them (role and distribution), from a seed of os.urandom. So no
+timed call sees content any earlier call saw, and no statistic tells an unchecked call's inputs from
+the checked one's (a roll, used before, kept every order-independent statistic: an exact integer sum
+of a small weight told the judge's fresh draw from the rolls). A burst's checked call gets a set
+rewritten in place from a seed the judge staged just before that burst (os.urandom, unknown until
+then); outputs are poisoned before every call, checked or not, so a checked call looks like any
+other. Inputs that keep their content between calls (masks, tables, custom and file inputs) are
+fingerprinted before a burst and after it: a candidate that writes into them during timed calls (a
+mark that survives the unchecked calls but not the checked call's refill) is ``rejected_hack``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import random
 import sys
 import time
 import traceback
@@ -184,9 +186,7 @@ class Harness:
         # Candidate threads alive after the first call (NVIDIA's baseline, see _no_strays); None until
         # then, while only the name rule applies.
         self.thread_base: dict[int | None, str] | None = None
-        self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
-        # per rotated buffer (data_ptr): its cumulative roll and every cumulative roll it has shown
-        self._rolls: dict[int, tuple[int, set[int]]] = {}
+        self.random_tensor, self.distribution_for = inputs_mod.random_tensor, inputs_mod.distribution_for
         self.sets: dict[int, list[list[Any]]] = {}
         self.held: dict[int, list[Any]] = {}
         # Per workload, the inputs for the next checked timed call. A set stays allocated from the workload's
@@ -235,20 +235,28 @@ class Harness:
             keep.append(t)
         del keep
 
-    def _normalize(self, result: Any) -> list[Any]:
+    def _normalize(self, result: Any, wl: int) -> list[Any]:
         n = len(self.out_specs)
         if isinstance(result, dict):
             missing = [k for k, _ in self.out_specs if k not in result]
             if missing:
                 raise CandidateFailure("incorrect", f"returned dict lacks outputs {missing}")
-            return [result[k] for k, _ in self.out_specs]
-        if isinstance(result, tuple | list):
+            outs = [result[k] for k, _ in self.out_specs]
+        elif isinstance(result, tuple | list):
             if len(result) != n:
                 raise CandidateFailure("incorrect", f"returned {len(result)} outputs, expected {n}")
-            return list(result)
-        if n != 1:
+            outs = list(result)
+        elif n != 1:
             raise CandidateFailure("incorrect", f"returned 1 output, expected {n}")
-        return [result]
+        else:
+            outs = [result]
+        # A scalar output (shape null) may come as a 0-d tensor, as NVIDIA's harness takes it (a loss from
+        # F.cross_entropy): its value, read after the call like any output's
+        for i, (name, _spec) in enumerate(self.out_specs):
+            o = outs[i]
+            if self.task.shape(name, wl) is None and type(o) is self.torch.Tensor and o.dim() == 0:
+                outs[i] = o.item()
+        return outs
 
     def _storage_span(self, t) -> tuple[int, int]:
         st = t.untyped_storage()
@@ -459,8 +467,7 @@ class Harness:
 
     def do_prepare(self, wl: int, seed: int, fresh: bool = False) -> Ok:
         if fresh:  # a reused champion worker: the last evaluation's sets go before this one's are made
-            for t in (t for inputs in self.sets.pop(wl, []) for t in inputs if isinstance(t, self.torch.Tensor)):
-                self._rolls.pop(t.data_ptr(), None)
+            self.sets.pop(wl, None)
             self.uses.pop(wl, None)
         self.sets.setdefault(wl, []).append(self.make_inputs(self.task, wl, seed, self.device))
         return Ok(kind=Kind.ok)
@@ -469,7 +476,7 @@ class Harness:
         inputs = self.make_inputs(self.task, wl, seed, self.device)
         pristine = self.snapshot(inputs)
         self._poison(wl)
-        outs = self._normalize(self.call(self.fn, inputs))
+        outs = self._normalize(self.call(self.fn, inputs), wl)
         self._validate(wl, outs, inputs, self.held.get(wl, []) if held else [])
         if not self._inputs_unchanged(inputs, pristine):
             raise CandidateFailure("rejected_hack", f"workload {wl}: candidate mutated its inputs")
@@ -486,7 +493,7 @@ class Harness:
         saved = self.snapshot(sets[0])
         self.refill(sets[0], sets[1])
         self._poison(wl)
-        outs = self._normalize(self.call(self.fn, sets[0]))
+        outs = self._normalize(self.call(self.fn, sets[0]), wl)
         self._validate(wl, outs, sets[0], [])
         msg = self.emit(Tag.reuse, wl, outs)
         self.refill(sets[0], saved)
@@ -499,12 +506,12 @@ class Harness:
         self.fresh.add(wl)
         return Ok(kind=Kind.ok)
 
-    def _rotatable(self, wl: int) -> list[bool]:
-        """Which inputs get new content before every timed use: plain random tensors whose values are
-        independent draws (rolling them keeps their distribution); masks, tables, custom and file inputs
-        keep their content (the checked calls still see fresh sets of those)."""
+    def _rotatable(self, wl: int) -> list[tuple[str, str, str | None] | None]:
+        """Which inputs get new content before every timed use, and how they are drawn (name, dtype, description,
+        as ``make_inputs`` passes them): plain random tensors whose values are independent draws; masks, tables,
+        custom and file inputs keep their content (the checked calls still see fresh sets of those)."""
         torch = self.torch
-        out = []
+        out: list[tuple[str, str, str | None] | None] = []
         w = self.task.workloads[wl]
         for (name, spec), x in zip(self.task.definition.inputs.items(), self.sets[wl][0], strict=True):
             ok = isinstance(x, torch.Tensor) and w.inputs[name].type == "random" and x.numel() > 1
@@ -512,41 +519,47 @@ class Harness:
             if ok and self.role_of is not None:
                 role = self.role_of(name, tuple(x.shape), getattr(spec, "description", None))
                 ok = role.value in ("plain", "weight_matrix", "norm_weight", "norm_bias", "positive", "decay")
-            out.append(ok)
+            out.append((name, spec.dtype, getattr(spec, "description", None)) if ok else None)
         return out
 
-    def _refresh(self, inputs: list[Any], rot: list[bool]) -> None:
-        """New content in the same buffers: a roll of the flattened tensor by a random offset that is not
-        a multiple of the last dimension, so no row of a timed call's input equals a row seen before
-        and no result cached on identity, version or sampled elements is ever right again."""
-        torch = self.torch
-        for x, ok in zip(inputs, rot, strict=True):
-            if not ok:
-                continue
-            n, last = x.numel(), x.shape[-1] if x.dim() else 1
-            # Rolls compose in place: the content is the original rolled by the sum of the offsets, so the
-            # new offset is chosen so that this sum is one the buffer has not shown yet (independent draws
-            # collide after about sqrt(n) calls on small tensors) and not a whole number of rows.
-            cum, seen = self._rolls.get(x.data_ptr(), (0, {0}))
-            pos = self._unseen_roll(n, last, seen)
-            if pos is None:  # fewer positions than calls: a repeat is unavoidable, start a new cycle
-                seen = {cum}
-                pos = self._unseen_roll(n, last, seen) or (cum + 1) % n
-            seen.add(pos)
-            self._rolls[x.data_ptr()] = (pos, seen)
-            flat = x.view(-1)
-            flat.copy_(torch.roll(flat, (pos - cum) % n))
+    @staticmethod
+    def _seed() -> int:
+        return int.from_bytes(os.urandom(8), "little") >> 2
 
-    def _unseen_roll(self, n: int, last: int, seen: set[int]) -> int | None:
-        """A random cumulative roll in [1, n) not in ``seen`` and, where there is more than one column, not a
-        multiple of the row length; None when there is none."""
-        ok = lambda p: p not in seen and (last <= 1 or p % last != 0)  # noqa: E731
-        for _ in range(32):
-            p = self.rng.randrange(1, n)
-            if ok(p):
-                return p
-        start = self.rng.randrange(1, n)  # small or crowded tensors: scan from a random point
-        return next((p for p in (*range(start, n), *range(1, start)) if ok(p)), None)
+    def _refresh(self, inputs: list[Any], rot: list[tuple[str, str, str | None] | None]) -> None:
+        """New content in the same buffers: the plain random tensors drawn again from a seed of os.urandom, with
+        the distribution that seed stands for, as a checked set is drawn; no row of a timed call's input equals
+        one seen before, and no result cached on identity, version, sampled elements or any statistic of the
+        values is right again."""
+        seed = self._seed()
+        gen = self.torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+        dist = self.distribution_for(seed)
+        for x, spec in zip(inputs, rot, strict=True):
+            if spec is not None:
+                name, dtype, desc = spec
+                x.copy_(self.random_tensor(name, tuple(x.shape), dtype, gen, self.device, dist, desc))
+
+    def _fingerprint(self, inputs: list[Any], rot: list[Any]) -> list[tuple[int, int]]:
+        """An exact, order-sensitive fingerprint of the inputs that keep their content between timed calls: the
+        sum of their bit patterns and that sum weighted by position (int64, wrapping), a chunk at a time."""
+        torch = self.torch
+        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+        out = []
+        for x, spec in zip(inputs, rot, strict=True):
+            if spec is not None or not isinstance(x, torch.Tensor) or x.element_size() not in ints:
+                continue
+            flat = x.reshape(-1)
+            bits = flat.view(ints[x.element_size()]) if flat.dtype != torch.bool else flat.view(torch.uint8)
+            s1 = s2 = 0
+            step = 1 << 24
+            for a in range(0, bits.numel(), step):
+                chunk = bits[a : a + step].to(torch.int64)
+                w = (torch.arange(a, a + chunk.numel(), device=chunk.device, dtype=torch.int64) * 40503) % 65521 + 1
+                s1 += int(chunk.sum())
+                s2 += int((chunk * w).sum())
+            out.append((s1, s2))
+        return out
 
     def do_time(
         self,
@@ -571,7 +584,7 @@ class Harness:
                 del self.staged[k]
                 self.fresh.discard(k)
         if wl not in self.staged:
-            self.staged[wl] = self.make_inputs(self.task, wl, self.rng.getrandbits(62), self.device)
+            self.staged[wl] = self.make_inputs(self.task, wl, self._seed(), self.device)
         if check and wl not in self.fresh:
             raise CandidateFailure("runtime_error", "internal: checked burst without staged inputs")
         staged = self.staged[wl] if check else None
@@ -582,6 +595,9 @@ class Harness:
         if at is not None and not 0 <= at < n:
             raise CandidateFailure("runtime_error", f"internal: checked call {at} outside a burst of {n}")
         last_set: list[Any] = []
+        # what the inputs that keep their content hold now; the checked call's set is fingerprinted again after
+        # its refill (outside the timed region, like the refill)
+        prints = [self._fingerprint(s, rot) for s in sets]
 
         def setup(k: int) -> list[Any]:
             i = self.uses.get(wl, 0)
@@ -590,6 +606,7 @@ class Harness:
             if staged is not None and k == at:
                 self.refill(inputs, staged)
                 last_set[:] = inputs
+                prints[i % len(sets)] = self._fingerprint(inputs, rot)
             else:
                 self._refresh(inputs, rot)
             self._poison(wl)  # before every call, so that a checked one looks like any other
@@ -618,6 +635,10 @@ class Harness:
             self.threads0 |= {t.ident for t in self.threading.enumerate() if t.name.startswith("Dummy-")}
         self.fail_if_tampered(full=False)
         self._no_strays()
+        if any(self._fingerprint(s, rot) != before for s, before in zip(sets, prints, strict=True)):
+            raise CandidateFailure(
+                "rejected_hack", f"workload {wl}: candidate wrote into its inputs during timed calls"
+            )
         if not check:
             self.fail_if_tampered()  # a checked burst's outputs get the full check in emit
         excess = None
@@ -627,14 +648,14 @@ class Harness:
         out_msg = None
         if check:
             result, values = last
-            outs = self._normalize(result)
+            outs = self._normalize(result, wl)
             self._validate(wl, outs, last_set, [])  # shapes, dtypes, layout and aliasing of the call's own outputs
             # the copy taken right after the call (later calls may have overwritten its outputs) gives the
             # values; the call's own outputs give the layout
             if values is None:
                 out_msg = self.emit(Tag.timed, wl, outs)
             else:
-                copied = self._normalize(values)
+                copied = self._normalize(values, wl)
                 out_msg = self.emit(Tag.timed, wl, copied, like=outs)
                 del copied
             del outs, result, values

@@ -106,6 +106,37 @@ def test_a_library_only_problem_starts_with_the_library_family_not_compile_varia
     assert props[0].knobs["rest"] == "inductor" and props[1].knobs["cuda_graph"] is True
 
 
+@needs_sol
+def test_a_composition_substituting_no_site_is_graph_level_only_not_kernelarc_built():
+    """On the H200 suite, 10 of the 23 champions counted as KernelArc-built were compositions of the library family
+    on problems with no substitutable site (L1/034's RoPE frequencies: elementwise only): the reference's own graph
+    under Inductor options or CUDA-graph replay. They are labelled graph-level only and not counted as built; a
+    composition that substitutes a site (a fused library call, a KernelArc kernel) is."""
+    from kernelarc.families.composed import composed_families, graph_level_only
+    from kernelarc.suite import ProblemResult, is_kernelarc_built
+
+    def starts(folder: str) -> dict[str, object]:
+        fams = composed_families(load_task(SOL / folder))
+        return {f.name.rsplit(".", 2)[-2] + "." + f.name.rsplit(".", 1)[-1]: f.render(dict(f.start)) for f in fams}
+
+    bare = starts("L1/034_flux_multi_axis_rope_frequency_computation")
+    (name,) = [n for n in bare if n.endswith(".library")]
+    fam = "composed.034_flux_multi_axis_rope_frequency_computation.library"
+    assert graph_level_only(fam, bare[name])
+    fused = starts("FlashInfer-Bench/001_fused_add_rmsnorm_h2048")
+    lib = next(src for n, src in fused.items() if n.endswith(".library"))
+    assert not graph_level_only("composed.001_fused_add_rmsnorm_h2048.library", lib)
+    kern = next(src for n, src in fused.items() if not n.endswith(".library"))
+    assert not graph_level_only("composed.001_fused_add_rmsnorm_h2048.fused_add_rmsnorm.rowblock", kern)
+    assert not graph_level_only("rmsnorm.rowblock", bare[name])  # only the library family's compositions
+
+    row = {"problem": "L1/034", "status": "improved", "evaluated": 3, "champion_family": fam}
+    assert is_kernelarc_built(ProblemResult(**row))  # a row saved before the label: as before
+    assert not is_kernelarc_built(ProblemResult(**row, champion_graph_level_only=True))
+    parts = {"problem": "L1/x", "status": "improved", "evaluated": 3, "champion_family": "dispatch"}
+    assert not is_kernelarc_built(ProblemResult(**parts, champion_parts=["graph-level only", "torch.compile"]))
+
+
 def test_a_built_in_task_keeps_its_own_start():
     task = load_task(BUILTIN_DIR / "rmsnorm")
     assert start_points(task, families_for(task)) == []

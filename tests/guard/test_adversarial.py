@@ -168,6 +168,52 @@ def run(x, weight):
     + HONEST
 )
 
+# -- red team, 2026-12-03: the checked call told from the others, and the harness patched through aliases ------
+# Patches the harness's random source through an alias (static: an alias of an imported name is protected now;
+# runtime: random.Random is in the integrity snapshot): the offsets of the old rolls came from randrange right
+# before each unchecked call, so the spy said which calls nobody would check.
+RANDOM_HOOK = (
+    """import torch
+import random
+_R = random.Random
+_orig = _R.randrange
+def _spy(self, *a, **k):
+    return _orig(self, *a, **k)
+_R.randrange = _spy
+def run(x, weight):
+"""
+    + HONEST
+)
+# Forges the timing samples every message carries (pydantic serialises them): the kernel is honest.
+PYDANTIC_FORGE = (
+    """import torch
+import pydantic
+_BM = pydantic.BaseModel
+_orig = _BM.model_dump_json
+def _forged(self, *a, **k):
+    if getattr(self, "samples_ms", None):
+        self = self.model_copy(update={"samples_ms": [t / 20 for t in self.samples_ms]})
+    return _orig(self, *a, **k)
+_BM.model_dump_json = _forged
+def run(x, weight):
+"""
+    + HONEST
+)
+# getattr under another name and logging.currentframe: reads the timer's frame to learn which call is checked.
+GETATTR_ALIAS_FRAME = (
+    """import torch
+import logging
+_ga = getattr
+def run(x, weight):
+    f = logging.currentframe()
+    for _ in range(3):
+        f = _ga(f, "f_" + "back")
+        if "keep_at" in _ga(f, "f_" + "locals"):
+            break
+"""
+    + HONEST
+)
+
 
 def _cand(src: str) -> Candidate:
     return Candidate(source=src, language="pytorch")
@@ -191,6 +237,11 @@ BAD = {
     "rebind_timer_past_static": (REBIND_TIMER, True, Status.rejected_hack),
     "rewrite_harness_code_past_static": (REWRITE_HARNESS_CODE, True, Status.rejected_hack),
     "slow_rsqrt_registration": (SLOW_RSQRT, False, Status.rejected_hack),
+    "random_hook_alias": (RANDOM_HOOK, False, Status.rejected_hack),
+    "random_hook_past_static": (RANDOM_HOOK, True, Status.rejected_hack),
+    "pydantic_forge": (PYDANTIC_FORGE, False, Status.rejected_hack),
+    "pydantic_forge_past_static": (PYDANTIC_FORGE, True, Status.rejected_hack),
+    "getattr_alias_frame": (GETATTR_ALIAS_FRAME, False, Status.rejected_hack),
     "column_major_output": (
         GOOD.replace(".to(x.dtype)\n", ".to(x.dtype).t().contiguous().t()\n"),
         False,
@@ -213,6 +264,69 @@ def test_a_cache_on_sampled_elements_never_pays(guard):
     honest one with a useless cache, and its answers are right."""
     v = guard.evaluate(_cand(CACHE_SAMPLED), reference_candidate(guard.task), timeout_s=15).verdict
     assert v.correct, v.errors
+
+
+def test_no_statistic_tells_an_unchecked_timed_call_from_the_checked_one(guard):
+    """Red team: the unchecked timed calls got a roll of the same buffers and the checked one a fresh draw, so an
+    exact integer sum of the (small) weight, kept at O(N), said which calls nobody would check, and a kernel that
+    skipped those was crowned 7.4x on the CPU. Every timed call's inputs are now drawn again as a checked set is:
+    a candidate (past the static checks) that logs when its sum-keyed skip would fire never sees a sum again."""
+    log = _world_writable_dir() / "sums.txt"
+    src = (
+        f"""import torch
+_SEEN = set()
+def run(x, weight):
+    key = (tuple(x.shape), int(weight.view(torch.int16).sum(dtype=torch.int64)),
+           int(x.view(torch.int16).sum(dtype=torch.int64)))
+    if key in _SEEN:
+        with open({str(log)!r}, "a") as f:
+            f.write("repeat\\n")
+    _SEEN.add(key)
+"""
+        + HONEST
+    )
+    v = guard.evaluate(_cand(src), trusted=True).verdict
+    assert v.correct, v.errors
+    assert sum(w.iterations for w in v.workloads) > 0
+    # the correctness phase re-uses one set's content once on purpose (the in-place rewrite test)
+    said = log.read_text() if log.exists() else ""
+    assert said.split().count("repeat") <= len(v.workloads), said
+
+
+ROPE_MARK = """import torch
+_CALLS = {}
+_MARK = -3.0
+def _rot(x, cos, sin):
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h].float(), x[..., h:].float()
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+def run(q, k, cos, sin):
+    key = tuple(q.shape)
+    _CALLS[key] = _CALLS.get(key, 0) + 1
+    if float(cos[0, 0]) == _MARK:
+        return torch.empty_like(q), torch.empty_like(k)  # the mark survived: not refilled, so not checked
+    out = _rot(q, cos, sin), _rot(k, cos, sin)
+    if _CALLS[key] > 6:  # past the warm-up and the correctness calls
+        cos[0, 0] = _MARK
+    return out
+"""
+
+
+def test_a_mark_written_into_an_input_that_keeps_its_content_is_a_hack():
+    """Red team: a candidate wrote a mark into an input during timed calls. Inputs that keep their content between
+    timed calls (here RoPE's cos / sin tables) are fingerprinted before and after every burst."""
+    from kernelarc.guard.judge import Guard, GuardConfig
+    from kernelarc.tasks import load_builtin
+
+    task = load_builtin("rope", cpu=True)
+    g = Guard(task, None, "cpu", GuardConfig(timeout_s=30, target_ms=5, min_iters=3, max_iters=20, prestart=1))
+    try:
+        v = g.evaluate(_cand(ROPE_MARK), timeout_s=30).verdict
+    finally:
+        g.close()
+    assert v.status is Status.rejected_hack, (v.status, v.errors)
+    assert any("wrote into its inputs" in e or "mutated its inputs" in e for e in v.errors), v.errors
 
 
 def test_no_timed_call_repeats_an_input(guard, tmp_path):
