@@ -269,12 +269,19 @@ class SearchSession(SessionPhases):
         ref = self._champion_reference(champion) if not trusted or cand.agent == "baseline" else None
         # No evaluation outlives the session's budget by more than one candidate's timeout, however long it waits for
         # a GPU that other sessions (suite shards, sweeps) are measuring on, except by the waits the budget does not
-        # count (_budget_spent_s: at most budget.minutes of them in all), whose allowance left is added: without it,
-        # on the H200, torch.compile beside the search timed out after 95-99 s waiting behind L1/094's timings.
+        # count (_budget_spent_s: at most budget.minutes of them in all), by which its end moves on as they happen
+        # (guard.drive.Hard): without it, on the H200, torch.compile beside the search timed out after 95-99 s
+        # waiting behind L1/094's timings.
+        # The allowance moves an evaluation's end on only by the time it waits behind another process: waits behind
+        # this session's own other evaluation in flight are the session's time (on the CPU, a 60 s session with two in
+        # flight ran 240 s when the whole allowance was added to every deadline up front).
+        extra: dict[str, float] = {}
         if deadline is None:
-            deadline = wall + max(self._time_left_s(), 0.0) + self.settings.guard.timeout_s + self._wait_allowance_s()
+            deadline = wall + max(self._time_left_s(), 0.0) + self.settings.guard.timeout_s
+            if (allowance := self._wait_allowance_s()) > 0:
+                extra["wait_allowance_s"] = allowance
         ev = self._guard_for(i).evaluate(
-            cand, champion, trusted=trusted, timeout_s=timeout, champion_reference=ref, deadline=deadline
+            cand, champion, trusted=trusted, timeout_s=timeout, champion_reference=ref, deadline=deadline, **extra
         )
         dt = time.monotonic() - t
         with self.lock:

@@ -280,6 +280,7 @@ class SimulatedGuard:
         timeout_s: float | None = None,
         champion_reference: dict[int, float] | None = None,
         deadline: float | None = None,  # the real guard's session end; a simulated evaluation never waits
+        wait_allowance_s: float = 0.0,
     ) -> Evaluation:
         self.calls += 1
         if self.delay_s > 0:

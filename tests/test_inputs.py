@@ -179,6 +179,25 @@ def test_too_big_workloads_are_shrunk_within_the_constraints(tmp_path):
         load_task(tmp_path / "missing")
 
 
+def test_a_workload_whose_bytes_are_a_const_table_keeps_its_axes(tmp_path):
+    """Found on a problem written to test unseen patterns: a 64 MB embedding table of const shape beside small
+    token inputs; halving the var axes saved 5% and took every workload to batch 1 x seq 1, where no bug that
+    depends on the sequence shows. A halving that saves under a tenth is not taken."""
+    d = {
+        "name": "emb", "axes": {"M": {"type": "var"}, "V": {"type": "const", "value": 65536},
+                                "D": {"type": "const", "value": 256}},
+        "inputs": {"ids": {"shape": ["M"], "dtype": "int64"}, "table": {"shape": ["V", "D"], "dtype": "float32"}},
+        "outputs": {"y": {"shape": ["M", "D"], "dtype": "float32"}},
+        "reference": "import torch\n\ndef run(ids, table):\n    return table[ids % table.shape[0]]\n",
+    }  # fmt: skip
+    (tmp_path / "definition.json").write_text(json.dumps(d))
+    wl = {"uuid": "a", "axes": {"M": 4096}, "inputs": {"ids": {"type": "random"}, "table": {"type": "random"}}}
+    (tmp_path / "workload.jsonl").write_text(json.dumps(wl))
+    f = fit_workloads(load_task(tmp_path), 32 << 20)
+    assert f.workloads[0].axes == {"M": 4096}
+    assert "cannot be shrunk" in f.warnings[-1] and "const-shaped inputs" in f.warnings[-1], f.warnings
+
+
 def test_shrinking_that_breaks_the_reference_keeps_the_workload():
     # the reference ties time_after_conv to time_dim through its convolutions, the definition does not
     t = load_task(SHARED / "L2" / "015_audio_sinusoidal_position_embedding_with_conv_projection")

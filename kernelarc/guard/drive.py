@@ -34,6 +34,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,12 +95,48 @@ class Side:
     ready: bool = False  # imported and warmed up (a reused champion's worker already is)
 
 
+class Hard:
+    """The session's end for one evaluation (a ``time.monotonic()`` instant), moved on by the time its waits spent
+    behind another process measuring on the device, up to ``allowance`` seconds (what the session's budget leaves
+    uncounted of such waits). A wait behind the session's own other evaluation does not move it: with two
+    evaluations in flight on one device, the one that waited used to get the whole allowance on top of its timeout
+    (a 60 s session ran 240 s on the CPU)."""
+
+    def __init__(self, at: float, allowance: float = 0.0, foreign: Callable[[], float] | None = None):
+        self.at = at
+        self.allowance = max(allowance, 0.0)
+        self.foreign = foreign
+        self.foreign0 = foreign() if foreign is not None else 0.0
+
+    def now(self) -> float:
+        moved = 0.0
+        if self.foreign is not None and self.allowance > 0:
+            moved = min(max(self.foreign() - self.foreign0, 0.0), self.allowance)
+        return self.at + moved
+
+
+def wait_until(take: Callable[[float | None], Any], hard: Hard | None, poll_s: float = 2.0) -> Any:
+    """``take(timeout)`` until it succeeds (anything but False, as the device lock's acquires return) or the
+    (moving) ``hard`` instant passes: in slices, so that a wait behind another process that moves the instant on
+    keeps waiting. False when it passes."""
+    if hard is None:
+        return take(None)
+    while True:
+        left = hard.now() - time.monotonic()
+        got = take(max(min(left, poll_s), 0.0))
+        if got is not False:
+            return got
+        if hard.now() - time.monotonic() <= 0:
+            return False
+
+
 class Clock:
     """The evaluation's time budget; time spent waiting for the GPU lock does not count against
-    ``limit``. ``hard`` (a ``time.monotonic()`` instant: the session's end) bounds everything, waiting
-    included, so that no evaluation outlives the session's budget by more than one candidate's timeout."""
+    ``limit``. ``hard`` (the session's end, ``Hard``) bounds everything, waiting included, so that no
+    evaluation outlives the session's budget by more than one candidate's timeout (and the waits behind other
+    processes the budget does not count)."""
 
-    def __init__(self, limit: float, hard: float | None = None):
+    def __init__(self, limit: float, hard: Hard | None = None):
         self.limit = limit
         self.started = time.monotonic()  # since when the time is the candidate's (a reset starts it again) ...
         self.not_charged = 0.0  # ... less what was excluded since
@@ -108,14 +145,14 @@ class Clock:
         self.after = ""
 
     def left(self) -> float:
-        end = self.deadline if self.hard is None else min(self.deadline, self.hard)
+        end = self.deadline if self.hard is None else min(self.deadline, self.hard.now())
         return end - time.monotonic()
 
     def hard_left(self) -> float | None:
-        return None if self.hard is None else self.hard - time.monotonic()
+        return None if self.hard is None else self.hard.now() - time.monotonic()
 
     def expired(self) -> str:
-        if self.hard is not None and self.hard <= self.deadline:
+        if self.hard is not None and self.hard.now() <= self.deadline:
             return "the session's time ran out (budget.minutes plus one candidate's timeout); worker killed"
         return f"no result within {self.limit:.0f} s{self.after} (hang or too slow); worker killed"
 
@@ -263,8 +300,7 @@ class Driver:
     def lock(self) -> None:
         if not self.holding:
             t = time.monotonic()
-            hard = self.clock.hard_left()
-            if not self.g._gpu.acquire(timeout=hard):
+            if not wait_until(self.g._gpu.acquire, self.clock.hard):
                 raise Stop(Status.timeout, gpu_wait_message(time.monotonic() - t))
             self.holding = True
             waited = time.monotonic() - t
@@ -286,7 +322,7 @@ class Driver:
         if self.holding or self.shared is not None or self.cfg.warmup_lock_s <= 0:
             return
         t = time.monotonic()
-        token = self.g._gpu.acquire_shared(timeout=self.clock.hard_left())
+        token = wait_until(lambda timeout: self.g._gpu.acquire_shared(timeout=timeout), self.clock.hard)
         waited = time.monotonic() - t
         if token is False:
             raise Stop(Status.timeout, gpu_wait_message(waited))

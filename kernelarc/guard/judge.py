@@ -27,7 +27,7 @@ from kernelarc.guard.buffers import JudgeBuffer, buffer_bytes, layout
 from kernelarc.guard.compare import compare_output, stride_mismatch
 from kernelarc.guard.decision import Decision, decide, geomean, median, rel_noise
 from kernelarc.guard.devlock import DeviceLock
-from kernelarc.guard.drive import Clock, Driver, Side, Stop, gpu_wait_message, timed_calls
+from kernelarc.guard.drive import Clock, Driver, Hard, Side, Stop, gpu_wait_message, timed_calls, wait_until
 from kernelarc.guard.memory import memory_plan
 from kernelarc.guard.pool import WorkerPool
 from kernelarc.guard.protocol import Outputs
@@ -246,9 +246,10 @@ class Guard:
         # a scalar output (shape null) the reference returns as a 0-d tensor is its value (the worker reads a
         # candidate's the same way)
         scalar = [self.task.shape(name, wl) is None for name in self.task.definition.outputs]
-        outs = [_scalar_value(o) if s else o for o, s in zip(outs, scalar, strict=False)]
-        if hps is not None:
-            hps = [_scalar_value(o) if s else o for o, s in zip(hps, scalar, strict=False)]
+        if any(scalar):  # (a new list only then: a cached seed's outputs stay the same object)
+            outs = [_scalar_value(o) if s else o for o, s in zip(outs, scalar, strict=False)]
+            if hps is not None:
+                hps = [_scalar_value(o) if s else o for o, s in zip(hps, scalar, strict=False)]
         with self._refs_lock:
             self.reference_s += time.monotonic() - t_ref
             self._refs[key] = (outs, hps, hp)
@@ -267,11 +268,15 @@ class Guard:
         timeout_s: float | None = None,
         champion_reference: dict[int, float] | None = None,
         deadline: float | None = None,
+        wait_allowance_s: float = 0.0,
     ) -> Evaluation:
         """Judge ``cand`` (against ``champion``). ``deadline``: a ``time.time()`` instant (the session's
-        end) after which nothing more is waited for, the GPU lock included; None: only ``timeout_s``."""
+        end) after which nothing more is waited for, the GPU lock included; None: only ``timeout_s``. It moves on
+        by the time this evaluation waits behind another process on the device, up to ``wait_allowance_s``."""
         t_start = time.monotonic()
-        hard = None if deadline is None else t_start + (deadline - time.time())
+        hard = None
+        if deadline is not None:
+            hard = Hard(t_start + (deadline - time.time()), wait_allowance_s, self._gpu.foreign_wait_now)
         errors: list[str] = []
         warnings: list[str] = []
         if cand.language not in LANGUAGES:
@@ -326,7 +331,7 @@ class Guard:
         known = self.known_cost_s(champion_reference if timed_champion else None, len(seeds))
         limit = run_limit = (timeout_s or self.cfg.timeout_s) + known
         if hard is not None:
-            hard += known
+            hard.at += known
         if cand.language == "cutlass":
             # nvcc builds the library while the candidate is imported; once it is imported, the plain
             # limit applies again, so a kernel that hangs on the GPU is killed as soon as any other.
@@ -384,10 +389,10 @@ class Guard:
             return len(self.quiet.cpus)
         return max(1, (os.cpu_count() or 1) // max(int(self.cfg.in_flight or 1), 1))
 
-    def _take_gpu(self, hard: float | None) -> float | None:
+    def _take_gpu(self, hard: Hard | None) -> float | None:
         """Take the device lock, waiting at most until ``hard``; None when taken, else the seconds waited."""
         t = time.monotonic()
-        if self._gpu.acquire(timeout=None if hard is None else hard - t):
+        if wait_until(self._gpu.acquire, hard):
             return None
         return time.monotonic() - t
 
@@ -399,7 +404,7 @@ class Guard:
         seeds: list[int],
         limit: float,
         run_limit: float,
-        hard: float | None = None,
+        hard: Hard | None = None,
         champion_reference: dict[int, float] | None = None,
         compile_s: float = 0.0,
     ) -> tuple[Status | None, dict]:

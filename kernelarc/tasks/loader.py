@@ -285,7 +285,8 @@ CPU_MAX_IO_BYTES = 32 << 20
 def _shrunk_axes(task: Task, index: int, max_io_bytes: int) -> tuple[dict[str, int], float]:
     """Var-axis values for workload ``index`` that keep the definition's constraints and move at most
     ``max_io_bytes`` where possible: the largest var axis that can be halved (constraints and expr axes
-    still hold) is halved until the workload fits or none can be. Returns the axes and their bytes."""
+    still hold, and the halving saves at least a tenth of the bytes or reaches the bound) is halved until
+    the workload fits or none can be. Returns the axes and their bytes."""
     defn = task.definition
     given = dict(task.workloads[index].axes)
     var = [n for n, a in defn.axes.items() if isinstance(a, AxisVar)]
@@ -308,6 +309,10 @@ def _shrunk_axes(task: Task, index: int, max_io_bytes: int) -> tuple[dict[str, i
             try:
                 trial_size = io(trial)
             except (TaskError, ValueError, ZeroDivisionError):
+                continue
+            if trial_size > max_io_bytes and trial_size > 0.9 * size:
+                # a halving that saves under a tenth: const-shaped inputs hold the bytes, and halving on would
+                # only collapse the var axes (a 64 MB embedding table took every workload to 1 x 1)
                 continue
             given, size = trial, trial_size
             break
@@ -359,7 +364,12 @@ def fit_workloads(task: Task, max_io_bytes: int = CPU_MAX_IO_BYTES) -> Task:
         else:
             axes, size = _shrunk_axes(task, i, max_io_bytes)
         if axes == dict(wl.axes):
-            why = "safetensors inputs have fixed shapes" if size == task.io_bytes(i) else "no var axis can shrink"
+            safetensors = any(d.type == "safetensors" for d in wl.inputs.values())
+            why = (
+                "safetensors inputs have fixed shapes"
+                if safetensors
+                else "no var axis can shrink by a useful share (const-shaped inputs hold its bytes, or constraints)"
+            )
             msg = f"{task.name}: workload {i} ({mb:.0f} MB) cannot be shrunk for the CPU: {why}"
             workloads.append(wl)
         else:

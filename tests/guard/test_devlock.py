@@ -276,3 +276,45 @@ def test_only_a_wait_for_another_process_counts_as_a_foreign_wait(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_only_waits_behind_another_process_move_an_evaluations_end(tmp_path):
+    """The CPU suite on new problems: with two evaluations in flight on one device, the one that waited for the
+    other got the session's whole wait allowance on top of its timeout (a 60 s session ran 240 s). The end moves on
+    by the waits behind another process only (up to the allowance); a wait behind this process stops at the end."""
+    from kernelarc.guard.drive import Hard, wait_until
+
+    mine = DeviceLock("cuda:0", key="gpu-test")
+    mine.path = tmp_path / "x.lock"
+    mine.acquire()  # this process's other evaluation holds the device
+    got: list = []
+    hard = Hard(time.monotonic() + 0.5, allowance=30.0, foreign=mine.foreign_wait_now)
+    t0 = time.monotonic()
+    th = threading.Thread(target=lambda: got.append(wait_until(mine.acquire, hard, poll_s=0.2)), daemon=True)
+    th.start()
+    th.join(10)
+    assert got == [False] and time.monotonic() - t0 < 3, (got, time.monotonic() - t0)
+    mine.release()
+
+    holder = _holder(tmp_path, "acquire()")  # another process holds it for 1.5 s: the end moves on, the wait goes on
+    try:
+        hard = Hard(time.monotonic() + 0.5, allowance=30.0, foreign=mine.foreign_wait_now)
+        threading.Timer(1.5, holder.kill).start()
+        t0 = time.monotonic()
+        assert wait_until(mine.acquire, hard, poll_s=0.2) is True
+        assert 1.2 < time.monotonic() - t0 < 10
+        assert hard.now() > hard.at + 0.7  # moved on by the foreign wait
+        mine.release()
+    finally:
+        holder.kill()
+        holder.wait()
+    # and never beyond the allowance
+    holder = _holder(tmp_path, "acquire()")
+    try:
+        hard = Hard(time.monotonic() + 0.3, allowance=0.5, foreign=mine.foreign_wait_now)
+        t0 = time.monotonic()
+        assert wait_until(mine.acquire, hard, poll_s=0.2) is False
+        assert 0.7 < time.monotonic() - t0 < 3
+    finally:
+        holder.kill()
+        holder.wait()
