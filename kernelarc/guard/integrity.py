@@ -107,6 +107,9 @@ class Integrity:
             if name in sys.modules:
                 spaces[name] = sys.modules[name]
         self.spaces = spaces
+        # the worker's share of the CPU, set before any candidate code ran: a candidate that takes more threads or
+        # other cores gets more than the champion had (a red team's 2 threads against a share of 1: 1.3x)
+        self.cpu_share = self._cpu_share()
         self.torch_roots = (os.path.dirname(torch.__file__) + os.sep,)
         self.attrs = {name: _callables(ns) for name, ns in spaces.items()}
         self.modules = {m.__name__: m for m in harness_modules}
@@ -125,10 +128,19 @@ class Integrity:
             return "a threading trace/profile hook is installed"
         return None
 
+    def _cpu_share(self) -> tuple[int, int]:
+        # (not the affinity: the judge itself moves measured workers onto quiet cores, guard.quiet; a candidate's
+        # own sched_setaffinity is a banned attribute)
+        return self.torch.get_num_threads(), self.torch.get_num_interop_threads()
+
     def full(self) -> str | None:
         msg = self.quick()
         if msg:
             return msg
+        if self._cpu_share() != self.cpu_share:
+            return f"the worker's CPU share was changed (threads, inter-op threads): {self.cpu_share} -> " + str(
+                self._cpu_share()
+            )
         if self._impls is not None and len(self._impls) != self.n_impls:
             # torch registers kernels of its own namespaces lazily (torch.compile: prims, c10d, ...);
             # a Python kernel for an aten op is a candidate's re-registration.

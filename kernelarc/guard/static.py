@@ -128,6 +128,14 @@ BANNED_ATTRS = {
     "_C": "torch._C internals bypass the harness's view of streams and allocators",
     "__dict__": "reaches module or object state",
     "putenv": "changes the environment",
+    "set_num_threads": "takes more CPU threads than the worker's share",
+    "set_num_interop_threads": "takes more CPU threads than the worker's share",
+    "sched_setaffinity": "takes CPUs outside the worker's share",
+    "posix_spawn": "starts processes",
+    "posix_spawnp": "starts processes",
+    "register_at_fork": "runs code in forked processes",
+    **{f"spawn{x}": "starts processes" for x in ("l", "le", "lp", "lpe", "ve", "vp", "vpe")},
+    **{f"exec{x}": "replaces the process" for x in ("l", "le", "lp", "lpe", "vp", "vpe")},
 }
 # Module roots whose attributes a candidate may not assign to (monkey-patching); names bound by the
 # candidate's own import statements are added per source.
@@ -231,6 +239,9 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                     flag(node, f"imports {name} (reaches into the harness; only kernelarc.cutlass is allowed)")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
             flag(node, f"calls {node.func.id}() ({BANNED_CALLS[node.func.id]})")
+        elif isinstance(node, ast.Call) and _callee(node) == "type" and len(node.args) == 3:
+            # type(name, bases, namespace) names its methods as data: a "__del__" spelt in pieces ran untimed work
+            flag(node, "builds a class with type(name, bases, dict) (hides its dunder methods from these checks)")
         elif isinstance(node, ast.Call) and _callee(node) in ("getattr", "hasattr", "attrgetter", "methodcaller"):
             fname = _callee(node)
             args = node.args[1:2] if fname in ("getattr", "hasattr") else node.args[:1]

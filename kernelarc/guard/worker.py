@@ -280,6 +280,9 @@ class Harness:
                     "rejected_hack",
                     f"output {name}: {type(o).__module__}.{type(o).__name__} is not a plain torch.Tensor",
                 )
+            if getattr(o, "__dict__", None):
+                # an object hung on the output (a finaliser that runs when the harness drops it, after the clock)
+                raise CandidateFailure("rejected_hack", f"output {name} carries Python attributes {sorted(o.__dict__)}")
             if o.device != self.device:
                 raise CandidateFailure("incorrect", f"output {name}: on {o.device}, expected {self.device}")
             if tuple(o.shape) != tuple(shape):

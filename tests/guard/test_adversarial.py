@@ -214,6 +214,32 @@ def run(x, weight):
     + HONEST
 )
 
+# Second round: threads beyond the worker's share, a finaliser hung on the output, processes through posix_spawn.
+TAKE_THREADS_PAST_STATIC = (
+    "import torch\ntorch.set_num_threads(torch.get_num_threads() + 1)\ndef run(x, weight):\n" + HONEST
+)
+TAKE_THREADS = "import torch\n_t = torch\n_t.set_num_threads(64)\ndef run(x, weight):\n" + HONEST
+FINALISER = """import torch
+def _later(self):
+    pass
+_Fin = type("Fin", (), {"_" + "_del_" + "_": _later})
+def run(x, weight):
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
+    y.tag = _Fin()
+    return y
+"""
+FINALISER_PAST_STATIC = """import torch
+class _Fin:
+    pass
+def run(x, weight):
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
+    y.tag = _Fin()
+    return y
+"""
+POSIX_SPAWN = "import torch\nimport os\n_p = os.posix_spawn\ndef run(x, weight):\n" + HONEST
+
 
 def _cand(src: str) -> Candidate:
     return Candidate(source=src, language="pytorch")
@@ -242,6 +268,11 @@ BAD = {
     "pydantic_forge": (PYDANTIC_FORGE, False, Status.rejected_hack),
     "pydantic_forge_past_static": (PYDANTIC_FORGE, True, Status.rejected_hack),
     "getattr_alias_frame": (GETATTR_ALIAS_FRAME, False, Status.rejected_hack),
+    "take_threads": (TAKE_THREADS, False, Status.rejected_hack),
+    "take_threads_past_static": (TAKE_THREADS_PAST_STATIC, True, Status.rejected_hack),
+    "finaliser_via_type": (FINALISER, False, Status.rejected_hack),
+    "finaliser_past_static": (FINALISER_PAST_STATIC, True, Status.rejected_hack),
+    "posix_spawn": (POSIX_SPAWN, False, Status.rejected_hack),
     "column_major_output": (
         GOOD.replace(".to(x.dtype)\n", ".to(x.dtype).t().contiguous().t()\n"),
         False,
@@ -327,6 +358,31 @@ def test_a_mark_written_into_an_input_that_keeps_its_content_is_a_hack():
         g.close()
     assert v.status is Status.rejected_hack, (v.status, v.errors)
     assert any("wrote into its inputs" in e or "mutated its inputs" in e for e in v.errors), v.errors
+
+
+def test_a_constant_softmax_that_passes_element_by_element_is_incorrect(tmp_path):
+    """Red team: on 4096-wide rows every probability is below atol=1e-2, so 1/N everywhere matched 99% of the
+    elements and was crowned 5.7x. Grossly off the float64 reference (whose own error is small): incorrect. An
+    honest softmax in another precision still passes."""
+    from kernelarc.guard.judge import Guard, GuardConfig
+    from kernelarc.tasks import load_builtin
+    from kernelarc.tasks.loader import load_task
+
+    src = load_builtin("softmax").path
+    (tmp_path / "definition.json").write_text((src / "definition.json").read_text())
+    wl = {"uuid": "w", "axes": {"M": 8, "N": 4096}, "inputs": {"x": {"type": "random"}}}
+    (tmp_path / "workload.jsonl").write_text(json.dumps(wl) + "\n")
+    task = load_task(tmp_path, cpu=True)
+    g = Guard(task, None, "cpu", GuardConfig(timeout_s=30, target_ms=5, min_iters=3, max_iters=20, prestart=1))
+    try:
+        const = "import torch\n\n\ndef run(x):\n    return torch.full_like(x, 1.0 / x.shape[-1])\n"
+        v = g.evaluate(_cand(const), timeout_s=30).verdict
+        assert v.status is Status.incorrect and "float64 reference" in " ".join(v.errors), (v.status, v.errors)
+        low = "import torch\n\n\ndef run(x):\n    return torch.softmax(x.to(torch.bfloat16), -1).to(x.dtype)\n"
+        v = g.evaluate(_cand(low), timeout_s=30).verdict
+        assert v.correct, v.errors
+    finally:
+        g.close()
 
 
 def test_no_timed_call_repeats_an_input(guard, tmp_path):
