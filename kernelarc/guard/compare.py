@@ -138,8 +138,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # A relative L2 error against the float64 reference above this, where the reference's own is under GROSS_REF, is
 # incorrect whatever the element-wise rule says: a red team's softmax that returned 1/N everywhere matched 99% of the
-# elements of a 4096-wide row within atol=1e-2 (every probability is below it) and was crowned 5.7x.
-GROSS_REL = 0.5
+# elements of a 4096-wide row within atol=1e-2 (every probability is below it) and was crowned 5.7x. Its error is
+# 0.79 on unit normal rows but 0.43 on the -|N(0, 1)| distribution; honest bf16 / fp8 outputs are near 1e-2.
+GROSS_REL = 0.2
 GROSS_REF = 0.05
 
 

@@ -135,6 +135,17 @@ def _children() -> list[int]:
     return kids
 
 
+def _foreign(v: Any, depth: int = 0) -> bool:
+    """Whether a value hung on an output is (or holds) an object other than plain data of Python or torch: what can
+    carry a finaliser."""
+    if isinstance(v, list | tuple | set | frozenset):
+        return depth > 3 or len(v) > 1000 or any(_foreign(x, depth + 1) for x in v)
+    if isinstance(v, dict):
+        return depth > 3 or len(v) > 1000 or any(_foreign(x, depth + 1) for kv in v.items() for x in kv)
+    mod = type(v).__module__ or ""
+    return not (mod == "builtins" or mod == "torch" or mod.startswith("torch."))
+
+
 class Harness:
     """Executes the judge's commands for one job (see ``protocol.Cmd``); the judge decides everything."""
 
@@ -280,9 +291,11 @@ class Harness:
                     "rejected_hack",
                     f"output {name}: {type(o).__module__}.{type(o).__name__} is not a plain torch.Tensor",
                 )
-            if getattr(o, "__dict__", None):
-                # an object hung on the output (a finaliser that runs when the harness drops it, after the clock)
-                raise CandidateFailure("rejected_hack", f"output {name} carries Python attributes {sorted(o.__dict__)}")
+            hung = [k for k, v in (getattr(o, "__dict__", None) or {}).items() if _foreign(v)]
+            if hung:
+                # an object hung on the output (a finaliser that runs when the harness drops it, after the clock);
+                # torch's own bookkeeping (Dynamo's sets of ints) is plain data
+                raise CandidateFailure("rejected_hack", f"output {name} carries Python objects in {sorted(hung)}")
             if o.device != self.device:
                 raise CandidateFailure("incorrect", f"output {name}: on {o.device}, expected {self.device}")
             if tuple(o.shape) != tuple(shape):
