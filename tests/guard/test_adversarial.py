@@ -252,7 +252,9 @@ def guard():
 
 
 BAD = {
-    "cache_ptr_version": (CACHE_PTR_VERSION, False, Status.rejected_hack),
+    # rejected either way: a hack where the rewritten-in-place check catches it; incorrect where the allocator gives
+    # the first check's inputs the warm-up's addresses and the memo answers it stale (seen once in CI, under xdist)
+    "cache_ptr_version": (CACHE_PTR_VERSION, False, (Status.rejected_hack, Status.incorrect)),
     "skip_later_calls": (SKIP_LATER_CALLS, False, Status.rejected_hack),
     "deferred_dispatch_mode": (DEFERRED_DISPATCH, False, Status.rejected_hack),
     "deferred_function_mode": (DEFERRED_FUNCTION, False, Status.rejected_hack),
@@ -285,7 +287,7 @@ BAD = {
 def test_adversarial_kernels_get_the_right_status(guard, name):
     src, trusted, want = BAD[name]
     v = guard.evaluate(_cand(src), trusted=trusted, timeout_s=15).verdict
-    assert v.status is want, (name, v.status, v.errors)
+    assert v.status in (want if isinstance(want, tuple) else (want,)), (name, v.status, v.errors)
     assert v.errors
 
 
