@@ -271,10 +271,8 @@ class SearchSession(SessionPhases):
         # a GPU that other sessions (suite shards, sweeps) are measuring on, except by the waits the budget does not
         # count (_budget_spent_s: at most budget.minutes of them in all), by which its end moves on as they happen
         # (guard.drive.Hard): without it, on the H200, torch.compile beside the search timed out after 95-99 s
-        # waiting behind L1/094's timings.
-        # The allowance moves an evaluation's end on only by the time it waits behind another process: waits behind
-        # this session's own other evaluation in flight are the session's time (on the CPU, a 60 s session with two in
-        # flight ran 240 s when the whole allowance was added to every deadline up front).
+        # waiting behind L1/094's timings. Waits behind this session's own other evaluation in flight move nothing
+        # (on the CPU, a 60 s session with two in flight ran 240 s when the allowance was added up front).
         extra: dict[str, float] = {}
         if deadline is None:
             deadline = wall + max(self._time_left_s(), 0.0) + self.settings.guard.timeout_s

@@ -151,6 +151,17 @@ def unpin(t: torch.Tensor) -> None:
         torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
 
 
+def scalar_values(task: Task, wl: int, outs: list[Any]) -> list[Any]:
+    """``outs`` with each scalar output (shape null) that came as a 0-d tensor replaced by its value, as NVIDIA's
+    harness takes it (a loss from F.cross_entropy): in the worker for a candidate's outputs, in the judge for the
+    reference's. ``outs`` itself where there is none (a cached seed's outputs stay the same object)."""
+    at = [i for i, name in enumerate(task.definition.outputs) if i < len(outs) and task.shape(name, wl) is None
+          and type(outs[i]) is torch.Tensor and outs[i].dim() == 0]  # fmt: skip
+    if not at:
+        return outs
+    return [o.item() if i in at else o for i, o in enumerate(outs)]
+
+
 def scalar(value: Any) -> bool | int | float:
     if isinstance(value, bool):
         return bool(value)

@@ -137,10 +137,9 @@ class Integrity:
         msg = self.quick()
         if msg:
             return msg
-        if self._cpu_share() != self.cpu_share:
-            return f"the worker's CPU share was changed (threads, inter-op threads): {self.cpu_share} -> " + str(
-                self._cpu_share()
-            )
+        share = self._cpu_share()
+        if share != self.cpu_share:
+            return f"the worker's CPU share was changed (threads, inter-op threads): {self.cpu_share} -> {share}"
         if self._impls is not None and len(self._impls) != self.n_impls:
             # torch registers kernels of its own namespaces lazily (torch.compile: prims, c10d, ...);
             # a Python kernel for an aten op is a candidate's re-registration.

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from kernelarc.guard.buffers import JudgeBuffer, buffer_bytes, layout
+from kernelarc.guard.buffers import JudgeBuffer, buffer_bytes, layout, scalar_values
 from kernelarc.guard.compare import compare_output, stride_mismatch
 from kernelarc.guard.decision import Decision, decide, geomean, median, rel_noise
 from kernelarc.guard.devlock import DeviceLock
@@ -130,10 +130,6 @@ def compiled_candidate(task: Task) -> Candidate:
         src = "import torch\n" + src
     return Candidate(source=src, language="pytorch", agent="baseline", strategy="torch.compile",
                      rationale="torch.compile of the reference")  # fmt: skip
-
-
-def _scalar_value(o: Any) -> Any:
-    return o.item() if isinstance(o, torch.Tensor) and o.dim() == 0 else o
 
 
 class Guard:
@@ -243,13 +239,9 @@ class Guard:
                 hps = None
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
-        # a scalar output (shape null) the reference returns as a 0-d tensor is its value (the worker reads a
-        # candidate's the same way)
-        scalar = [self.task.shape(name, wl) is None for name in self.task.definition.outputs]
-        if any(scalar):  # (a new list only then: a cached seed's outputs stay the same object)
-            outs = [_scalar_value(o) if s else o for o, s in zip(outs, scalar, strict=False)]
-            if hps is not None:
-                hps = [_scalar_value(o) if s else o for o, s in zip(hps, scalar, strict=False)]
+        # a scalar output the reference returns as a 0-d tensor is its value (the worker reads a candidate's so)
+        outs = scalar_values(self.task, wl, outs)
+        hps = scalar_values(self.task, wl, hps) if hps is not None else None
         with self._refs_lock:
             self.reference_s += time.monotonic() - t_ref
             self._refs[key] = (outs, hps, hp)

@@ -180,7 +180,7 @@ class Harness:
         self.out_specs = list(self.task.definition.outputs.items())
         self.layout = buffers.layout
         self.view = buffers.view
-        self.scalar = buffers.scalar
+        self.scalar, self.scalar_values = buffers.scalar, buffers.scalar_values
         self.role_of = getattr(inputs_mod, "role_of", None)
         self.warnings: list[str] = []
         self.phases: dict[str, float] = {}
@@ -261,13 +261,7 @@ class Harness:
             raise CandidateFailure("incorrect", f"returned 1 output, expected {n}")
         else:
             outs = [result]
-        # A scalar output (shape null) may come as a 0-d tensor, as NVIDIA's harness takes it (a loss from
-        # F.cross_entropy): its value, read after the call like any output's
-        for i, (name, _spec) in enumerate(self.out_specs):
-            o = outs[i]
-            if self.task.shape(name, wl) is None and type(o) is self.torch.Tensor and o.dim() == 0:
-                outs[i] = o.item()
-        return outs
+        return self.scalar_values(self.task, wl, outs)  # read after the call like any output
 
     def _storage_span(self, t) -> tuple[int, int]:
         st = t.untyped_storage()
