@@ -54,6 +54,8 @@ from kernelarc.graph.adapters import (
 from kernelarc.graph.capture import Capture, CaptureError, GraphTooLarge, capture_task
 from kernelarc.graph.catalog import recognize
 from kernelarc.graph.compose import CasePlan, CompositionError, GraphKnobs, SitePlan, check_case, emit_module
+from kernelarc.graph.fusion import FAMILY as FUSED_NAME
+from kernelarc.graph.fusion import render_fused
 from kernelarc.graph.patterns import Kind, Site
 from kernelarc.graph.recurrence import KNOB_DEFAULTS as RECURRENCE_DEFAULTS
 from kernelarc.graph.recurrence import Recurrence, RecurrenceError, recognise_recurrence, render_recurrence
@@ -62,7 +64,24 @@ log = logging.getLogger(__name__)
 
 FAMILIES: list[Family] = []
 
-SUBSTITUTABLE = set(FAMILY_TASK) | LIBRARY_KINDS
+SUBSTITUTABLE = set(FAMILY_TASK) | LIBRARY_KINDS | {Kind.fused}
+
+# The kernel of fused regions (kernelarc.graph.fusion): generated per region, so it has no built-in task; its
+# knobs are the generated kernels' (the same for every region of a candidate).
+FUSED_KERNEL = Family(
+    name=FUSED_NAME,
+    task="",
+    description="elementwise ops with their row and column reductions as one generated Triton kernel per region "
+    "(persistent programs over blocks of rows, a row held in registers)",
+    knobs=(
+        Knob("TILE", (1024, 2048, 4096, 8192, 16384), "tiling", "elements per block of rows (rows = TILE / row width)"),
+        Knob("NUM_WARPS", (4, 8, 2, 16, 1), "scheduling", "warps per program"),
+        Knob("WAVES", (2, 4, 1, 8), "scheduling", "persistent programs per SM (column sums: one partial per program)"),
+    ),
+    start={"TILE": 4096, "NUM_WARPS": 4, "WAVES": 2},
+    render=lambda k: "",
+    language="triton",
+)
 
 
 @dataclass
@@ -273,7 +292,8 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
     part_of: dict[tuple, str] = {}
     kernel_src = None
     if kernel is not None:
-        kernel_src = kernel.render({n.name: knobs[n.name] for n in kernel.knobs})
+        kernel_knobs = {n.name: knobs[n.name] for n in kernel.knobs}
+        kernel_src = kernel.render(kernel_knobs)
     plans: list[CasePlan] = []
     for case, sites in zip(rec.capture.cases, rec.sites, strict=True):
         plan = CasePlan(case)
@@ -284,7 +304,10 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
             if s.kind is kernel_kind and Impl.family in impls and kernel_src is not None:
                 src = kernel_src
                 pkey: tuple = (kernel.name,)
-                if s.kind in (Kind.rmsnorm, Kind.add_rmsnorm):
+                if s.kind is Kind.fused:  # a kernel of its own per region (equal regions share one)
+                    src = render_fused(s.params["_region"], kernel_knobs, task.name)
+                    pkey = (kernel.name, src)
+                elif s.kind in (Kind.rmsnorm, Kind.add_rmsnorm):
                     src = patch_eps(kernel_src, float(s.params["eps"]))
                     pkey = (kernel.name, float(s.params["eps"]))
                 elif s.kind is Kind.rope and rope_full_cos(s.params):
@@ -362,6 +385,10 @@ def composed_families(task) -> list[Family]:
         sites = rec.substitutable(kind, Impl.family)
         if not sites:
             continue
+        if kind is Kind.fused:
+            other = [k for k in gknobs + _impl_knobs(rec, kind) if k.name not in {n.name for n in FUSED_KERNEL.knobs}]
+            out.append(_kernel_family(task, rec, FUSED_KERNEL, kind, other))
+            continue
         builtin_task = FAMILY_TASK[kind]
         dts = {str(s.params["dtype"]) for s in sites if "dtype" in s.params}  # the sites' operand dtypes
         for fam in all_families().values():
@@ -384,7 +411,7 @@ def composed_families(task) -> list[Family]:
 # fuse itself (attention written as matmul-softmax-matmul, fused add + norm) before the memory-bound
 # ones it fuses well, and GEMMs (cuBLAS is the bar) last.
 KIND_PRIORITY = (Kind.fp8_gemm, Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.glu, Kind.rope, Kind.softmax,
-                 Kind.gemm)  # fmt: skip
+                 Kind.fused, Kind.gemm)  # fmt: skip
 # ops that move no data (views and size arithmetic): a graph left with only these has nothing to compile
 _VIEW_OPS = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "unsqueeze", "squeeze", "expand",
              "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "alias", "detach", "sym_size",
@@ -465,23 +492,25 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
         if base_name == "library":
             library = f
             continue
-        base = all_families().get(base_name)
+        base = FUSED_KERNEL if base_name == FUSED_NAME else all_families().get(base_name)
         kind = next((k for k, t in FAMILY_TASK.items() if base is not None and t == base.task), None)
+        kind = Kind.fused if base is FUSED_KERNEL else kind
         if kind is not None:
             by_kind.setdefault(kind, []).append(f)
     for fams in by_kind.values():
-        fams.sort(key=lambda f: (f.language == "cutlass", registry.index(f.name.removeprefix(prefix))))
+        fams.sort(key=lambda f: (f.language == "cutlass", _registry_index(registry, f.name.removeprefix(prefix))))
     kinds = sorted(by_kind, key=KIND_PRIORITY.index)
     rest_of = {k: "inductor" if rest_compute_ops(rec, k) > 0 else "eager" for k in kinds}
     rest = "inductor" if rest_compute_ops(rec) > 0 else "eager"  # the library family's
     first_rest = rest_of[kinds[0]] if kinds else rest
     other = "eager" if first_rest == "inductor" else "inductor"
 
-    def at(f: Family | None, r: str, cuda_graph: bool = False) -> tuple[Family, dict[str, Any]] | None:
+    def at(f: Family | None, r: str, cuda_graph: bool = False, extra: Mapping[str, Any] | None = None
+           ) -> tuple[Family, dict[str, Any]] | None:  # fmt: skip
         if f is None:
             return None
         names = {k.name for k in f.knobs}
-        point = {**f.start, **({"rest": r} if "rest" in names else {})}
+        point = {**f.start, **(extra or {}), **({"rest": r} if "rest" in names else {})}
         if cuda_graph and "cuda_graph" in names:
             point["cuda_graph"] = True
         try:
@@ -502,6 +531,9 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
     graphed += [at(library, rest if lib_sites else "inductor", cuda_graph=True)]
     if launch_bound(task, rec):
         order = order[:1] + graphed + order[1:]
+    elif firsts and firsts[0].name.removeprefix(prefix) in SECOND_POINT:  # data-bound: the kernel's next design first
+        step = SECOND_POINT[firsts[0].name.removeprefix(prefix)]
+        order = order[:1] + [at(firsts[0], first_rest, extra=step)] + order[1:]
     order += graphed
     order += [at(library, "eager" if rest == "inductor" else "inductor")] if lib_sites and rest == "inductor" else []
     order += [at(f, rest_of[k]) for k in kinds for f in by_kind[k][1:]]
@@ -517,6 +549,15 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
             seen.add(key)
             out.append(item)
     return out
+
+
+# A kernel family's second point where the problem moves data rather than launches (a CUDA-graph replay gains nothing
+# there): the fused kernel with twice the elements per block and twice the warps (a wide row wants more threads).
+SECOND_POINT: dict[str, dict[str, Any]] = {FUSED_NAME: {"TILE": 8192, "NUM_WARPS": 8}}
+
+
+def _registry_index(registry: list[str], name: str) -> int:
+    return registry.index(name) if name in registry else len(registry)
 
 
 def library_tasks(task, families: list[Family]) -> dict[str, set[str]]:

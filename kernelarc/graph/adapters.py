@@ -76,6 +76,8 @@ class Ctx:
 def family_ok(site: Site) -> str | None:
     """Why a family kernel cannot serve ``site`` (None when it can)."""
     p = site.params
+    if site.kind is Kind.fused:
+        return None  # recognised only in the forms its generated kernel takes
     if site.kind not in FAMILY_TASK:
         return f"no KernelArc family for {site.kind.value}"
     if site.kind is Kind.gemm:
@@ -475,6 +477,25 @@ def rope_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) 
     ]
 
 
+def fused_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    """A fused region (``kernelarc.graph.fusion``): its generated kernel, or its own ops for inputs the kernel
+    does not serve (rows wider than it holds, other shapes than traced)."""
+    if impl is not Impl.family or c.part is None or c.fallback is None:
+        raise AdapterError("fused region: only the generated kernel (the graph's ops otherwise)")
+    region = site.params["_region"]
+    ins = ", ".join(c.name(a) for a in region.inputs)
+    names = []
+    for i, n in enumerate(region.outputs):
+        names.append(out if n is site.output else extra[f"out{i}"])
+    return [
+        f"_f = {c.part}run({ins})",
+        "if _f is not None:",
+        f"    {', '.join(names)}, = _f",
+        "else:",
+        *["    " + ln for ln in c.fallback()],
+    ]
+
+
 LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] = {
     Kind.rmsnorm: rmsnorm_lines,
     Kind.add_rmsnorm: rmsnorm_lines,
@@ -485,6 +506,7 @@ LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] =
     Kind.fp8_gemm: fp8_gemm_lines,
     Kind.attention: attention_lines,
     Kind.rope: rope_lines,
+    Kind.fused: fused_lines,
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.fx
 from torch.fx import Node
 
+from kernelarc.graph.fusion import fused_sites
 from kernelarc.graph.gated import glu_sites
 from kernelarc.graph.patterns import (
     Site,
@@ -42,6 +43,7 @@ def recognize(gm: torch.fx.GraphModule) -> list[Site]:
     add(glu_sites(gm, taken))
     add(rope_sites(gm, taken))
     add(_gemm_sites(gm, taken))
+    add(fused_sites(gm, taken))  # what is left of elementwise ops and reductions, as generated kernels
     add(_leftover_sites(gm, taken))
     return sites
 

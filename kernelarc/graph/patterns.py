@@ -38,6 +38,7 @@ class Kind(StrEnum):
     softmax = "softmax"
     glu = "glu"
     rope = "rope"
+    fused = "fused"  # elementwise ops with row / column reductions as one generated kernel (kernelarc.graph.fusion)
     elementwise = "elementwise"
     reduction = "reduction"
 
@@ -52,7 +53,7 @@ class Site:
     extra_outputs: dict[str, Node] = field(default_factory=dict)  # role -> covered node read outside the site
 
     def describe(self) -> str:
-        shown = {k: v for k, v in self.params.items() if k not in ("users",)}
+        shown = {k: v for k, v in self.params.items() if k != "users" and not k.startswith("_")}
         items = ", ".join(f"{k}={v}" for k, v in shown.items())
         return f"{self.kind.value}({items})" if items else self.kind.value
 

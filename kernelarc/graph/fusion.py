@@ -1,0 +1,683 @@
+"""Fused regions: connected elementwise ops with row and column reductions, as one generated Triton kernel.
+
+A *region* is a set of graph nodes whose values all live on one anchor shape ``(R..., H)`` (``H`` the last
+axis): every value is either the whole anchor (``full``), one value per row (``row``: ``(R..., 1)``), one per
+column (``col``: ``(H,)`` or ``(1.., H)``) or one in all (``scalar``). Its ops are pointwise ops (the aten ops
+torch tags pointwise that KernelArc can write in Triton: arithmetic, exp / log / tanh / sigmoid / erf,
+comparisons, where / masked_fill, clamps, casts) and reductions of a ``full`` value over the last axis (a
+``row`` value the region may read again, as RMSNorm's mean or a softmax's max), over the leading axes (a
+weight's gradient: ``sum(dim=(0, 1))``) or over everything (a scalar loss).
+
+KernelArc writes one kernel per region (``render_fused``): persistent programs walk blocks of rows, each
+row is loaded once into registers, every op and row reduction runs there, column and full reductions are
+accumulated per program and summed after the kernel. That is the fusion Inductor does not do across a row
+and a column reduction (a norm's backward: the input gradient per row and the weight gradient per column in
+one pass over the saved tensors, not two), and one launch where the eager graph makes one per op.
+
+Each op's result is rounded to its dtype as the reference's eager op rounds it (a bf16 op's value is a bf16
+value), and reductions accumulate in fp32 as torch's do. Anything else (views, int tensors, fp64, other
+broadcasts, a value read outside the region before the region ends) leaves the node outside the region, to
+the rest of the graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx import Node
+
+from kernelarc.graph.capture import node_dtype, node_shape, static_int
+from kernelarc.graph.patterns import Kind, Site, arg, op
+
+# Rows of at most this many elements are held in registers (BLOCK_H, a power of two); wider rows run the
+# region's own graph ops.
+MAX_H = 16384
+FAMILY = "fused.rowblock"
+
+
+class Role(StrEnum):
+    full = "full"  # the anchor's shape
+    row = "row"  # (R..., 1): one value per row, broadcast along H
+    col = "col"  # (H,) with leading 1s: one value per column
+    scalar = "scalar"  # one value
+    # reduction results, outputs only (the region does not read them back)
+    rowflat = "rowflat"  # (R...): a last-axis reduction without keepdim
+    colred = "colred"  # over the leading axes
+    allred = "allred"  # over every axis
+
+
+FLOATS = {torch.float32, torch.bfloat16, torch.float16}
+LOW = {torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
+TRANSPARENT = {"clone", "contiguous", "alias", "detach", "lift_fresh_copy"}
+CASTS = {"to", "_to_copy", "type_as"}
+REDUCE = {"sum", "mean", "amax", "amin"}
+
+# pointwise ops as Triton expressions of their operands (fp32 values, bool masks)
+_UNARY = {
+    "neg": "-({0})",
+    "exp": "tl.exp({0})",
+    "log": "tl.log({0})",
+    "sqrt": "tl.sqrt_rn({0})",
+    "rsqrt": "(1.0 / tl.sqrt_rn({0}))",
+    "reciprocal": "(1.0 / ({0}))",
+    "abs": "tl.abs({0})",
+    "sin": "tl.sin({0})",
+    "cos": "tl.cos({0})",
+    "sigmoid": "tl.sigmoid({0})",
+    "silu": "(({0}) * tl.sigmoid({0}))",
+    "relu": "tl.maximum({0}, 0.0)",
+    "erf": "tl.erf({0})",
+    "tanh": "_tanh({0})",
+    "square": "(({0}) * ({0}))",
+    "exp2": "tl.exp2({0})",
+    "log2": "tl.log2({0})",
+    "floor": "tl.floor({0})",
+    "ceil": "tl.ceil({0})",
+    "bitwise_not": "(({0}) == 0)",
+    "logical_not": "(({0}) == 0)",
+}
+_BINARY = {
+    "mul": "(({0}) * ({1}))",
+    "div": "(({0}) / ({1}))",
+    "maximum": "tl.maximum({0}, {1})",
+    "minimum": "tl.minimum({0}, {1})",
+    "eq": "(({0}) == ({1}))",
+    "ne": "(({0}) != ({1}))",
+    "lt": "(({0}) < ({1}))",
+    "le": "(({0}) <= ({1}))",
+    "gt": "(({0}) > ({1}))",
+    "ge": "(({0}) >= ({1}))",
+    "bitwise_and": "(({0}) & ({1}))",
+    "bitwise_or": "(({0}) | ({1}))",
+    "logical_and": "(({0}) & ({1}))",
+    "logical_or": "(({0}) | ({1}))",
+}
+_OTHER = {"add", "sub", "rsub", "pow", "where", "masked_fill", "clamp", "clamp_min", "clamp_max", "gelu"}
+POINTWISE = set(_UNARY) | set(_BINARY) | _OTHER | TRANSPARENT | CASTS
+
+
+@dataclass
+class Value:
+    """A value the kernel reads or computes: its role on the anchor and its dtype."""
+
+    role: Role
+    dtype: torch.dtype
+
+
+@dataclass
+class Region:
+    """One fused region of a graph: its nodes in graph order, inputs, outputs and the anchor."""
+
+    rank: int
+    H: int | None  # the row width as traced (None: symbolic with no traced value)
+    nodes: list[Node]
+    inputs: list[Node] = field(default_factory=list)  # tensor values read from outside, in first-use order
+    outputs: list[Node] = field(default_factory=list)  # region nodes read outside it, in graph order
+    roles: dict[Node, Role] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        red = sum(op(n) in REDUCE for n in self.nodes)
+        return f"{len(self.nodes)} ops, {red} reductions, H={self.H}, {len(self.inputs)} in, {len(self.outputs)} out"
+
+
+# ------------------------------------------------------------------------------------------
+# recognition
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    try:
+        return bool(a == b) if not isinstance(a, torch.SymInt) and not isinstance(b, torch.SymInt) else str(a) == str(b)
+    except Exception:  # noqa: BLE001 - an undecidable symbolic comparison: not the same
+        return False
+
+
+def _is_one(a: Any) -> bool:
+    return static_int(a) == 1
+
+
+def shape_role(shape: tuple | None, anchor: tuple) -> Role | None:
+    """The role of a value of ``shape`` broadcast against ``anchor`` (None: another broadcast)."""
+    if shape is None or len(shape) > len(anchor):
+        return None
+    pad = (1,) * (len(anchor) - len(shape)) + tuple(shape)
+    lead_same = all(_same(a, b) for a, b in zip(pad[:-1], anchor[:-1], strict=True))
+    lead_one = all(_is_one(a) for a in pad[:-1])
+    last_h, last_one = _same(pad[-1], anchor[-1]), _is_one(pad[-1])
+    if lead_one and last_one:
+        return Role.scalar
+    if lead_same and last_h:
+        return Role.full
+    if lead_same and last_one:
+        return Role.row
+    if lead_one and last_h:
+        return Role.col
+    return None
+
+
+def _dims(n: Node, rank: int) -> tuple[set[int] | None, bool]:
+    """The axes a reduction node reduces (None: all) and its keepdim."""
+    name = op(n)
+    if len(n.args) == 1 and not n.kwargs.get("dim"):
+        return None, False
+    dim = arg(n, 1, "dim")
+    keep = bool(arg(n, 2, "keepdim", False))
+    if dim is None or (isinstance(dim, list | tuple) and len(dim) == 0 and name in ("amax", "amin", "sum", "mean")):
+        return None, keep
+    dims = dim if isinstance(dim, list | tuple) else [dim]
+    if not all(isinstance(d, int) for d in dims):
+        return set(), keep
+    return {d % rank for d in dims}, keep
+
+
+def _reduction_role(n: Node, anchor: tuple) -> Role | None:
+    rank = len(anchor)
+    if op(n) not in REDUCE or not isinstance(n.args[0], Node) or node_shape(n.args[0]) is None:
+        return None
+    if shape_role(node_shape(n.args[0]), anchor) is not Role.full or len(node_shape(n.args[0])) != rank:
+        return None
+    if n.kwargs.get("dtype") is not None and n.kwargs["dtype"] not in FLOATS:
+        return None
+    dims, keep = _dims(n, rank)
+    if dims is None or dims == set(range(rank)):
+        return Role.allred
+    if dims == {rank - 1}:
+        return Role.row if keep else Role.rowflat
+    if dims == set(range(rank - 1)) and dims:
+        return Role.colred
+    return None
+
+
+def _literal_ok(a: Any) -> bool:
+    return isinstance(a, bool | int | float)
+
+
+def _pointwise_ok(n: Node) -> bool:
+    """An op of a form the codegen writes (operands tensors of the region or literals)."""
+    name = op(n)
+    if name not in POINTWISE:
+        return False
+    if name in CASTS:
+        dt = n.kwargs.get("dtype", n.args[1] if len(n.args) > 1 else None)
+        if name == "type_as":
+            dt = node_dtype(n)
+        if not isinstance(dt, torch.dtype) or dt not in FLOATS | {torch.bool}:
+            return False
+        extra = {k: v for k, v in n.kwargs.items() if k not in ("dtype", "copy", "non_blocking", "memory_format")}
+        if extra or any(isinstance(a, torch.device) for a in n.args[1:]):
+            return False
+        return len(n.args) <= 2 or name == "type_as"
+    if (
+        name == "pow"
+        and not (isinstance(n.args[0], Node) and _pow_exponent(n.args[1]) is not None)
+        and not (_literal_ok(n.args[0]) and not isinstance(n.args[0], bool) and float(n.args[0]) > 0)
+    ):
+        return False
+    if name == "gelu" and n.kwargs.get("approximate", arg(n, 1, "approximate", "none")) not in ("none", "tanh"):
+        return False
+    if name == "div" and n.kwargs.get("rounding_mode") is not None:
+        return False
+    operands = [a for a in list(n.args) + [v for k, v in n.kwargs.items() if k in ("alpha", "min", "max", "other")]]
+    for a in operands:
+        if isinstance(a, Node):
+            if node_dtype(a) not in FLOATS | {torch.bool}:
+                return False
+        elif a is not None and not _literal_ok(a) and not isinstance(a, str):
+            return False
+    return node_dtype(n) in FLOATS | {torch.bool}
+
+
+def _pow_exponent(e: Any) -> float | None:
+    if isinstance(e, bool) or not isinstance(e, int | float):
+        return None
+    return float(e) if float(e) in (-1.0, -0.5, 0.5, 1.0, 2.0, 3.0, 4.0) else None
+
+
+def _admit(n: Node, anchor: tuple) -> Role | None:
+    """The role of node ``n`` in a region on ``anchor`` (None: it stays outside)."""
+    if op(n) in REDUCE:
+        return _reduction_role(n, anchor) if node_dtype(n) in FLOATS else None
+    if not _pointwise_ok(n):
+        return None
+    role = shape_role(node_shape(n), anchor)
+    if role is None:
+        return None
+    for a in n.all_input_nodes:
+        if shape_role(node_shape(a), anchor) is None:
+            return None
+    return role
+
+
+def _grow(seed: Node, anchor: tuple, taken: set[Node]) -> dict[Node, Role]:
+    roles: dict[Node, Role] = {}
+    todo = [seed]
+    while todo:
+        m = todo.pop()
+        if m in roles or m in taken or m.op != "call_function":
+            continue
+        role = _admit(m, anchor)
+        if role is None:
+            continue
+        roles[m] = role
+        todo += list(m.all_input_nodes) + list(m.users)
+    return roles
+
+
+def _prune(roles: dict[Node, Role], order: dict[Node, int]) -> None:
+    """Drop nodes the kernel cannot serve as placed, to a fixpoint: ops reading a reduction that is an output
+    only; values other than full or row values or reductions that the graph reads outside the region; values
+    the graph reads before the region's last node (where the region is computed)."""
+    changed = True
+    while changed and roles:
+        changed = False
+        out_only = {Role.rowflat, Role.colred, Role.allred}
+        for n in list(roles):
+            if any(a in roles and roles[a] in out_only for a in n.all_input_nodes):
+                del roles[n]
+                changed = True
+        for n in list(roles):
+            outside = [u for u in n.users if u not in roles]
+            if outside and roles[n] in (Role.col, Role.scalar):
+                del roles[n]
+                changed = True
+        if not roles:
+            return
+        last = max(order[n] for n in roles)
+        early = [order[u] for n in roles for u in n.users if u not in roles and order[u] < last]
+        if early:
+            cut = min(early)
+            for n in list(roles):
+                if order[n] > cut:
+                    del roles[n]
+            changed = True
+
+
+def _compute(n: Node) -> bool:
+    return op(n) not in TRANSPARENT | CASTS
+
+
+def _hint(x: Any) -> int | None:
+    """An axis's size: its value, or for a symbolic size the value it was traced with (None if unknown)."""
+    v = static_int(x)
+    if v is None and isinstance(x, torch.SymInt):
+        hint = getattr(x.node, "hint", None)
+        v = int(hint) if isinstance(hint, int) else None
+    return v
+
+
+def fused_regions(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Region]:
+    """The fused regions of ``gm`` among nodes not in ``taken``, in graph order of their seeds."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    used: set[Node] = set(taken)
+    out: list[Region] = []
+    for seed in gm.graph.nodes:
+        if seed in used or seed.op != "call_function" or op(seed) in REDUCE or not _pointwise_ok(seed):
+            continue
+        anchor = node_shape(seed)
+        if not anchor:
+            continue
+        h = _hint(anchor[-1])
+        if h is not None and not 1 <= h <= MAX_H:
+            continue
+        roles = _grow(seed, anchor, used)
+        _prune(roles, order)
+        if not any(r is Role.full for r in roles.values()) or sum(_compute(n) for n in roles) < 2:
+            continue
+        nodes = sorted(roles, key=order.__getitem__)
+        inputs: list[Node] = []
+        for n in nodes:
+            for a in n.all_input_nodes:
+                if a not in roles and a not in inputs:
+                    inputs.append(a)
+        outputs = [n for n in nodes if any(u not in roles for u in n.users)]
+        if not outputs:
+            continue
+        region = Region(len(anchor), h, nodes, inputs, outputs, roles)
+        for a in inputs:
+            region.roles[a] = shape_role(node_shape(a), anchor) or Role.full
+        used.update(nodes)
+        out.append(region)
+    return out
+
+
+def fused_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
+    sites = []
+    for r in fused_regions(gm, taken):
+        last = r.nodes[-1]
+        extra = {f"out{i}": n for i, n in enumerate(r.outputs) if n is not last}
+        inputs = {f"in{i}": a for i, a in enumerate(r.inputs)}
+        params = {"ops": len(r.nodes), "H": r.H, "reductions": sum(op(n) in REDUCE for n in r.nodes), "_region": r}
+        sites.append(Site(Kind.fused, last, set(r.nodes), inputs, params, extra))
+    return sites
+
+
+# ------------------------------------------------------------------------------------------
+# code generation
+
+
+def _lit(a: Any) -> str:
+    if isinstance(a, bool):
+        return "True" if a else "False"
+    v = float(a)
+    if math.isnan(v):
+        return 'float("nan")'
+    if math.isinf(v):
+        return 'float("inf")' if v > 0 else '(-float("inf"))'
+    return repr(v)
+
+
+class _Writer:
+    def __init__(self, region: Region) -> None:
+        self.r = region
+        self.names: dict[Node, str] = {}
+        self.hoisted: list[str] = []  # loads outside the row loop (columns, scalars)
+        self.body: list[str] = []  # per row block
+        self.acc_init: list[str] = []
+        self.after: list[str] = []  # partial stores
+        self.params: list[str] = []  # kernel pointer / stride parameters
+
+    def val(self, a: Any) -> str:
+        if isinstance(a, Node):
+            return self.names[a]
+        return _lit(a)
+
+    def _round(self, n: Node, expr: str) -> str:
+        dt = node_dtype(n)
+        if dt in LOW:
+            return f"_cast_out({expr}, {LOW[dt]}).to(tl.float32)"
+        return expr
+
+    def load(self, i: int, a: Node) -> None:
+        role = self.r.roles[a]
+        name = f"x{i}"
+        conv = "" if node_dtype(a) is torch.bool else ".to(tl.float32)"
+        if role is Role.full:
+            self.params += [f"p{i}", f"sr{i}", f"sc{i}"]
+            self.body.append(f"{name} = tl.load(p{i} + rows64 * sr{i} + cols64 * sc{i}, mask=m, other=0){conv}")
+        elif role is Role.row:
+            self.params += [f"p{i}", f"sr{i}"]
+            self.body.append(f"{name} = tl.load(p{i} + rows64 * sr{i}, mask=rm2, other=0){conv}")
+        elif role is Role.col:
+            self.params += [f"p{i}", f"sc{i}"]
+            self.hoisted.append(f"{name} = tl.load(p{i} + cols64 * sc{i}, mask=cm2, other=0){conv}")
+        else:
+            self.params += [f"p{i}"]
+            self.hoisted.append(f"{name} = tl.load(p{i}){conv}")
+        self.names[a] = name
+
+    def node(self, j: int, n: Node) -> None:
+        name = op(n)
+        v = f"t{j}"
+        args = n.args
+        if name in REDUCE:
+            self._reduce(j, n)
+            return
+        if name in TRANSPARENT:
+            self.names[n] = self.val(args[0])
+            return
+        if name in CASTS:
+            src = self.val(args[0])
+            dt = node_dtype(n)
+            if dt is torch.bool:
+                expr = f"({src} != 0)"
+            elif node_dtype(args[0]) is torch.bool:
+                expr = f"{src}.to(tl.float32)"
+            else:
+                expr = self._round(n, src)
+            self.body.append(f"{v} = {expr}")
+            self.names[n] = v
+            return
+        a = [self.val(x) for x in args]
+        if name in _UNARY:
+            expr = _UNARY[name].format(a[0])
+        elif name in _BINARY:
+            expr = _BINARY[name].format(a[0], a[1])
+        elif name in ("add", "sub"):
+            alpha = n.kwargs.get("alpha", 1)
+            b = a[1] if alpha == 1 else f"({a[1]} * {_lit(alpha)})"
+            expr = f"(({a[0]}) {'+' if name == 'add' else '-'} ({b}))"
+        elif name == "rsub":
+            alpha = n.kwargs.get("alpha", 1)
+            b = a[0] if alpha == 1 else f"({a[0]} * {_lit(alpha)})"
+            expr = f"(({a[1]}) - ({b}))"
+        elif name == "pow":
+            if isinstance(args[0], Node):
+                e = _pow_exponent(args[1])
+                x = a[0]
+                expr = {-1.0: f"(1.0 / ({x}))", -0.5: f"(1.0 / tl.sqrt_rn({x}))", 0.5: f"tl.sqrt_rn({x})",
+                        1.0: f"({x})", 2.0: f"(({x}) * ({x}))", 3.0: f"(({x}) * ({x}) * ({x}))",
+                        4.0: f"(({x}) * ({x}) * ({x}) * ({x}))"}[e]  # fmt: skip
+            else:
+                expr = f"tl.exp2(({a[1]}) * {math.log2(float(args[0]))!r})"
+        elif name == "where":
+            expr = f"tl.where({a[0]}, {a[1]}, {a[2]})"
+        elif name == "masked_fill":
+            expr = f"tl.where({a[1]}, {a[2]}, {a[0]})"
+        elif name in ("clamp", "clamp_min", "clamp_max"):
+            lo = arg(n, 1, "min") if name != "clamp_max" else None
+            hi = (arg(n, 2, "max") if name == "clamp" else arg(n, 1, "max")) if name != "clamp_min" else None
+            expr = a[0]
+            if lo is not None:
+                expr = f"tl.maximum({expr}, {self.val(lo)})"
+            if hi is not None:
+                expr = f"tl.minimum({expr}, {self.val(hi)})"
+        elif name == "gelu":
+            x = a[0]
+            if n.kwargs.get("approximate", arg(n, 1, "approximate", "none")) == "tanh":
+                expr = f"(0.5 * ({x}) * (1.0 + _tanh(0.7978845608028654 * (({x}) + 0.044715 * ({x}) * ({x}) * ({x})))))"
+            else:
+                expr = f"(0.5 * ({x}) * (1.0 + tl.erf(({x}) * 0.7071067811865476)))"
+        else:  # pragma: no cover - _pointwise_ok admits only the ops above
+            raise ValueError(f"fused region: no Triton form for {name}")
+        if node_dtype(n) is not torch.bool:
+            expr = self._round(n, expr)
+        self.body.append(f"{v} = {expr}")
+        self.names[n] = v
+
+    def _reduce(self, j: int, n: Node) -> None:
+        name = op(n)
+        src = self.val(n.args[0])
+        role = self.r.roles[n]
+        is_max = name in ("amax", "amin")
+        fill = '(-float("inf"))' if name == "amax" else ('float("inf")' if name == "amin" else "0.0")
+        red = {"amax": "tl.max", "amin": "tl.min"}.get(name, "tl.sum")
+        masked = f"tl.where(m, {src}, {fill})"
+        v = f"t{j}"
+        if role in (Role.row, Role.rowflat):
+            expr = f"{red}({masked}, axis=1)[:, None]"
+            if name == "mean":
+                expr = f"({expr} / H)"
+            self.body.append(f"{v} = {self._round(n, expr)}")
+            self.names[n] = v
+            return
+        # column and full reductions: a partial per program, summed after the kernel
+        acc = f"acc{j}"
+        self.acc_init.append(f"{acc} = tl.full([1, BLOCK_H], {fill}, tl.float32)")
+        part = f"{red}({masked}, axis=0)[None, :]"
+        if is_max:
+            combine = "tl.maximum" if name == "amax" else "tl.minimum"
+            self.body.append(f"{acc} = {combine}({acc}, {part})")
+        else:
+            self.body.append(f"{acc} = {acc} + {part}")
+        self.params.append(f"q{j}")
+        self.after.append(f"tl.store(q{j} + pid * BLOCK_H + cols[None, :], {acc}, mask=cm2)")
+        self.names[n] = acc
+
+
+def render_fused(region: Region, knobs: dict[str, Any], doc: str) -> str:
+    """A candidate module part computing ``region``: ``run(*inputs)`` returns its outputs in
+    ``region.outputs`` order, or None for inputs the kernel does not serve (the caller then runs the region's
+    own ops)."""
+    from kernelarc.families import _mem_common as mc
+
+    w = _Writer(region)
+    for i, a in enumerate(region.inputs):
+        w.load(i, a)
+    for j, n in enumerate(region.nodes):
+        w.node(j, n)
+    idx = {n: j for j, n in enumerate(region.nodes)}
+    stores: list[str] = []
+    for n in region.outputs:
+        j = idx[n]
+        role = region.roles[n]
+        val = w.names[n]
+        dt = node_dtype(n)
+        expr = f"_cast_out({val}, {LOW[dt]})" if dt in LOW else val
+        if role is Role.full:
+            w.params.append(f"o{j}")
+            stores.append(f"tl.store(o{j} + rows64 * H + cols64, {expr}, mask=m)")
+        elif role in (Role.row, Role.rowflat):
+            w.params.append(f"o{j}")
+            stores.append(f"tl.store(o{j} + rows64, {expr}, mask=rm2)")
+    kernel_params = ", ".join([*w.params, "R", "H", "TILE_R: tl.constexpr", "BLOCK_H: tl.constexpr"])
+    ind = "        "
+    kernel = [
+        "@triton.jit",
+        "def _tanh(x):",
+        "    # tanh from exp: 1 - 2 / (exp(2x) + 1), exact at both saturations",
+        "    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)",
+        "",
+        "",
+        "@triton.jit",
+        f"def _fused_kernel({kernel_params}):",
+        "    pid = tl.program_id(0)",
+        "    step = tl.num_programs(0) * TILE_R",
+        "    cols = tl.arange(0, BLOCK_H)",
+        "    cm2 = (cols < H)[None, :]",
+        "    cols64 = cols.to(tl.int64)[None, :]",
+        *["    " + ln for ln in w.hoisted],
+        *["    " + ln for ln in w.acc_init],
+        "    for r0 in range(pid * TILE_R, R, step):",
+        "        rows = r0 + tl.arange(0, TILE_R)",
+        "        rm2 = (rows < R)[:, None]",
+        "        rows64 = rows.to(tl.int64)[:, None]",
+        "        m = rm2 & cm2",
+        *[ind + ln for ln in w.body],
+        *[ind + ln for ln in stores],
+        *["    " + ln for ln in w.after],
+    ]
+    run = _run_source(region, w, idx)
+    head = mc.header(FAMILY, f"{doc}: a fused region ({region.describe()})", knobs)
+    consts = "\n".join(f"{k} = {knobs[k]!r}" for k in ("TILE", "NUM_WARPS", "WAVES"))
+    head = head.replace("import os\n", "import math\nimport os\n", 1)
+    return head + "\n" + consts + "\n\n\n" + "\n".join(kernel) + "\n\n\n" + run
+
+
+def _shape_expr(n: Node, rank: int) -> str:
+    """The output shape of a reduction node ``n`` in terms of the anchor ``a`` (a tuple at run time)."""
+    role = None
+    dims, keep = _dims(n, rank)
+    if dims is None or dims == set(range(rank)):
+        role = Role.allred
+    elif dims == {rank - 1}:
+        role = Role.row
+    else:
+        role = Role.colred
+    if role is Role.allred:
+        return f"({', '.join(['1'] * rank)},)" if keep and rank else "()"
+    if role is Role.row:
+        return "(*a[:-1], 1)" if keep else "tuple(a[:-1])"
+    return f"({'1, ' * (rank - 1)}a[-1])" if keep else "(a[-1],)"
+
+
+def _run_source(region: Region, w: _Writer, idx: dict[Node, int]) -> str:
+    rank = region.rank
+    ins = [f"i{i}" for i in range(len(region.inputs))]
+    lines = [f"def run({', '.join(ins)}):"]
+    body = [
+        f"a = tuple(torch.broadcast_shapes({', '.join(f'{x}.shape' for x in ins)}))",
+        f"if len(a) != {rank} or not 1 <= a[-1] <= {MAX_H} or math.prod(a[:-1]) == 0:",
+        "    return None",
+        "H = a[-1]",
+        "R = math.prod(a[:-1])",
+        f"dev = {ins[0]}.device",
+    ]
+    args: list[str] = []
+    for i, a in enumerate(region.inputs):
+        role = region.roles[a]
+        x = f"i{i}"
+        if role is Role.full:
+            body += [
+                f"if tuple({x}.shape) != a:",
+                "    return None",
+                f"v{i} = {x}.reshape(R, H)",
+            ]
+            args += [f"v{i}", f"v{i}.stride(0)", f"v{i}.stride(1)"]
+        elif role is Role.row:
+            body += [
+                f"if tuple({x}.shape)[-1:] != (1,) or {x}.numel() != R or {x}.dim() > {rank}:",
+                "    return None",
+                f"v{i} = {x}.reshape(R)",
+            ]
+            args += [f"v{i}", f"v{i}.stride(0)"]
+        elif role is Role.col:
+            body += [
+                f"if {x}.numel() != H or {x}.dim() > {rank} or ({x}.dim() and {x}.shape[-1] != H):",
+                "    return None",
+                f"v{i} = {x}.reshape(H)",
+            ]
+            args += [f"v{i}", f"v{i}.stride(0)"]
+        else:
+            body += [
+                f"if {x}.numel() != 1 or {x}.dim() > {rank}:",
+                "    return None",
+                f"v{i} = {x}.reshape(())",
+            ]
+            args += [f"v{i}"]
+    body += [
+        "BLOCK_H = triton.next_power_of_2(H)",
+        "TILE_R = max(1, min(TILE // BLOCK_H, triton.next_power_of_2(R)))",
+        "P = max(1, min(triton.cdiv(R, TILE_R), _num_sms(dev) * WAVES))",
+    ]
+    outs: dict[Node, str] = {}
+    for n in region.outputs:
+        j = idx[n]
+        role = region.roles[n]
+        dt = node_dtype(n)
+        if role is Role.full:
+            body.append(f"o{j} = torch.empty(a, dtype={dt}, device=dev)")
+            outs[n] = f"o{j}"
+        elif role is Role.row:
+            body.append(f"o{j} = torch.empty((*a[:-1], 1), dtype={dt}, device=dev)")
+            outs[n] = f"o{j}"
+        elif role is Role.rowflat:
+            body.append(f"o{j} = torch.empty(tuple(a[:-1]), dtype={dt}, device=dev)")
+            outs[n] = f"o{j}"
+    # kernel arguments in the writer's parameter order
+    call: list[str] = []
+    pi = 0
+    for p in w.params:
+        if p.startswith(("p", "sr", "sc")):
+            call.append(args[pi])
+            pi += 1
+        elif p.startswith("q"):
+            body.append(f"{p} = torch.empty((P, BLOCK_H), dtype=torch.float32, device=dev)")
+            call.append(p)
+        else:
+            call.append(p)
+    body.append(f"_fused_kernel[(P,)]({', '.join(call)}, R, H, TILE_R=TILE_R, BLOCK_H=BLOCK_H, num_warps=NUM_WARPS)")
+    for n in region.outputs:
+        j = idx[n]
+        role = region.roles[n]
+        if role in (Role.colred, Role.allred):
+            name = op(n)
+            red = {"amax": "amax", "amin": "amin"}.get(name, "sum")
+            q = f"q{j}[:, :H]"
+            if role is Role.allred:
+                expr = f"{q}.{red}()"
+                count = "(R * H)"
+            else:
+                expr = f"{q}.{red}(0)"
+                count = "R"
+            if name == "mean":
+                expr = f"({expr} / {count})"
+            body.append(f"o{j} = {expr}.reshape({_shape_expr(n, rank)}).to({node_dtype(n)})")
+            outs[n] = f"o{j}"
+    body.append(f"return ({', '.join(outs[n] for n in region.outputs)},)")
+    return "\n".join(lines + ["    " + ln for ln in body]) + "\n"

@@ -1,0 +1,183 @@
+"""Fused regions (kernelarc.graph.fusion): recognition on small graphs and the generated kernels, interpreted on
+the CPU, against the eager reference."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from _problems import make_task, spied_family_module
+from shared_dirs import SKIP_REASON, shared_path
+
+from kernelarc.graph import fusion
+from kernelarc.graph.capture import trace
+from kernelarc.graph.catalog import recognize
+from kernelarc.graph.fusion import Role, fused_regions
+from kernelarc.graph.patterns import Kind
+from kernelarc.tasks.loader import load_task
+
+SOL = shared_path("sol-execbench")
+needs_sol = pytest.mark.skipif(not SOL.is_dir(), reason=f"sol-execbench {SKIP_REASON}")
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+
+BF16, F32 = torch.bfloat16, torch.float32
+
+RMS_BACKWARD = """
+import torch
+
+@torch.no_grad()
+def run(g, n, rstd, w):
+    gf = g.to(torch.float32)
+    dw = (gf * n).sum(dim=(0, 1))
+    gn = gf * w
+    dx = rstd * (gn - (gn * n).mean(dim=-1, keepdim=True) * n)
+    dxb = dx.to(torch.bfloat16)
+    return dxb, dxb.clone(), dw
+"""
+
+GATED = """
+import torch
+
+@torch.no_grad()
+def run(g, gate, h, mask):
+    t = torch.tanh(gate.to(torch.float32))
+    dh = g * t * mask
+    dgate = torch.sum(g.to(torch.float32) * (h * mask).to(torch.float32)) * (1.0 - t * t)
+    return g.clone(), dh.to(torch.bfloat16), dgate.to(torch.bfloat16)
+"""
+
+
+def _regions(fn, *shapes_dtypes):
+    args = [torch.empty(*s, dtype=d, device="meta") for s, d in shapes_dtypes]
+    gm = trace(fn, tuple(args), symbolic=True).graph.owning_module
+    return gm, fused_regions(gm, set())
+
+
+def test_a_norm_backward_is_one_region_with_its_row_and_column_reductions():
+    def f(g, n, rstd, w):
+        gf = g.to(torch.float32)
+        dw = (gf * n).sum(dim=(0, 1))
+        gn = gf * w
+        return (rstd * (gn - (gn * n).mean(dim=-1, keepdim=True) * n)).to(torch.bfloat16), dw
+
+    gm, regions = _regions(f, ((2, 3, 64), BF16), ((2, 3, 64), F32), ((2, 3, 1), F32), ((64,), F32))
+    (r,) = regions
+    roles = {n.name: role for n, role in r.roles.items()}
+    assert roles["mean"] is Role.row and roles["sum_1"] is Role.colred
+    assert [roles[a.name] for a in r.inputs] == [Role.full, Role.full, Role.col, Role.row]
+    assert {n.name for n in r.outputs} == {"sum_1", "to_1"}
+    assert [s.kind for s in recognize(gm)] == [Kind.fused]
+
+
+def test_views_int_tensors_and_other_broadcasts_stay_outside():
+    def f(x, y, idx):
+        a = torch.exp(x) * 2.0  # a region (x: [4, 8, 16])
+        b = a.view(32, 16) + 1.0  # a view: outside; its add is a region on another anchor, of one op (not taken)
+        c = (y * x).sum(-1)  # y: [1, 8, 16] broadcasts over the leading axis unlike a row or column: outside
+        return a, b, c, idx + 1
+
+    _, regions = _regions(f, ((4, 8, 16), F32), ((1, 8, 16), F32), ((4,), torch.int64))
+    (r,) = regions
+    assert [n.name for n in r.nodes] == ["exp", "mul"]
+
+
+def test_a_value_read_outside_before_the_region_ends_cuts_the_region():
+    def f(x, y):
+        a = torch.exp(x) * y
+        s = a[..., :1].contiguous() * 3.0  # reads a before the rest of the chain
+        return (a + s) * 2.0
+
+    gm, regions = _regions(f, ((4, 32), F32), ((4, 32), F32))
+    assert len(regions) == 2
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    first, second = regions
+    slice_pos = min(order[n] for n in gm.graph.nodes if n.op == "call_function" and "slice" in str(n.target))
+    assert max(order[n] for n in first.nodes) < slice_pos < min(order[n] for n in second.nodes)
+
+
+def _task(tmp_path, name, reference, inputs, outputs, workloads):
+    tol = {"max_atol": 1e-2, "max_rtol": 1e-2}
+    return make_task(tmp_path, name, reference, inputs, outputs, workloads, tolerance=tol)
+
+
+def _check(task, *, suffix="fused.rowblock", knobs=None, expect_calls=True):
+    from kernelarc.tasks.inputs import load_module, make_inputs
+
+    mod, calls = spied_family_module(task, suffix, knobs or {})
+    ref = load_module(task.definition.reference, f"ref_{task.name}")
+    for i in range(len(task.workloads)):
+        args = make_inputs(task, i, 7 + i, "cpu")
+        got = mod.run(*args)
+        want = ref.run(*make_inputs(task, i, 7 + i, "cpu"))
+        for o, w in zip(got, want, strict=True):
+            assert o.shape == w.shape and o.dtype == w.dtype
+            if w.dtype == BF16 or w.dim() > 1:  # per-element values: the eager op's own rounding, exactly
+                torch.testing.assert_close(o.float(), w.float(), rtol=0, atol=0)
+            else:  # sums: fp32 accumulation in another order
+                torch.testing.assert_close(o.float(), w.float(), rtol=1e-4, atol=1e-4)
+    assert bool(calls) is expect_calls
+    return mod
+
+
+def test_the_norm_backward_kernel_matches_eager_to_the_bit(tmp_path):
+    task = _task(tmp_path, "rms_bwd", RMS_BACKWARD,
+                 {"g": (["b", "s", 96], "bfloat16"), "n": (["b", "s", 96], "float32"),
+                  "rstd": (["b", "s", 1], "float32"), "w": ([96], "float32")},
+                 {"dx": (["b", "s", 96], "bfloat16"), "dr": (["b", "s", 96], "bfloat16"), "dw": ([96], "float32")},
+                 [{"b": 2, "s": 5}, {"b": 3, "s": 7}])  # fmt: skip
+    _check(task)
+    _check(task, knobs={"TILE": 1024, "NUM_WARPS": 2, "WAVES": 1})  # 8 rows per block, 4 programs: partial sums
+
+
+def test_a_scalar_gate_a_row_mask_and_a_full_sum(tmp_path):
+    task = _task(tmp_path, "gated", GATED,
+                 {"g": (["b", 64], "bfloat16"), "gate": ([], "bfloat16"), "h": (["b", 64], "bfloat16"),
+                  "mask": (["b", 1], "bfloat16")},
+                 {"dr": (["b", 64], "bfloat16"), "dh": (["b", 64], "bfloat16"), "dgate": ([], "bfloat16")},
+                 [{"b": 3}, {"b": 9}])  # fmt: skip
+    _check(task)
+
+
+def test_rows_wider_than_the_kernel_holds_run_the_regions_own_ops(tmp_path, monkeypatch):
+    """The row width is a variable axis: rows of 16 run the kernel, rows of 64 (over a limit of 32 here) the
+    region's own ops; both give the reference's outputs."""
+    from kernelarc.families import families_for
+    from kernelarc.tasks.inputs import load_module, make_inputs
+
+    monkeypatch.setattr(fusion, "MAX_H", 32)  # the limit is written into the rendered source
+    task = _task(tmp_path, "wide", RMS_BACKWARD.replace("dim=(0, 1)", "dim=(0,)"),
+                 {"g": (["b", "h"], "bfloat16"), "n": (["b", "h"], "float32"), "rstd": (["b", 1], "float32"),
+                  "w": (["h"], "float32")},
+                 {"dx": (["b", "h"], "bfloat16"), "dr": (["b", "h"], "bfloat16"), "dw": (["h"], "float32")},
+                 [{"b": 2, "h": 16}, {"b": 3, "h": 64}])  # fmt: skip
+    fam = next(f for f in families_for(task) if f.name.endswith("fused.rowblock"))
+    assert "not 1 <= a[-1] <= 32" in fam.render(fam.start)
+    mod, calls = spied_family_module(task, "fused.rowblock", {})
+    ref = load_module(task.definition.reference, "ref_wide")
+    for i in (0, 1):
+        got, want = mod.run(*make_inputs(task, i, 3, "cpu")), ref.run(*make_inputs(task, i, 3, "cpu"))
+        for o, w in zip(got, want, strict=True):
+            torch.testing.assert_close(o.float(), w.float(), rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2  # called for both; for the wide rows it declined and the graph's ops ran
+
+
+@needs_sol
+def test_real_norm_backward_problem_runs_its_generated_kernel(tmp_path):
+    """L1/013 (fused residual RMSNorm backward): one region, the kernel on a small shape of its symbolic graph."""
+    from kernelarc.families.composed import recognise
+
+    task = load_task(SOL / "L1/013_fused_residual_rms_norm_backward")
+    rec = recognise(task)
+    assert [s.kind for s in rec.sites[0]] == [Kind.fused]
+    mod, calls = spied_family_module(task, "fused.rowblock", {})
+    torch.manual_seed(0)
+    args = [torch.randn(2, 3, 2560).bfloat16(), torch.randn(2, 3, 2560), torch.randn(2, 3, 2560),
+            torch.rand(2, 3, 1) + 0.5, torch.randn(2560)]  # fmt: skip
+    got = mod._case0(*args)
+    want = mod._ref_run(*args)
+    assert calls
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+    torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-4)
