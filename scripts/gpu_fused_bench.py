@@ -1,0 +1,142 @@
+"""Time the generated fused-region kernels (kernelarc.graph.fusion) of SOL-ExecBench problems on the GPU against
+the reference and torch.compile of the reference, measured in the same process, with a correctness check.
+
+    python3 scripts/gpu_fused_bench.py ROOT PROBLEM [PROBLEM ...] [--workloads N] [--max-gb G] [--out FILE]
+
+For each problem: the workloads at the smallest, median and largest input size (``--workloads``: how many of
+those, up to 3; inputs over ``--max-gb`` skipped), and for each: the reference, torch.compile of the reference
+(dynamic=False, what the suite's baseline runs), and the fused family's composed candidate at a few points (its
+start point, twice the tile with twice the warps, the CUDA-graph replay). Each candidate's outputs are compared
+with the reference's on the same inputs (the workload's tolerance; max abs error printed). Times are medians of
+``triton.testing.do_bench`` (L2 flushed between calls), in ms. A JSON line per row goes to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kernelarc.families import families_for  # noqa: E402
+from kernelarc.tasks.inputs import load_module, make_inputs  # noqa: E402
+from kernelarc.tasks.loader import load_task  # noqa: E402
+
+POINTS = {
+    "start": {},
+    "tile8k_w8": {"TILE": 8192, "NUM_WARPS": 8},
+    "tile2k_w4": {"TILE": 2048, "NUM_WARPS": 4},
+    "graph": {"cuda_graph": True},
+}
+
+
+def _outs(x):
+    return list(x) if isinstance(x, tuple | list) else [x]
+
+
+def _err(got, want, atol: float, rtol: float) -> tuple[bool, float]:
+    ok, worst = True, 0.0
+    for g, w in zip(_outs(got), _outs(want), strict=True):
+        if not isinstance(w, torch.Tensor):
+            g, w = torch.as_tensor(g, dtype=torch.float64), torch.as_tensor(w, dtype=torch.float64)
+        g = torch.as_tensor(g)
+        if g.shape != w.shape:
+            return False, math.inf
+        d = (g.double() - w.double()).abs()
+        worst = max(worst, d.max().item() if d.numel() else 0.0)
+        bad = d > atol + rtol * w.double().abs()
+        ok &= bad.double().mean().item() <= 0.01  # the harness's 99% of elements within tolerance
+    return ok, worst
+
+
+def bench(fn, args) -> float:
+    import triton.testing
+
+    if not args or not any(isinstance(x, torch.Tensor) and x.is_cuda for x in args):  # a CPU dry run
+        t = time.perf_counter()
+        fn(*args)
+        return (time.perf_counter() - t) * 1e3
+    return float(triton.testing.do_bench(lambda: fn(*args), warmup=10, rep=60, return_mode="median"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root")
+    ap.add_argument("problems", nargs="+")
+    ap.add_argument("--workloads", type=int, default=2)
+    ap.add_argument("--max-gb", type=float, default=6.0)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args()
+    out = open(a.out, "a") if a.out else None  # noqa: SIM115 - appended row by row
+    dev = torch.device(a.device)
+    table = []
+    for p in a.problems:
+        t0 = time.time()
+        try:
+            task = load_task(Path(a.root) / p)
+            fams = [f for f in families_for(task) if f.name.endswith(".fused.rowblock")]
+            if not fams:
+                print(f"{p}: no fused family", flush=True)
+                continue
+            fam = fams[0]
+            sizes = sorted(range(len(task.workloads)), key=task.io_bytes)
+            pick = list(dict.fromkeys([sizes[0], sizes[len(sizes) // 2], sizes[-1]]))[-max(1, a.workloads) :]
+            ref = load_module(task.definition.reference, f"ref_{task.name}")
+            comp = torch.compile(ref.run, dynamic=False)
+            mods = {}
+            for name, extra in POINTS.items():
+                knobs = fam.check_point({**fam.start, **extra})
+                mods[name] = load_module(fam.render(knobs), f"fz_{name}_{task.name}")
+            for i in pick:
+                gb = task.io_bytes(i) / 1e9
+                if gb > a.max_gb:
+                    print(f"{p} wl{i}: {gb:.1f} GB of inputs, skipped", flush=True)
+                    continue
+                tol = task.workloads[i].tolerance
+                atol, rtol = float(tol.max_atol), float(tol.max_rtol)
+                args = make_inputs(task, i, 1234, dev)
+                with torch.no_grad():
+                    want = ref.run(*args)
+                    row = {"problem": p, "workload": i, "gb": round(gb, 3), "ref_ms": bench(ref.run, args)}
+                    got = comp(*args)
+                    row["compile_ok"], _ = _err(got, want, atol, rtol)
+                    row["compile_ms"] = bench(comp, args)
+                    for name, mod in mods.items():
+                        got = mod.run(*args)
+                        ok, worst = _err(got, want, atol, rtol)
+                        row[f"{name}_ok"], row[f"{name}_err"] = ok, worst
+                        row[f"{name}_ms"] = bench(mod.run, args)
+                del args, want, got
+                torch.cuda.empty_cache()
+                ok_ms = [(row[f"{n}_ms"], n) for n in POINTS if row[f"{n}_ok"]]
+                row["best"] = min(ok_ms)[1] if ok_ms else None
+                row["x_compile"] = row["compile_ms"] / min(ok_ms)[0] if ok_ms else None
+                table.append(row)
+                if out:
+                    out.write(json.dumps(row) + "\n")
+                    out.flush()
+                print(json.dumps(row), flush=True)
+        except Exception:  # noqa: BLE001 - one problem's failure is printed, the rest still run
+            traceback.print_exc()
+            print(f"{p}: failed after {time.time() - t0:.0f}s", flush=True)
+        print(f"{p}: {time.time() - t0:.0f}s", flush=True)
+    print(f"\n{'problem':48} {'wl':>3} {'GB':>6} {'ref':>8} {'compile':>8} {'fused':>10} {'point':>10} {'x tc':>6} ok")
+    for r in table:
+        bm = r[f"{r['best']}_ms"] if r["best"] else math.nan
+        oks = "".join("y" if r[f"{n}_ok"] else "n" for n in POINTS)
+        print(f"{r['problem'][:48]:48} {r['workload']:>3} {r['gb']:>6.3f} {r['ref_ms']:>8.4f} {r['compile_ms']:>8.4f} "
+              f"{bm:>10.4f} {r['best'] or '-':>10} {r['x_compile'] or math.nan:>6.2f} {oks}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
