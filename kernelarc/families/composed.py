@@ -76,9 +76,14 @@ FUSED_KERNEL = Family(
     knobs=(
         Knob("TILE", (1024, 2048, 4096, 8192, 16384), "tiling", "elements per block of rows (rows = TILE / row width)"),
         Knob("NUM_WARPS", (4, 8, 2, 16, 1), "scheduling", "warps per program"),
-        Knob("WAVES", (2, 4, 1, 8), "scheduling", "persistent programs per SM (column sums: one partial per program)"),
+        Knob(
+            "WAVES",
+            (8, 4, 16, 2, 32),
+            "scheduling",
+            "regions with column or full sums: persistent programs per SM, one partial sum each",
+        ),
     ),
-    start={"TILE": 4096, "NUM_WARPS": 4, "WAVES": 2},
+    start={"TILE": 4096, "NUM_WARPS": 4, "WAVES": 8},
     render=lambda k: "",
     language="triton",
 )

@@ -286,8 +286,8 @@ def _prune(roles: dict[Node, Role], order: dict[Node, int]) -> None:
             if outside and roles[n] in (Role.col, Role.scalar):
                 del roles[n]
                 changed = True
-        if not roles:
-            return
+        if changed or not roles:
+            continue  # the role rules to their fixpoint first: a node they drop may be the one read early
         last = max(order[n] for n in roles)
         early = [order[u] for n in roles for u in n.users if u not in roles and order[u] < last]
         if early:
@@ -506,7 +506,10 @@ class _Writer:
         else:
             self.body.append(f"{acc} = {acc} + {part}")
         self.params.append(f"q{j}")
-        self.after.append(f"tl.store(q{j} + pid * BLOCK_H + cols[None, :], {acc}, mask=cm2)")
+        if role is Role.allred:  # one value per program
+            self.after.append(f"tl.store(q{j} + pid, {red}({red}({acc}, axis=1), axis=0))")
+        else:
+            self.after.append(f"tl.store(q{j} + pid * BLOCK_H + cols[None, :], {acc}, mask=cm2)")
         self.names[n] = acc
 
 
@@ -633,7 +636,11 @@ def _run_source(region: Region, w: _Writer, idx: dict[Node, int]) -> str:
     body += [
         "BLOCK_H = triton.next_power_of_2(H)",
         "TILE_R = max(1, min(TILE // BLOCK_H, triton.next_power_of_2(R)))",
-        "P = max(1, min(triton.cdiv(R, TILE_R), _num_sms(dev) * WAVES))",
+        # one program per block of rows; with column or full sums, at most WAVES per SM, each walking blocks and
+        # keeping one partial (their count is what the sums after the kernel read)
+        "P = triton.cdiv(R, TILE_R)"
+        if not w.after
+        else "P = max(1, min(triton.cdiv(R, TILE_R), _num_sms(dev) * WAVES))",
     ]
     outs: dict[Node, str] = {}
     for n in region.outputs:
@@ -657,7 +664,8 @@ def _run_source(region: Region, w: _Writer, idx: dict[Node, int]) -> str:
             call.append(args[pi])
             pi += 1
         elif p.startswith("q"):
-            body.append(f"{p} = torch.empty((P, BLOCK_H), dtype=torch.float32, device=dev)")
+            allred = region.roles[region.nodes[int(p[1:])]] is Role.allred
+            body.append(f"{p} = torch.empty({'(P,)' if allred else '(P, BLOCK_H)'}, dtype=torch.float32, device=dev)")
             call.append(p)
         else:
             call.append(p)
@@ -670,7 +678,7 @@ def _run_source(region: Region, w: _Writer, idx: dict[Node, int]) -> str:
             red = {"amax": "amax", "amin": "amin"}.get(name, "sum")
             q = f"q{j}[:, :H]"
             if role is Role.allred:
-                expr = f"{q}.{red}()"
+                expr = f"q{j}.{red}()"
                 count = "(R * H)"
             else:
                 expr = f"{q}.{red}(0)"

@@ -128,7 +128,7 @@ def test_the_norm_backward_kernel_matches_eager_to_the_bit(tmp_path):
                  {"dx": (["b", "s", 96], "bfloat16"), "dr": (["b", "s", 96], "bfloat16"), "dw": ([96], "float32")},
                  [{"b": 2, "s": 5}, {"b": 3, "s": 7}])  # fmt: skip
     _check(task)
-    _check(task, knobs={"TILE": 1024, "NUM_WARPS": 2, "WAVES": 1})  # 8 rows per block, 4 programs: partial sums
+    _check(task, knobs={"TILE": 1024, "NUM_WARPS": 2, "WAVES": 2})  # 8 rows per block, 4 programs: partial sums
 
 
 def test_a_scalar_gate_a_row_mask_and_a_full_sum(tmp_path):
