@@ -55,7 +55,10 @@ FLOATS = {torch.float32, torch.bfloat16, torch.float16}
 LOW = {torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}
 TRANSPARENT = {"clone", "contiguous", "alias", "detach", "lift_fresh_copy"}
 CASTS = {"to", "_to_copy", "type_as"}
-REDUCE = {"sum", "mean", "amax", "amin"}
+# reductions over the last axis only (a row's statistics): variance and standard deviation (any correction), the
+# log of the sum of exponentials, the Euclidean norm
+ROW_ONLY = {"var", "std", "logsumexp", "linalg_vector_norm"}
+REDUCE = {"sum", "mean", "amax", "amin"} | ROW_ONLY
 
 # pointwise ops as Triton expressions of their operands (fp32 values, bool masks)
 _UNARY = {
@@ -184,6 +187,9 @@ def _reduction_role(n: Node, anchor: tuple) -> Role | None:
         return None
     if n.kwargs.get("dtype") is not None and n.kwargs["dtype"] not in FLOATS:
         return None
+    if op(n) in ROW_ONLY:
+        row = _row_only(n, rank)
+        return None if row is None else (Role.row if row[0] else Role.rowflat)
     dims, keep = _dims(n, rank)
     if dims is None or dims == set(range(rank)):
         return Role.allred
@@ -192,6 +198,33 @@ def _reduction_role(n: Node, anchor: tuple) -> Role | None:
     if dims == set(range(rank - 1)) and dims:
         return Role.colred
     return None
+
+
+def _row_only(n: Node, rank: int) -> tuple[bool, float] | None:
+    """(keepdim, correction) of a ``ROW_ONLY`` reduction over the last axis (correction: var / std's; the norm's
+    order must be 2); None for another form."""
+    name = op(n)
+    overload = getattr(n.target, "_overloadname", "")
+    corr = 0.0
+    if name == "linalg_vector_norm":
+        if float(arg(n, 1, "ord", 2)) != 2.0:
+            return None
+        dim, keep = arg(n, 2, "dim"), arg(n, 3, "keepdim", False)
+    elif name == "logsumexp":
+        dim, keep = arg(n, 1, "dim"), arg(n, 2, "keepdim", False)
+    elif overload == "correction":  # var / std (x, dim, *, correction, keepdim)
+        dim, keep = arg(n, 1, "dim"), n.kwargs.get("keepdim", False)
+        c = n.kwargs.get("correction")
+        corr = 1.0 if c is None else float(c)
+    elif overload == "dim":  # var / std (x, dim, unbiased, keepdim)
+        dim, keep = arg(n, 1, "dim"), arg(n, 3, "keepdim", False)
+        corr = 1.0 if arg(n, 2, "unbiased", True) else 0.0
+    else:
+        return None
+    dims = dim if isinstance(dim, list | tuple) else [dim]
+    if len(dims) != 1 or not isinstance(dims[0], int) or dims[0] % rank != rank - 1:
+        return None
+    return bool(keep), corr
 
 
 def _literal_ok(a: Any) -> bool:
@@ -269,10 +302,11 @@ def _grow(seed: Node, anchor: tuple, taken: set[Node]) -> dict[Node, Role]:
     return roles
 
 
-def _prune(roles: dict[Node, Role], order: dict[Node, int]) -> None:
+def _prune(roles: dict[Node, Role], order: dict[Node, int], cut: bool) -> None:
     """Drop nodes the kernel cannot serve as placed, to a fixpoint: ops reading a reduction that is an output
-    only; values other than full or row values or reductions that the graph reads outside the region; values
-    the graph reads before the region's last node (where the region is computed)."""
+    only; values other than full or row values or reductions that the graph reads outside the region; and where
+    the graph reads a region's value before the region's last node (where the region is computed), either the
+    nodes after that read (``cut``) or the values read early (they become inputs, computed where they are)."""
     changed = True
     while changed and roles:
         changed = False
@@ -289,13 +323,28 @@ def _prune(roles: dict[Node, Role], order: dict[Node, int]) -> None:
         if changed or not roles:
             continue  # the role rules to their fixpoint first: a node they drop may be the one read early
         last = max(order[n] for n in roles)
-        early = [order[u] for n in roles for u in n.users if u not in roles and order[u] < last]
-        if early:
-            cut = min(early)
-            for n in list(roles):
-                if order[n] > cut:
-                    del roles[n]
-            changed = True
+        early = {n: min(order[u] for u in n.users if u not in roles and order[u] < last) for n in roles
+                 if any(u not in roles and order[u] < last for u in n.users)}  # fmt: skip
+        if not early:
+            continue
+        if cut:
+            at = min(early.values())
+            for n in [n for n in roles if order[n] > at]:
+                del roles[n]
+        else:
+            for n in early:
+                del roles[n]
+        changed = True
+
+
+def _best_pruned(roles: dict[Node, Role], order: dict[Node, int]) -> dict[Node, Role]:
+    """The larger (in compute ops) of the two ways ``_prune`` places a region read early."""
+    kept = []
+    for cut in (True, False):
+        r = dict(roles)
+        _prune(r, order, cut)
+        kept.append(r)
+    return max(kept, key=lambda r: sum(_compute(n) for n in r))
 
 
 def _compute(n: Node) -> bool:
@@ -325,8 +374,7 @@ def fused_regions(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Region]:
         h = _hint(anchor[-1])
         if h is not None and not 1 <= h <= MAX_H:
             continue
-        roles = _grow(seed, anchor, used)
-        _prune(roles, order)
+        roles = _best_pruned(_grow(seed, anchor, used), order)
         if not any(r is Role.full for r in roles.values()) or sum(_compute(n) for n in roles) < 2:
             continue
         nodes = sorted(roles, key=order.__getitem__)
@@ -480,6 +528,14 @@ class _Writer:
         self.body.append(f"{v} = {expr}")
         self.names[n] = v
 
+    def _row_stat(self, j: int, n: Node, src: str) -> None:
+        v = f"t{j}"
+        row = _row_only(n, self.r.rank)
+        assert row is not None
+        self.body += _row_stat_lines(op(n), v, src, row[1])
+        self.body.append(f"{v} = {self._round(n, v)}")
+        self.names[n] = v
+
     def _reduce(self, j: int, n: Node) -> None:
         name = op(n)
         src = self.val(n.args[0])
@@ -489,6 +545,9 @@ class _Writer:
         red = {"amax": "tl.max", "amin": "tl.min"}.get(name, "tl.sum")
         masked = f"tl.where(m, {src}, {fill})"
         v = f"t{j}"
+        if name in ROW_ONLY:
+            self._row_stat(j, n, src)
+            return
         if role in (Role.row, Role.rowflat):
             expr = f"{red}({masked}, axis=1)[:, None]"
             if name == "mean":
@@ -511,6 +570,26 @@ class _Writer:
         else:
             self.after.append(f"tl.store(q{j} + pid * BLOCK_H + cols[None, :], {acc}, mask=cm2)")
         self.names[n] = acc
+
+
+def _row_stat_lines(name: str, v: str, src: str, corr: float) -> list[str]:
+    """Lines computing a row statistic ``v`` ([TILE_R, 1]) of the row block ``src`` (masked lanes left out)."""
+    if name == "linalg_vector_norm":
+        return [f"{v} = tl.sqrt_rn(tl.sum(tl.where(m, ({src}) * ({src}), 0.0), axis=1)[:, None])"]
+    if name == "logsumexp":  # rows of -inf give -inf, as torch's
+        return [
+            f"{v}_m = tl.max(tl.where(m, {src}, -float('inf')), axis=1)[:, None]",
+            f"{v}_m = tl.where({v}_m == -float('inf'), 0.0, {v}_m)",
+            f"{v} = {v}_m + tl.log(tl.sum(tl.where(m, tl.exp(({src}) - {v}_m), 0.0), axis=1)[:, None])",
+        ]
+    lines = [  # two passes over the row held in registers: the mean, then the squared deviations
+        f"{v}_mu = tl.sum(tl.where(m, {src}, 0.0), axis=1)[:, None] / H",
+        f"{v}_d = tl.where(m, ({src}) - {v}_mu, 0.0)",
+        f"{v} = tl.sum({v}_d * {v}_d, axis=1)[:, None] / (H - {corr!r})",
+    ]
+    if name == "std":
+        lines.append(f"{v} = tl.sqrt_rn({v})")
+    return lines
 
 
 def render_fused(region: Region, knobs: dict[str, Any], doc: str) -> str:

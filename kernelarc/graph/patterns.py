@@ -312,7 +312,7 @@ def _layernorm_sites(gm: torch.fx.GraphModule) -> list[Site]:
             continue
         var, eps = n.args[0].args[0], scalar(n.args[0].args[1])
         x = None
-        if op(var) == "var" and is_last_dim(arg(var, 1, "dim"), node_rank(var.args[0])):
+        if op(var) == "var" and is_last_dim(arg(var, 1, "dim"), node_rank(var.args[0])) and _biased(var):
             x = var.args[0]
         elif op(var) == "mean" and op(var.args[0]) == "pow" and op(var.args[0].args[0]) == "sub":
             x = var.args[0].args[0].args[0]
@@ -337,6 +337,13 @@ def _layernorm_sites(gm: torch.fx.GraphModule) -> list[Site]:
             if site:
                 out.append(site)
     return out
+
+
+def _biased(var: Node) -> bool:
+    """A ``var`` node computing the biased variance LayerNorm uses (torch.var's default is the unbiased one)."""
+    if getattr(var.target, "_overloadname", "") == "correction":
+        return var.kwargs.get("correction") in (0, 0.0)
+    return arg(var, 2, "unbiased", True) is False
 
 
 # ------------------------------------------------------------------------------------------

@@ -204,6 +204,12 @@ def test_rope_and_layernorm():
     s = one(sites(manual_ln, _meta(4, 32, dtype=F32), _meta(32, dtype=F32), _meta(32, dtype=F32)), Kind.layernorm)
     assert s.params["eps"] == 1e-6 and s.inputs["bias"] is not None
 
+    def unbiased_ln(x, w, b):  # torch.var's default: not what F.layer_norm computes (a fused region instead)
+        return (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-6) * w + b
+
+    found = sites(unbiased_ln, _meta(4, 32, dtype=F32), _meta(32, dtype=F32), _meta(32, dtype=F32))
+    assert Kind.layernorm not in [f.kind for f in found] and [f.kind for f in found] == [Kind.fused]
+
 
 def test_elementwise_chain_and_reduction_fused_or_left_over():
     """An elementwise chain ending in a last-axis sum is one fused region; in float64, which the generated kernels do
