@@ -302,9 +302,9 @@ def _grow(seed: Node, anchor: tuple, taken: set[Node]) -> dict[Node, Role]:
         # siblings: other ops reading the same full-size value (an input, or a value computed outside) read it from
         # the same registers, once (L1/061's gradient and its clone of grad_output)
         for a in m.all_input_nodes:
-            if a.op != "call_function" or _admit(a, anchor) is None:
-                if shape_role(node_shape(a), anchor) is Role.full:
-                    todo += list(a.users)
+            outside = a.op != "call_function" or _admit(a, anchor) is None
+            if outside and shape_role(node_shape(a), anchor) is Role.full:
+                todo += list(a.users)
     return roles
 
 
