@@ -105,14 +105,6 @@ POINTWISE = set(_UNARY) | set(_BINARY) | _OTHER | TRANSPARENT | CASTS
 
 
 @dataclass
-class Value:
-    """A value the kernel reads or computes: its role on the anchor and its dtype."""
-
-    role: Role
-    dtype: torch.dtype
-
-
-@dataclass
 class Region:
     """One fused region of a graph: its nodes in graph order, inputs, outputs and the anchor."""
 
@@ -688,36 +680,15 @@ def _run_source(region: Region, w: _Writer, idx: dict[Node, int]) -> str:
     ]
     args: list[str] = []
     for i, a in enumerate(region.inputs):
-        role = region.roles[a]
         x = f"i{i}"
-        if role is Role.full:
-            body += [
-                f"if tuple({x}.shape) != a:",
-                "    return None",
-                f"v{i} = {x}.reshape(R, H)",
-            ]
-            args += [f"v{i}", f"v{i}.stride(0)", f"v{i}.stride(1)"]
-        elif role is Role.row:
-            body += [
-                f"if tuple({x}.shape)[-1:] != (1,) or {x}.numel() != R or {x}.dim() > {rank}:",
-                "    return None",
-                f"v{i} = {x}.reshape(R)",
-            ]
-            args += [f"v{i}", f"v{i}.stride(0)"]
-        elif role is Role.col:
-            body += [
-                f"if {x}.numel() != H or {x}.dim() > {rank} or ({x}.dim() and {x}.shape[-1] != H):",
-                "    return None",
-                f"v{i} = {x}.reshape(H)",
-            ]
-            args += [f"v{i}", f"v{i}.stride(0)"]
-        else:
-            body += [
-                f"if {x}.numel() != 1 or {x}.dim() > {rank}:",
-                "    return None",
-                f"v{i} = {x}.reshape(())",
-            ]
-            args += [f"v{i}"]
+        # per role: the shape check (else the region's own ops run), the kernel's view of it, its strides
+        bad, view, strides = {
+            Role.full: (f"tuple({x}.shape) != a", "(R, H)", 2),
+            Role.row: (f"tuple({x}.shape)[-1:] != (1,) or {x}.numel() != R or {x}.dim() > {rank}", "(R)", 1),
+            Role.col: (f"{x}.numel() != H or {x}.dim() > {rank} or ({x}.dim() and {x}.shape[-1] != H)", "(H)", 1),
+        }.get(region.roles[a], (f"{x}.numel() != 1 or {x}.dim() > {rank}", "(())", 0))
+        body += [f"if {bad}:", "    return None", f"v{i} = {x}.reshape{view}"]
+        args += [f"v{i}", *(f"v{i}.stride({d})" for d in range(strides))]
     body += [
         "BLOCK_H = triton.next_power_of_2(H)",
         "TILE_R = max(1, min(TILE // BLOCK_H, triton.next_power_of_2(R)))",
