@@ -66,6 +66,11 @@ FAMILIES: list[Family] = []
 
 SUBSTITUTABLE = set(FAMILY_TASK) | LIBRARY_KINDS | {Kind.fused}
 
+
+def _per_region(knobs: Mapping[str, Any]) -> str:
+    raise TypeError("fused-region kernels are rendered per region, in a composition (kernelarc.graph.fusion)")
+
+
 # The kernel of fused regions (kernelarc.graph.fusion): generated per region, so it has no built-in task; its
 # knobs are the generated kernels' (the same for every region of a candidate).
 FUSED_KERNEL = Family(
@@ -84,7 +89,7 @@ FUSED_KERNEL = Family(
         ),
     ),
     start={"TILE": 4096, "NUM_WARPS": 4, "WAVES": 8},
-    render=lambda k: "",
+    render=_per_region,
     language="triton",
 )
 
@@ -298,7 +303,7 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
     kernel_src = None
     if kernel is not None:
         kernel_knobs = {n.name: knobs[n.name] for n in kernel.knobs}
-        kernel_src = kernel.render(kernel_knobs)
+        kernel_src = None if kernel is FUSED_KERNEL else kernel.render(kernel_knobs)
     plans: list[CasePlan] = []
     for case, sites in zip(rec.capture.cases, rec.sites, strict=True):
         plan = CasePlan(case)
@@ -306,7 +311,7 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
             impls = rec.impls.get(id(s), set())
             if not impls:
                 continue
-            if s.kind is kernel_kind and Impl.family in impls and kernel_src is not None:
+            if s.kind is kernel_kind and Impl.family in impls and kernel is not None:
                 src = kernel_src
                 pkey: tuple = (kernel.name,)
                 if s.kind is Kind.fused:  # a kernel of its own per region (equal regions share one)
@@ -390,15 +395,10 @@ def composed_families(task) -> list[Family]:
         sites = rec.substitutable(kind, Impl.family)
         if not sites:
             continue
-        if kind is Kind.fused:
-            other = [k for k in gknobs + _impl_knobs(rec, kind) if k.name not in {n.name for n in FUSED_KERNEL.knobs}]
-            out.append(_kernel_family(task, rec, FUSED_KERNEL, kind, other))
-            continue
-        builtin_task = FAMILY_TASK[kind]
         dts = {str(s.params["dtype"]) for s in sites if "dtype" in s.params}  # the sites' operand dtypes
-        for fam in all_families().values():
-            if fam.task != builtin_task:
-                continue
+        kernels = [FUSED_KERNEL] if kind is Kind.fused else [f for f in all_families().values()
+                                                              if f.task == FAMILY_TASK[kind]]  # fmt: skip
+        for fam in kernels:
             wrong = sorted(dts - set(fam.dtypes)) if fam.dtypes else []
             if wrong:
                 log.info("%s not offered for %s: it takes %s operands, the sites are %s", fam.name, task.name,
@@ -497,9 +497,9 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
         if base_name == "library":
             library = f
             continue
-        base = FUSED_KERNEL if base_name == FUSED_NAME else all_families().get(base_name)
+        base = all_families().get(base_name)
         kind = next((k for k, t in FAMILY_TASK.items() if base is not None and t == base.task), None)
-        kind = Kind.fused if base is FUSED_KERNEL else kind
+        kind = Kind.fused if base_name == FUSED_NAME else kind
         if kind is not None:
             by_kind.setdefault(kind, []).append(f)
     for fams in by_kind.values():

@@ -219,10 +219,6 @@ def _row_only(n: Node, rank: int) -> tuple[bool, float] | None:
     return bool(keep), corr
 
 
-def _literal_ok(a: Any) -> bool:
-    return isinstance(a, bool | int | float)
-
-
 def _pointwise_ok(n: Node) -> bool:
     """An op of a form the codegen writes (operands tensors of the region or literals)."""
     name = op(n)
@@ -241,27 +237,31 @@ def _pointwise_ok(n: Node) -> bool:
     if (
         name == "pow"
         and not (isinstance(n.args[0], Node) and _pow_exponent(n.args[1]) is not None)
-        and not (_literal_ok(n.args[0]) and not isinstance(n.args[0], bool) and float(n.args[0]) > 0)
+        and not (isinstance(n.args[0], int | float) and not isinstance(n.args[0], bool) and n.args[0] > 0)
     ):
         return False
     if name == "gelu" and n.kwargs.get("approximate", arg(n, 1, "approximate", "none")) not in ("none", "tanh"):
         return False
     if name == "div" and n.kwargs.get("rounding_mode") is not None:
         return False
-    operands = [a for a in list(n.args) + [v for k, v in n.kwargs.items() if k in ("alpha", "min", "max", "other")]]
-    for a in operands:
+    for a in [*n.args, *(v for k, v in n.kwargs.items() if k in ("alpha", "min", "max", "other"))]:
         if isinstance(a, Node):
             if node_dtype(a) not in FLOATS | {torch.bool}:
                 return False
-        elif a is not None and not _literal_ok(a) and not isinstance(a, str):
+        elif a is not None and not isinstance(a, bool | int | float | str):
             return False
     return node_dtype(n) in FLOATS | {torch.bool}
+
+
+# x ** e for the exponents written without pow (exact where torch's pow is exact)
+_POW = {-1.0: "(1.0 / ({0}))", -0.5: "(1.0 / tl.sqrt_rn({0}))", 0.5: "tl.sqrt_rn({0})", 1.0: "({0})",
+        2.0: "(({0}) * ({0}))", 3.0: "(({0}) * ({0}) * ({0}))", 4.0: "(({0}) * ({0}) * ({0}) * ({0}))"}  # fmt: skip
 
 
 def _pow_exponent(e: Any) -> float | None:
     if isinstance(e, bool) or not isinstance(e, int | float):
         return None
-    return float(e) if float(e) in (-1.0, -0.5, 0.5, 1.0, 2.0, 3.0, 4.0) else None
+    return float(e) if float(e) in _POW else None
 
 
 def _admit(n: Node, anchor: tuple) -> Role | None:
@@ -321,17 +321,13 @@ def _prune(roles: dict[Node, Role], order: dict[Node, int], cut: bool) -> None:
         if changed or not roles:
             continue  # the role rules to their fixpoint first: a node they drop may be the one read early
         last = max(order[n] for n in roles)
-        early = {n: min(order[u] for u in n.users if u not in roles and order[u] < last) for n in roles
-                 if any(u not in roles and order[u] < last for u in n.users)}  # fmt: skip
+        early = {n: [order[u] for u in n.users if u not in roles and order[u] < last] for n in roles}
+        early = {n: min(reads) for n, reads in early.items() if reads}
         if not early:
             continue
-        if cut:
-            at = min(early.values())
-            for n in [n for n in roles if order[n] > at]:
-                del roles[n]
-        else:
-            for n in early:
-                del roles[n]
+        at = min(early.values())
+        for n in [n for n in roles if order[n] > at] if cut else list(early):
+            del roles[n]
         changed = True
 
 
@@ -385,8 +381,8 @@ def fused_regions(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Region]:
         if not outputs:
             continue
         region = Region(len(anchor), h, nodes, inputs, outputs, roles)
-        for a in inputs:
-            region.roles[a] = shape_role(node_shape(a), anchor) or Role.full
+        for a in inputs:  # every input has a role: _admit checked each op's inputs
+            region.roles[a] = shape_role(node_shape(a), anchor)
         used.update(nodes)
         out.append(region)
     return out
@@ -426,7 +422,13 @@ class _Writer:
         self.body: list[str] = []  # per row block
         self.acc_init: list[str] = []
         self.after: list[str] = []  # partial stores
-        self.params: list[str] = []  # kernel pointer / stride parameters
+        self.params: list[str] = []  # the kernel's parameters
+        self.args: list[str] = []  # what ``run`` passes for each of them
+        self.partials: dict[int, bool] = {}  # node index -> one partial per program (full sum) or a row of them
+
+    def param(self, name: str, arg: str | None = None) -> None:
+        self.params.append(name)
+        self.args.append(arg or name)
 
     def val(self, a: Any) -> str:
         if isinstance(a, Node):
@@ -443,17 +445,18 @@ class _Writer:
         role = self.r.roles[a]
         name = f"x{i}"
         conv = "" if node_dtype(a) is torch.bool else ".to(tl.float32)"
+        self.param(f"p{i}", f"v{i}")  # v{i}: run's view of input i ([R, H], [R], [H] or [])
         if role is Role.full:
-            self.params += [f"p{i}", f"sr{i}", f"sc{i}"]
+            self.param(f"sr{i}", f"v{i}.stride(0)")
+            self.param(f"sc{i}", f"v{i}.stride(1)")
             self.body.append(f"{name} = tl.load(p{i} + rows64 * sr{i} + cols64 * sc{i}, mask=m, other=0){conv}")
         elif role is Role.row:
-            self.params += [f"p{i}", f"sr{i}"]
+            self.param(f"sr{i}", f"v{i}.stride(0)")
             self.body.append(f"{name} = tl.load(p{i} + rows64 * sr{i}, mask=rm2, other=0){conv}")
         elif role is Role.col:
-            self.params += [f"p{i}", f"sc{i}"]
+            self.param(f"sc{i}", f"v{i}.stride(0)")
             self.hoisted.append(f"{name} = tl.load(p{i} + cols64 * sc{i}, mask=cm2, other=0){conv}")
         else:
-            self.params += [f"p{i}"]
             self.hoisted.append(f"{name} = tl.load(p{i}){conv}")
         self.names[a] = name
 
@@ -494,11 +497,7 @@ class _Writer:
             expr = f"(({a[1]}) - ({b}))"
         elif name == "pow":
             if isinstance(args[0], Node):
-                e = _pow_exponent(args[1])
-                x = a[0]
-                expr = {-1.0: f"(1.0 / ({x}))", -0.5: f"(1.0 / tl.sqrt_rn({x}))", 0.5: f"tl.sqrt_rn({x})",
-                        1.0: f"({x})", 2.0: f"(({x}) * ({x}))", 3.0: f"(({x}) * ({x}) * ({x}))",
-                        4.0: f"(({x}) * ({x}) * ({x}) * ({x}))"}[e]  # fmt: skip
+                expr = _POW[_pow_exponent(args[1])].format(a[0])
             else:
                 expr = f"tl.exp2(({a[1]}) * {math.log2(float(args[0]))!r})"
         elif name == "where":
@@ -537,15 +536,14 @@ class _Writer:
     def _reduce(self, j: int, n: Node) -> None:
         name = op(n)
         src = self.val(n.args[0])
+        if name in ROW_ONLY:
+            self._row_stat(j, n, src)
+            return
         role = self.r.roles[n]
-        is_max = name in ("amax", "amin")
         fill = '(-float("inf"))' if name == "amax" else ('float("inf")' if name == "amin" else "0.0")
         red = {"amax": "tl.max", "amin": "tl.min"}.get(name, "tl.sum")
         masked = f"tl.where(m, {src}, {fill})"
         v = f"t{j}"
-        if name in ROW_ONLY:
-            self._row_stat(j, n, src)
-            return
         if role in (Role.row, Role.rowflat):
             expr = f"{red}({masked}, axis=1)[:, None]"
             if name == "mean":
@@ -557,12 +555,13 @@ class _Writer:
         acc = f"acc{j}"
         self.acc_init.append(f"{acc} = tl.full([1, BLOCK_H], {fill}, tl.float32)")
         part = f"{red}({masked}, axis=0)[None, :]"
-        if is_max:
+        if name in ("amax", "amin"):
             combine = "tl.maximum" if name == "amax" else "tl.minimum"
             self.body.append(f"{acc} = {combine}({acc}, {part})")
         else:
             self.body.append(f"{acc} = {acc} + {part}")
-        self.params.append(f"q{j}")
+        self.param(f"q{j}")
+        self.partials[j] = role is Role.allred
         if role is Role.allred:  # one value per program
             self.after.append(f"tl.store(q{j} + pid, {red}({red}({acc}, axis=1), axis=0))")
         else:
@@ -610,10 +609,10 @@ def render_fused(region: Region, knobs: dict[str, Any], doc: str) -> str:
         dt = node_dtype(n)
         expr = f"_cast_out({val}, {LOW[dt]})" if dt in LOW else val
         if role is Role.full:
-            w.params.append(f"o{j}")
+            w.param(f"o{j}")
             stores.append(f"tl.store(o{j} + rows64 * H + cols64, {expr}, mask=m)")
         elif role in (Role.row, Role.rowflat):
-            w.params.append(f"o{j}")
+            w.param(f"o{j}")
             stores.append(f"tl.store(o{j} + rows64, {expr}, mask=rm2)")
     kernel_params = ", ".join([*w.params, "R", "H", "TILE_R: tl.constexpr", "BLOCK_H: tl.constexpr"])
     ind = "        "
@@ -649,20 +648,11 @@ def render_fused(region: Region, knobs: dict[str, Any], doc: str) -> str:
     return head + "\n" + consts + "\n\n\n" + "\n".join(kernel) + "\n\n\n" + run
 
 
-def _shape_expr(n: Node, rank: int) -> str:
-    """The output shape of a reduction node ``n`` in terms of the anchor ``a`` (a tuple at run time)."""
-    role = None
-    dims, keep = _dims(n, rank)
-    if dims is None or dims == set(range(rank)):
-        role = Role.allred
-    elif dims == {rank - 1}:
-        role = Role.row
-    else:
-        role = Role.colred
+def _shape_expr(n: Node, role: Role, rank: int) -> str:
+    """The output shape of a column or full reduction ``n`` in terms of the anchor ``a`` (a tuple at run time)."""
+    keep = _dims(n, rank)[1]
     if role is Role.allred:
         return f"({', '.join(['1'] * rank)},)" if keep and rank else "()"
-    if role is Role.row:
-        return "(*a[:-1], 1)" if keep else "tuple(a[:-1])"
     return f"({'1, ' * (rank - 1)}a[-1])" if keep else "(a[-1],)"
 
 
@@ -678,17 +668,15 @@ def _run_source(region: Region, w: _Writer, idx: dict[Node, int]) -> str:
         "R = math.prod(a[:-1])",
         f"dev = {ins[0]}.device",
     ]
-    args: list[str] = []
     for i, a in enumerate(region.inputs):
         x = f"i{i}"
-        # per role: the shape check (else the region's own ops run), the kernel's view of it, its strides
-        bad, view, strides = {
-            Role.full: (f"tuple({x}.shape) != a", "(R, H)", 2),
-            Role.row: (f"tuple({x}.shape)[-1:] != (1,) or {x}.numel() != R or {x}.dim() > {rank}", "(R)", 1),
-            Role.col: (f"{x}.numel() != H or {x}.dim() > {rank} or ({x}.dim() and {x}.shape[-1] != H)", "(H)", 1),
-        }.get(region.roles[a], (f"{x}.numel() != 1 or {x}.dim() > {rank}", "(())", 0))
+        # per role: the shape check (else the region's own ops run) and the kernel's view of the input
+        bad, view = {
+            Role.full: (f"tuple({x}.shape) != a", "(R, H)"),
+            Role.row: (f"tuple({x}.shape)[-1:] != (1,) or {x}.numel() != R or {x}.dim() > {rank}", "(R)"),
+            Role.col: (f"{x}.numel() != H or {x}.dim() > {rank} or ({x}.dim() and {x}.shape[-1] != H)", "(H)"),
+        }.get(region.roles[a], (f"{x}.numel() != 1 or {x}.dim() > {rank}", "(())"))
         body += [f"if {bad}:", "    return None", f"v{i} = {x}.reshape{view}"]
-        args += [f"v{i}", *(f"v{i}.stride({d})" for d in range(strides))]
     body += [
         "BLOCK_H = triton.next_power_of_2(H)",
         "TILE_R = max(1, min(TILE // BLOCK_H, triton.next_power_of_2(R)))",
@@ -712,20 +700,9 @@ def _run_source(region: Region, w: _Writer, idx: dict[Node, int]) -> str:
         elif role is Role.rowflat:
             body.append(f"o{j} = torch.empty(tuple(a[:-1]), dtype={dt}, device=dev)")
             outs[n] = f"o{j}"
-    # kernel arguments in the writer's parameter order
-    call: list[str] = []
-    pi = 0
-    for p in w.params:
-        if p.startswith(("p", "sr", "sc")):
-            call.append(args[pi])
-            pi += 1
-        elif p.startswith("q"):
-            allred = region.roles[region.nodes[int(p[1:])]] is Role.allred
-            body.append(f"{p} = torch.empty({'(P,)' if allred else '(P, BLOCK_H)'}, dtype=torch.float32, device=dev)")
-            call.append(p)
-        else:
-            call.append(p)
-    body.append(f"_fused_kernel[(P,)]({', '.join(call)}, R, H, TILE_R=TILE_R, BLOCK_H=BLOCK_H, num_warps=NUM_WARPS)")
+    for j, allred in w.partials.items():
+        body.append(f"q{j} = torch.empty({'(P,)' if allred else '(P, BLOCK_H)'}, dtype=torch.float32, device=dev)")
+    body.append(f"_fused_kernel[(P,)]({', '.join(w.args)}, R, H, TILE_R=TILE_R, BLOCK_H=BLOCK_H, num_warps=NUM_WARPS)")
     for n in region.outputs:
         j = idx[n]
         role = region.roles[n]
@@ -741,7 +718,7 @@ def _run_source(region: Region, w: _Writer, idx: dict[Node, int]) -> str:
                 count = "R"
             if name == "mean":
                 expr = f"({expr} / {count})"
-            body.append(f"o{j} = {expr}.reshape({_shape_expr(n, rank)}).to({node_dtype(n)})")
+            body.append(f"o{j} = {expr}.reshape({_shape_expr(n, role, rank)}).to({node_dtype(n)})")
             outs[n] = f"o{j}"
     body.append(f"return ({', '.join(outs[n] for n in region.outputs)},)")
     return "\n".join(lines + ["    " + ln for ln in body]) + "\n"

@@ -107,10 +107,10 @@ def _task(tmp_path, name, reference, inputs, outputs, workloads):
     return make_task(tmp_path, name, reference, inputs, outputs, workloads, tolerance=tol)
 
 
-def _check(task, *, suffix="fused.rowblock", knobs=None, expect_calls=True):
+def _check(task, *, knobs=None):
     from kernelarc.tasks.inputs import load_module, make_inputs
 
-    mod, calls = spied_family_module(task, suffix, knobs or {})
+    mod, calls = spied_family_module(task, "fused.rowblock", knobs or {})
     ref = load_module(task.definition.reference, f"ref_{task.name}")
     for i in range(len(task.workloads)):
         args = make_inputs(task, i, 7 + i, "cpu")
@@ -122,8 +122,7 @@ def _check(task, *, suffix="fused.rowblock", knobs=None, expect_calls=True):
                 torch.testing.assert_close(o.float(), w.float(), rtol=0, atol=0)
             else:  # sums: fp32 accumulation in another order
                 torch.testing.assert_close(o.float(), w.float(), rtol=1e-4, atol=1e-4)
-    assert bool(calls) is expect_calls
-    return mod
+    assert calls  # the generated kernel ran, not only the region's own ops
 
 
 def test_the_norm_backward_kernel_matches_eager_to_the_bit(tmp_path):
