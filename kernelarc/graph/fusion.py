@@ -644,7 +644,6 @@ def render_fused(region: Region, knobs: dict[str, Any], doc: str) -> str:
     run = _run_source(region, w, idx)
     head = mc.header(FAMILY, f"{doc}: a fused region ({region.describe()})", knobs)
     consts = "\n".join(f"{k} = {knobs[k]!r}" for k in ("TILE", "NUM_WARPS", "WAVES"))
-    head = head.replace("import os\n", "import math\nimport os\n", 1)
     return head + "\n" + consts + "\n\n\n" + "\n".join(kernel) + "\n\n\n" + run
 
 
@@ -662,10 +661,10 @@ def _run_source(region: Region, w: _Writer, idx: dict[Node, int]) -> str:
     lines = [f"def run({', '.join(ins)}):"]
     body = [
         f"a = tuple(torch.broadcast_shapes({', '.join(f'{x}.shape' for x in ins)}))",
-        f"if len(a) != {rank} or not 1 <= a[-1] <= {MAX_H} or math.prod(a[:-1]) == 0:",
+        "R = torch.Size(a[:-1]).numel()",
+        f"if len(a) != {rank} or not 1 <= a[-1] <= {MAX_H} or R == 0:",
         "    return None",
         "H = a[-1]",
-        "R = math.prod(a[:-1])",
         f"dev = {ins[0]}.device",
     ]
     for i, a in enumerate(region.inputs):
