@@ -1,5 +1,5 @@
 """Time the generated fused-region kernels (kernelarc.graph.fusion) of SOL-ExecBench problems on the GPU against
-the reference and torch.compile of the reference, measured in the same process, with a correctness check.
+the reference and torch.compile of the reference, measured in the same process, with the guard's correctness check.
 
     python3 scripts/gpu_fused_bench.py ROOT PROBLEM [PROBLEM ...] [--workloads N] [--max-gb G] [--out FILE]
 
@@ -7,8 +7,9 @@ For each problem: the workloads at the smallest, median and largest input size (
 those, up to 3; inputs over ``--max-gb`` skipped), and for each: the reference, torch.compile of the reference
 (dynamic=False, what the suite's baseline runs), and the fused family's composed candidate at a few points (its
 start point, twice the tile with twice the warps, the CUDA-graph replay). Each candidate's outputs are compared
-with the reference's on the same inputs (the workload's tolerance; max abs error printed). Times are medians of
-``triton.testing.do_bench`` (L2 flushed between calls), in ms. A JSON line per row goes to ``--out``.
+with the reference's on the same inputs by the guard's own rule (kernelarc.guard.compare, the workload's
+tolerance; max abs error printed). Times are medians of ``triton.testing.do_bench`` (L2 flushed between
+calls), in ms. A JSON line per row goes to ``--out``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kernelarc.families import families_for  # noqa: E402
+from kernelarc.guard.compare import compare_output  # noqa: E402
 from kernelarc.tasks.inputs import load_module, make_inputs  # noqa: E402
 from kernelarc.tasks.loader import load_task  # noqa: E402
 
@@ -42,18 +44,16 @@ def _outs(x):
     return list(x) if isinstance(x, tuple | list) else [x]
 
 
-def _err(got, want, atol: float, rtol: float) -> tuple[bool, float]:
+def _err(task, i: int, got, want) -> tuple[bool, float]:
+    """Whether ``got`` passes the guard's own comparison (kernelarc.guard.compare, the workload's tolerance rule per
+    output) against ``want``, and the largest absolute error."""
     ok, worst = True, 0.0
-    for g, w in zip(_outs(got), _outs(want), strict=True):
-        if not isinstance(w, torch.Tensor):
-            g, w = torch.as_tensor(g, dtype=torch.float64), torch.as_tensor(w, dtype=torch.float64)
-        g = torch.as_tensor(g)
-        if g.shape != w.shape:
-            return False, math.inf
-        d = (g.double() - w.double()).abs()
-        worst = max(worst, d.max().item() if d.numel() else 0.0)
-        bad = d > atol + rtol * w.double().abs()
-        ok &= bad.double().mean().item() <= 0.01  # the harness's 99% of elements within tolerance
+    for (name, _), g, w in zip(task.definition.outputs.items(), _outs(got), _outs(want), strict=True):
+        tol = task.tolerance_rule(i, name)
+        c = compare_output(name, g, w, None, tol.atol, tol.rtol, tol.ratio, max_error_cap=tol.max_error_cap,
+                           allow_negative_inf=tol.allow_negative_inf, check_layout=False)  # fmt: skip
+        ok &= c.ok
+        worst = max(worst, c.max_abs_err if c.max_abs_err is not None else (0.0 if c.ok else math.inf))
     return ok, worst
 
 
@@ -101,18 +101,16 @@ def main() -> int:
                 if gb > a.max_gb:
                     print(f"{p} wl{i}: {gb:.1f} GB of inputs, skipped", flush=True)
                     continue
-                tol = task.workloads[i].tolerance
-                atol, rtol = float(tol.max_atol), float(tol.max_rtol)
                 args = make_inputs(task, i, 1234, dev)
                 with torch.no_grad():
                     want = ref.run(*args)
                     row = {"problem": p, "workload": i, "gb": round(gb, 3), "ref_ms": bench(ref.run, args)}
                     got = comp(*args)
-                    row["compile_ok"], _ = _err(got, want, atol, rtol)
+                    row["compile_ok"], _ = _err(task, i, got, want)
                     row["compile_ms"] = bench(comp, args)
                     for name, mod in mods.items():
                         got = mod.run(*args)
-                        ok, worst = _err(got, want, atol, rtol)
+                        ok, worst = _err(task, i, got, want)
                         row[f"{name}_ok"], row[f"{name}_err"] = ok, worst
                         row[f"{name}_ms"] = bench(mod.run, args)
                 del args, want, got
