@@ -65,6 +65,23 @@ log = logging.getLogger(__name__)
 FAMILIES: list[Family] = []
 
 SUBSTITUTABLE = set(FAMILY_TASK) | LIBRARY_KINDS | {Kind.fused}
+# kernel families serving a kind besides its built-in task's: float32 GEMM sites on the split-precision family
+EXTRA_TASKS: dict[Kind, tuple[str, ...]] = {Kind.gemm: ("matmul_f32",)}
+
+
+def kind_tasks(kind: Kind) -> tuple[str, ...]:
+    """The tasks whose kernel families can serve ``kind``'s sites."""
+    return (FAMILY_TASK[kind], *EXTRA_TASKS.get(kind, ()))
+
+
+def kind_of_task(task: str) -> Kind | None:
+    return next((k for k in FAMILY_TASK if task in kind_tasks(k)), None)
+
+
+def takes(fam: Family | None, site: Site) -> bool:
+    """Whether kernel family ``fam`` takes ``site``'s operand dtype (a family without a dtype list takes any)."""
+    dt = site.params.get("dtype")
+    return fam is None or not fam.dtypes or dt is None or str(dt) in fam.dtypes
 
 
 def _per_region(knobs: Mapping[str, Any]) -> str:
@@ -311,7 +328,7 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
             impls = rec.impls.get(id(s), set())
             if not impls:
                 continue
-            if s.kind is kernel_kind and Impl.family in impls and kernel is not None:
+            if s.kind is kernel_kind and Impl.family in impls and kernel is not None and takes(kernel, s):
                 src = kernel_src
                 pkey: tuple = (kernel.name,)
                 if s.kind is Kind.fused:  # a kernel of its own per region (equal regions share one)
@@ -395,14 +412,17 @@ def composed_families(task) -> list[Family]:
         sites = rec.substitutable(kind, Impl.family)
         if not sites:
             continue
-        dts = {str(s.params["dtype"]) for s in sites if "dtype" in s.params}  # the sites' operand dtypes
         kernels = [FUSED_KERNEL] if kind is Kind.fused else [f for f in all_families().values()
-                                                              if f.task == FAMILY_TASK[kind]]  # fmt: skip
+                                                              if f.task in kind_tasks(kind)]  # fmt: skip
         for fam in kernels:
-            wrong = sorted(dts - set(fam.dtypes)) if fam.dtypes else []
-            if wrong:
-                log.info("%s not offered for %s: it takes %s operands, the sites are %s", fam.name, task.name,
-                         "/".join(fam.dtypes), "/".join(wrong))  # fmt: skip
+            if not any(takes(fam, s) for s in sites):  # sites of the dtypes it does not take keep their other impl
+                log.info(
+                    "%s not offered for %s: it takes %s operands, the sites are %s",
+                    fam.name,
+                    task.name,
+                    "/".join(fam.dtypes or ()),
+                    "/".join(sorted({str(s.params.get("dtype")) for s in sites})),
+                )
                 continue
             other = gknobs + _impl_knobs(rec, kind)
             names = {k.name for k in fam.knobs}
@@ -417,6 +437,19 @@ def composed_families(task) -> list[Family]:
 # ones it fuses well, and GEMMs (cuBLAS is the bar) last.
 KIND_PRIORITY = (Kind.fp8_gemm, Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.glu, Kind.rope, Kind.softmax,
                  Kind.fused, Kind.gemm)  # fmt: skip
+# float32 GEMMs run on cuBLAS's CUDA-core SGEMM in the reference and under torch.compile, where the split-precision
+# family has the tensor cores: in an fp32 problem they are most of the time, so that family goes right after attention
+F32_GEMM_AFTER = Kind.attention
+
+
+def _priority(kind: Kind, first_family: str) -> float:
+    from kernelarc.families.matmul_f32 import FAMILY_NAME as F32
+
+    if kind is Kind.gemm and first_family == F32:
+        return KIND_PRIORITY.index(F32_GEMM_AFTER) + 0.5
+    return KIND_PRIORITY.index(kind)
+
+
 # ops that move no data (views and size arithmetic): a graph left with only these has nothing to compile
 _VIEW_OPS = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "unsqueeze", "squeeze", "expand",
              "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "alias", "detach", "sym_size",
@@ -498,13 +531,13 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
             library = f
             continue
         base = all_families().get(base_name)
-        kind = next((k for k, t in FAMILY_TASK.items() if base is not None and t == base.task), None)
+        kind = kind_of_task(base.task) if base is not None else None
         kind = Kind.fused if base_name == FUSED_NAME else kind
         if kind is not None:
             by_kind.setdefault(kind, []).append(f)
     for fams in by_kind.values():
         fams.sort(key=lambda f: (f.language == "cutlass", _registry_index(registry, f.name.removeprefix(prefix))))
-    kinds = sorted(by_kind, key=KIND_PRIORITY.index)
+    kinds = sorted(by_kind, key=lambda k: _priority(k, by_kind[k][0].name.removeprefix(prefix)))
     rest_of = {k: "inductor" if rest_compute_ops(rec, k) > 0 else "eager" for k in kinds}
     rest = "inductor" if rest_compute_ops(rec) > 0 else "eager"  # the library family's
     first_rest = rest_of[kinds[0]] if kinds else rest
@@ -558,7 +591,10 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
 
 # A kernel family's second point where the problem moves data rather than launches (a CUDA-graph replay gains nothing
 # there): the fused kernel with twice the elements per block and twice the warps (a wide row wants more threads).
-SECOND_POINT: dict[str, dict[str, Any]] = {FUSED_NAME: {"TILE": 8192, "NUM_WARPS": 8}}
+# The split-precision GEMM's second point: the faster bf16 split after the start's tf32x3 (which fits tolerances of
+# 1e-4 on K of thousands, where bf16x3's 2**-16 per product may not).
+SECOND_POINT: dict[str, dict[str, Any]] = {FUSED_NAME: {"TILE": 8192, "NUM_WARPS": 8},
+                                           "matmul_f32.split": {"PRECISION": "bf16x3"}}  # fmt: skip
 
 
 def _registry_index(registry: list[str], name: str) -> int:

@@ -581,6 +581,7 @@ _TILE_START = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_w
 TILED = Family(
     name="matmul.tiled",
     task="matmul",
+    dtypes=("bfloat16", "float16"),  # float32 sites go to matmul_f32
     description="Non-persistent tiled GEMM, GROUP_M-swizzled tile order, pointer or TMA operand loads",
     knobs=(
         *_TILE_KNOBS,
@@ -599,6 +600,7 @@ TILED = Family(
 PERSISTENT = Family(
     name="matmul.persistent_tma",
     task="matmul",
+    dtypes=("bfloat16", "float16"),  # float32 sites go to matmul_f32
     description="Persistent GEMM (grid = SMs x mult) over TMA descriptors, optional warp specialization",
     knobs=(
         *_TILE_KNOBS,
@@ -623,6 +625,7 @@ PERSISTENT = Family(
 SPLITK = Family(
     name="matmul.splitk",
     task="matmul",
+    dtypes=("bfloat16", "float16"),  # float32 sites go to matmul_f32
     description="Split-K GEMM: K split over programs, fp32 partials reduced by a kernel or atomics",
     knobs=(
         *_TILE_KNOBS,

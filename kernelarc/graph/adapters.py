@@ -80,11 +80,16 @@ def family_ok(site: Site) -> str | None:
         return None  # recognised only in the forms its generated kernel takes
     if site.kind not in FAMILY_TASK:
         return f"no KernelArc family for {site.kind.value}"
+    if site.kind is Kind.gemm and p["dtype"] == "float32":
+        k = p.get("k")
+        if isinstance(k, int) and k < 16:
+            return f"an fp32 GEMM with K={k} is an outer product: no tensor-core work for the split-precision family"
+        return None  # matmul_f32: any layout, batched
     if site.kind is Kind.gemm:
         if p["layout"] != "nk" or p["batched"]:
             return "GEMM family needs A [.., K] @ B[N, K]^T (not batched, B in weight layout)"
         if p["dtype"] not in LOW_DTYPES:
-            return f"GEMM family computes in bf16/fp16, the site is {p['dtype']}"
+            return f"GEMM family computes in bf16/fp16 (fp32 on matmul_f32), the site is {p['dtype']}"
     if site.kind is Kind.fp8_gemm and p.get("mode") not in ("block", "outer"):
         return "fp8 GEMM families read 1x128 / 128x128 blockwise, per-row or per-tensor scales"
     if site.kind is Kind.glu and p["act"] not in GLU_TRITON:
@@ -277,6 +282,16 @@ def gemm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) 
         raise AdapterError(f"gemm library path: no fused form for bias={p['bias']} epilogue={epi}")
     if impl is not Impl.family or c.part is None:
         raise AdapterError("gemm: no implementation")
+    if p["dtype"] == "float32":  # matmul_f32 reads any strides and batch dims: B^T as a view of the site's B
+        bnk = b if p["layout"] == "nk" else f"{b}.transpose(-1, -2)"
+        ref = f"torch.matmul({a}, {b}.transpose(-1, -2))" if p["layout"] == "nk" else f"torch.matmul({a}, {b})"
+        lines = [
+            f"if {a}.dtype == torch.float32 and {b}.dtype == torch.float32 and {a}.dim() >= 2 and {b}.dim() >= 2:",
+            f"    _c = {c.part}run({a}, {bnk})",
+            "else:",
+            f"    _c = {ref}",
+        ]
+        return [*lines, *_epilogue(site, c, "_c"), f"{out} = _c"]
     lines = [
         f"if {a}.dtype == {b}.dtype and {a}.dtype in (torch.bfloat16, torch.float16) and {b}.dim() == 2:",
         f"    _c = {c.part}run({a}.reshape(-1, {a}.shape[-1]), {b}).view(*{a}.shape[:-1], {b}.shape[0])",

@@ -617,8 +617,10 @@ def _gemm_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
                 continue
             break
         dtype = str(node_dtype(a)).replace("torch.", "")
+        sa = node_shape(a)
+        k = sa[-1] if sa and isinstance(sa[-1], int) else None  # the inner dimension when static
         p = {"op": o, "layout": layout, "batched": batched, "bias": bias is not None,
-             "epilogue": "+".join(epi) or "none", "scale": scale, "dtype": dtype}  # fmt: skip
+             "epilogue": "+".join(epi) or "none", "scale": scale, "dtype": dtype, "k": k}  # fmt: skip
         inputs = {"a": a, "b": b, "bias": bias, "residual": residual}
         site = _site(Kind.gemm, last, {k: v for k, v in inputs.items() if v is not None}, p)
         if site:

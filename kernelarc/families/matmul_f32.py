@@ -1,0 +1,185 @@
+"""A GEMM kernel family for float32 operands on tensor cores (Hopper, sm_90a).
+
+Problems written in float32 (most SOL-ExecBench L1/L2 references: projections, their weight gradients,
+batched attention products) run their matmuls on cuBLAS's FP32 SGEMM: CUDA cores, about 60 TFLOP/s on an
+H200, where the tensor cores do 16 times that in bf16. Plain TF32 (what ``torch.backends.cuda.matmul.
+allow_tf32`` turns on) keeps 10 mantissa bits and misses tolerances of 1e-3 on K of a thousand or more.
+This family keeps fp32-class accuracy on tensor cores by splitting each operand into a high and a low part and
+summing three products (the small x small term dropped):
+
+* ``bf16x3``: ``a = a_hi + a_lo`` in bf16 (16 mantissa bits in all), ``a_hi b_lo + a_lo b_hi + a_hi b_hi``
+  on bf16 MMAs with an fp32 accumulator: a product's relative error about 2**-16;
+* ``tf32x3``: the same split in TF32 (Triton's ``input_precision="tf32x3"``): about 2**-21;
+* ``tf32``: one TF32 product (2**-11), for problems whose tolerance allows it.
+
+Which one passes is the problem's tolerance's call: the guard checks every candidate against a float64
+reference on fresh inputs. Task (``matmul_f32``, served through composed problems' GEMM sites):
+``run(A, B)`` with A [..., M, K] and B [N, K] or [..., N, K], both float32 with any strides (a transposed
+view is read in place), returns ``A @ B^T`` in float32, contiguous, batch dimensions broadcast as
+``torch.matmul`` broadcasts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kernelarc.families.base import SM90_SMEM_PER_BLOCK, Family, Knob
+from kernelarc.families.matmul import _GROUPED_PID, _header
+
+PRECISIONS = ("tf32x3", "bf16x3", "tf32")
+
+_KERNEL = """
+
+@triton.jit
+def _split_dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    if PRECISION == "bf16x3":
+        a_hi = a.to(tl.bfloat16)
+        b_hi = b.to(tl.bfloat16)
+        a_lo = (a - a_hi.to(tl.float32)).to(tl.bfloat16)
+        b_lo = (b - b_hi.to(tl.float32)).to(tl.bfloat16)
+        if UPCAST:  # the interpreter's bf16 dot is wrong; the parts are exact in fp32, so the sums are the MMA's
+            a_hi, b_hi, a_lo, b_lo = a_hi.to(tl.float32), b_hi.to(tl.float32), a_lo.to(tl.float32), b_lo.to(tl.float32)
+        acc = tl.dot(a_hi, b_lo, acc)  # the small terms first
+        acc = tl.dot(a_lo, b_hi, acc)
+        acc = tl.dot(a_hi, b_hi, acc)
+    else:
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _mm_f32_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                   s_ab, s_am, s_ak, s_bb, s_bn, s_bk,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, INT64: tl.constexpr,
+                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    pid = tl.program_id(0)
+    batch = tl.program_id(1).to(tl.int64)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # rows past the edge read row 0 (never stored): no mask on the M/N sides
+    rows_a = tl.where(offs_m < M, offs_m, 0)
+    rows_b = tl.where(offs_n < N, offs_n, 0)
+    offs_k = tl.arange(0, BLOCK_K)
+    if INT64:
+        rows_a = rows_a.to(tl.int64)
+        rows_b = rows_b.to(tl.int64)
+    a_ptrs = a_ptr + batch * s_ab + rows_a[:, None] * s_am + offs_k[None, :] * s_ak
+    b_ptrs = b_ptr + batch * s_bb + rows_b[None, :] * s_bn + offs_k[:, None] * s_bk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - kk * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = _split_dot(a, b, acc, PRECISION, UPCAST)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+    if INT64:
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    c_ptrs = c_ptr + batch * M * N + offs_m[:, None] * N + offs_n[None, :]
+    tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+"""
+
+_LAUNCHER = '''
+
+def run(A, B):
+    """A @ B^T in float32 for A [..., M, K] and B [N, K] or [..., N, K] (any strides, batch dims broadcast)."""
+    if A.dtype != torch.float32 or B.dtype != torch.float32 or A.dim() < 2 or B.dim() < 2:
+        raise ValueError(f"matmul_f32 takes float32 operands of rank >= 2, got {A.dtype} {tuple(A.shape)} "
+                         f"and {B.dtype} {tuple(B.shape)}")
+    M, K = A.shape[-2], A.shape[-1]
+    N = B.shape[-2]
+    if B.shape[-1] != K:
+        raise ValueError(f"matmul_f32: inner dimensions differ: {tuple(A.shape)} @ {tuple(B.shape)}^T")
+    if B.dim() == 2:  # a weight: every row of A against it, as one GEMM
+        lead = tuple(A.shape[:-1])
+        M = A.numel() // K if K else torch.Size(lead).numel()
+        A3 = A.reshape(1, M, K)
+        B3 = B.unsqueeze(0)
+        batch = 1
+    else:
+        lead_b = torch.broadcast_shapes(tuple(A.shape[:-2]), tuple(B.shape[:-2]))
+        lead = (*lead_b, M)
+        A3 = A.expand(*lead_b, M, K).reshape(-1, M, K)
+        B3 = B.expand(*lead_b, N, K).reshape(-1, N, K)
+        batch = A3.shape[0]
+    C = torch.empty((batch, M, N), device=A.device, dtype=torch.float32)
+    if C.numel() == 0:
+        return C.view(*lead, N)
+    if K == 0:
+        return C.zero_().view(*lead, N)
+    # a broadcast batch (stride 0) is read in place; strides of 1 in K or in M/N are both served
+    s_bb = B3.stride(0) if B3.shape[0] > 1 else 0
+    int64 = max(A3.numel(), B3.numel(), M * N) >= 2**31 or max(
+        abs(s) * d for s, d in zip((*A3.stride(), *B3.stride()), (*A3.shape, *B3.shape))) >= 2**31
+    grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N), batch)
+    _mm_f32_kernel[grid](
+        A3, B3, C, M, N, K,
+        A3.stride(0), A3.stride(1), A3.stride(2), s_bb, B3.stride(1), B3.stride(2),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, EVEN_K=K % BLOCK_K == 0,
+        INT64=int64, PRECISION=PRECISION, UPCAST=INTERPRET, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )
+    return C.view(*lead, N)
+'''
+
+_ELEM = 4  # fp32 operand bytes in shared memory
+
+
+def _valid(k: Mapping[str, Any]) -> bool:
+    bm, bn, bk, warps, stages = k["BLOCK_M"], k["BLOCK_N"], k["BLOCK_K"], k["num_warps"], k["num_stages"]
+    # fp32 operand stages, plus (split precisions) the bf16 / tf32 hi and lo copies the MMAs read
+    smem = max(stages - 1, 1) * (bm + bn) * bk * _ELEM + (bm + bn) * bk * _ELEM
+    if smem > SM90_SMEM_PER_BLOCK - 1024:
+        return False
+    # the fp32 accumulator and the split operands held per thread
+    regs = bm * bn / (32 * warps) + 2 * (bm + bn) * bk / (32 * warps)
+    return regs < min(255, 65536 // (32 * warps)) - 32
+
+
+def render(k: Mapping[str, Any]) -> str:
+    names = ("PRECISION", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
+    consts = "".join(f"{n} = {k[n]!r}\n" for n in names)
+    consts += f"NUM_WARPS = {k['num_warps']!r}\nNUM_STAGES = {k['num_stages']!r}\n"
+    return _header(FAMILY_NAME, k) + "\n" + consts + _GROUPED_PID + _KERNEL + _LAUNCHER
+
+
+FAMILY_NAME = "matmul_f32.split"
+
+SPLIT = Family(
+    name=FAMILY_NAME,
+    task="matmul_f32",
+    description="float32 GEMM on tensor cores: operands split into high and low parts (3 bf16 or TF32 products) "
+    "or one TF32 product; any strides, batched",
+    knobs=(
+        Knob("PRECISION", PRECISIONS, "precision", "bf16x3 / tf32x3 split products (fp32-class) or one TF32 product"),
+        Knob("BLOCK_M", (128, 64, 256), "tiling", "output tile rows"),
+        Knob("BLOCK_N", (128, 64, 256), "tiling", "output tile columns"),
+        Knob("BLOCK_K", (32, 16, 64), "tiling", "K step per iteration"),
+        Knob("GROUP_M", (8, 1, 4, 16), "scheduling", "row blocks sharing a column sweep (L2 reuse of B)"),
+        Knob("num_warps", (8, 4), "scheduling", "warps per program"),
+        Knob("num_stages", (3, 2, 4), "memory", "pipelined operand loads in flight"),
+    ),
+    start={
+        "PRECISION": "tf32x3",
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "BLOCK_K": 32,
+        "GROUP_M": 8,
+        "num_warps": 8,
+        "num_stages": 3,
+    },  # fmt: skip
+    render=render,
+    valid=_valid,
+    dtypes=("float32",),
+)
+
+FAMILIES = [SPLIT]
