@@ -35,11 +35,12 @@ SHAPES = [
 BATCHED = [("L1/001 QK^T 320x256x256x128", (320, 256, 128), (320, 256, 128))]
 POINTS = [
     {"PRECISION": "tf32x3"},
+    {"PRECISION": "bf16x6"},
     {"PRECISION": "bf16x3"},
     {"PRECISION": "tf32"},
-    {"PRECISION": "tf32x3", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "num_stages": 3},
-    {"PRECISION": "bf16x3", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "num_stages": 3},
-    {"PRECISION": "tf32x3", "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 4},
+    {"PRECISION": "bf16x6", "BLOCK_K": 64},
+    {"PRECISION": "bf16x6", "BLOCK_K": 64, "BLOCK_N": 256, "num_stages": 2},
+    {"PRECISION": "tf32x3", "ALGO": "inline"},
 ]
 TOLS = ((2.2e-4, 1e-3), (1.9e-3, 1e-5))
 
@@ -58,11 +59,11 @@ def errors(c: torch.Tensor, ref: torch.Tensor) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="the first three points only")
+    ap.add_argument("--quick", action="store_true", help="the first four points only")
     args = ap.parse_args()
     from triton.testing import do_bench
 
-    points = POINTS[:3] if args.quick else POINTS
+    points = POINTS[:4] if args.quick else POINTS
     mods = []
     for i, p in enumerate(points):
         knobs = SPLIT.check_point(p)

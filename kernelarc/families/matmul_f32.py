@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kernelarc.families.base import SM90_SMEM_PER_BLOCK, Family, Knob
-from kernelarc.families.matmul import _GROUPED_PID, _header
+from kernelarc.families.matmul import _GROUPED_PID, _header, _tiled_kernel_src
 
-PRECISIONS = ("tf32x3", "bf16x3", "tf32")
+PRECISIONS = ("tf32x3", "bf16x6", "bf16x3", "tf32")
 
 _KERNEL = """
 
@@ -43,8 +43,10 @@ def _split_dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         acc = tl.dot(a_hi, b_lo, acc)  # the small terms first
         acc = tl.dot(a_lo, b_hi, acc)
         acc = tl.dot(a_hi, b_hi, acc)
-    else:
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    elif PRECISION == "tf32":
+        acc = tl.dot(a, b, acc, input_precision="tf32")
+    else:  # tf32x3, and bf16x6 in the in-kernel form (Triton's 3xTF32: the same 2**-21 class)
+        acc = tl.dot(a, b, acc, input_precision="tf32x3")
     return acc
 
 
@@ -89,6 +91,93 @@ def _mm_f32_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 """
 
+# The split as data: each operand's parts laid side by side along K (zero-padded to KP per part), ordered so that
+# one GEMM over the PARTS * KP columns sums exactly the products the precision keeps:
+#   bf16x3: A [h, l, h] . B [l, h, h]                    = h.l + l.h + h.h
+#   bf16x6: A [h, h, m, h, l, m] . B [h, m, h, l, h, m]  = h.h + h.m + m.h + h.l + l.h + m.m  (24 bits a side)
+#   tf32x3: A [h, l, h] . B [l, h, h] in TF32-rounded fp32 (the tensor cores read TF32)
+# The GEMM then reads K-major contiguous bf16 (or fp32) operands whatever the site's layout: the tensor cores' fast
+# path, where the in-kernel split converts every tile in registers (on the H200: 0.2-0.45x SGEMM at 16384x1024x1024).
+_PARTS = """
+
+@triton.jit
+def _tf32_round(x):
+    # round to nearest TF32 (10 explicit mantissa bits): the value the tensor cores then read exactly
+    bits = x.to(tl.uint32, bitcast=True)
+    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _split_parts(x_ptr, o_ptr, R, K, KP, s_r, s_k, SIDE_B: tl.constexpr, PARTS: tl.constexpr,
+                 PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    r64 = rows.to(tl.int64)[:, None]
+    keep = (rows < R)[:, None] & (cols < KP)[None, :]
+    x = tl.load(x_ptr + r64 * s_r + cols[None, :].to(tl.int64) * s_k, mask=keep & (cols < K)[None, :], other=0.0)
+    o = o_ptr + r64 * (PARTS * KP) + cols[None, :]
+    if PRECISION == "tf32x3":
+        h = _tf32_round(x)
+        lo = x - h
+        tl.store(o, lo if SIDE_B else h, mask=keep)
+        tl.store(o + KP, h if SIDE_B else lo, mask=keep)
+        tl.store(o + 2 * KP, h, mask=keep)
+    else:
+        h = x.to(tl.bfloat16)
+        r1 = x - h.to(tl.float32)
+        m = r1.to(tl.bfloat16)
+        if PRECISION == "bf16x3":
+            tl.store(o, m if SIDE_B else h, mask=keep)
+            tl.store(o + KP, h if SIDE_B else m, mask=keep)
+            tl.store(o + 2 * KP, h, mask=keep)
+        else:  # bf16x6: h, m, and the rest l
+            lo = (r1 - m.to(tl.float32)).to(tl.bfloat16)
+            tl.store(o, h, mask=keep)
+            tl.store(o + KP, m if SIDE_B else h, mask=keep)
+            tl.store(o + 2 * KP, h if SIDE_B else m, mask=keep)
+            tl.store(o + 3 * KP, lo if SIDE_B else h, mask=keep)
+            tl.store(o + 4 * KP, h if SIDE_B else lo, mask=keep)
+            tl.store(o + 5 * KP, m, mask=keep)
+"""
+
+_CONCAT = '''
+
+_NPARTS = {"tf32x3": 3, "bf16x3": 3, "bf16x6": 6}
+
+
+def _parts(X, side_b, kp):
+    """X [R, K] (any strides) as its precision's parts side by side: [R, parts * kp], K-major, contiguous."""
+    R, K = X.shape
+    n = _NPARTS[PRECISION]
+    dt = torch.float32 if PRECISION == "tf32x3" else torch.bfloat16
+    out = torch.empty((R, n * kp), device=X.device, dtype=dt)
+    grid = (triton.cdiv(R, 32), triton.cdiv(kp, 128))
+    _split_parts[grid](X, out, R, K, kp, X.stride(0), X.stride(1), SIDE_B=side_b, PARTS=n, PRECISION=PRECISION,
+                       BLOCK_R=32, BLOCK_C=128, num_warps=4)
+    return out
+
+
+def _concat_gemm(A2, B2):
+    """A2 [M, K] @ B2 [N, K]^T in fp32 by one tensor-core GEMM over the operands' parts."""
+    M, K = A2.shape
+    N = B2.shape[0]
+    C = torch.empty((M, N), device=A2.device, dtype=torch.float32)
+    if PRECISION == "tf32":  # one product: the operands as they are, K-major
+        X, Y, kk = A2.contiguous(), B2.contiguous(), K
+    else:
+        kp = triton.cdiv(K, 64) * 64
+        X, Y = _parts(A2, False, kp), _parts(B2, True, kp)
+        kk = X.shape[1]
+    int64 = max(X.numel(), Y.numel(), C.numel()) >= 2**31
+    grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N), 1)
+    matmul_kernel[grid](
+        X, Y, C, M, N, kk, X.stride(0), Y.stride(0), N, 1, kk, 0,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_K=1, EVEN_K=kk % BLOCK_K == 0,
+        INT64=int64, UPCAST=INTERPRET, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )
+    return C
+'''
+
 _LAUNCHER = '''
 
 def run(A, B):
@@ -103,6 +192,8 @@ def run(A, B):
     if B.dim() == 2:  # a weight: every row of A against it, as one GEMM
         lead = tuple(A.shape[:-1])
         M = A.numel() // K if K else torch.Size(lead).numel()
+        if ALGO == "concat" and M * N and K:
+            return _concat_gemm(A.reshape(M, K), B).view(*lead, N)
         A3 = A.reshape(1, M, K)
         B3 = B.unsqueeze(0)
         batch = 1
@@ -146,10 +237,11 @@ def _valid(k: Mapping[str, Any]) -> bool:
 
 
 def render(k: Mapping[str, Any]) -> str:
-    names = ("PRECISION", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
+    names = ("PRECISION", "ALGO", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
     consts = "".join(f"{n} = {k[n]!r}\n" for n in names)
     consts += f"NUM_WARPS = {k['num_warps']!r}\nNUM_STAGES = {k['num_stages']!r}\n"
-    return _header(FAMILY_NAME, k) + "\n" + consts + _GROUPED_PID + _KERNEL + _LAUNCHER
+    gemm = _tiled_kernel_src("pointer", 1, "partials")  # the bf16 family's tiled GEMM, run on the parts
+    return _header(FAMILY_NAME, k) + "\n" + consts + _GROUPED_PID + _KERNEL + gemm + _PARTS + _CONCAT + _LAUNCHER
 
 
 FAMILY_NAME = "matmul_f32.split"
@@ -161,6 +253,12 @@ SPLIT = Family(
     "or one TF32 product; any strides, batched",
     knobs=(
         Knob("PRECISION", PRECISIONS, "precision", "bf16x3 / tf32x3 split products (fp32-class) or one TF32 product"),
+        Knob(
+            "ALGO",
+            ("concat", "inline"),
+            "algorithmic",
+            "weight GEMMs: the parts written side by side along K, then one tensor-core GEMM; or split in the K loop",
+        ),
         Knob("BLOCK_M", (128, 64, 256), "tiling", "output tile rows"),
         Knob("BLOCK_N", (128, 64, 256), "tiling", "output tile columns"),
         Knob("BLOCK_K", (32, 16, 64), "tiling", "K step per iteration"),
@@ -170,6 +268,7 @@ SPLIT = Family(
     ),
     start={
         "PRECISION": "tf32x3",
+        "ALGO": "concat",
         "BLOCK_M": 128,
         "BLOCK_N": 128,
         "BLOCK_K": 32,
