@@ -27,7 +27,7 @@ from typing import Any
 from kernelarc.families.base import SM90_SMEM_PER_BLOCK, Family, Knob
 from kernelarc.families.matmul import _GROUPED_PID, _header, _tiled_kernel_src
 
-PRECISIONS = ("tf32x3", "bf16x6", "bf16x3", "tf32")
+PRECISIONS = ("bf16x3", "tf32x3", "bf16x6", "tf32")
 
 _KERNEL = """
 
@@ -143,6 +143,8 @@ def _split_parts(x_ptr, o_ptr, R, K, KP, s_r, s_k, SIDE_B: tl.constexpr, PARTS: 
 _CONCAT = '''
 
 _NPARTS = {"tf32x3": 3, "bf16x3": 3, "bf16x6": 6}
+CONCAT_MIN_MNK = 2**32  # on the H200: 512 x 1024 x 1024 ran 0.25x SGEMM with the parts, 0.9x split in the K loop
+_SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 
 
 def _parts(X, side_b, kp):
@@ -169,11 +171,20 @@ def _concat_gemm(A2, B2):
         X, Y = _parts(A2, False, kp), _parts(B2, True, kp)
         kk = X.shape[1]
     int64 = max(X.numel(), Y.numel(), C.numel()) >= 2**31
-    grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N), 1)
-    matmul_kernel[grid](
-        X, Y, C, M, N, kk, X.stride(0), Y.stride(0), N, 1, kk, 0,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_K=1, EVEN_K=kk % BLOCK_K == 0,
-        INT64=int64, UPCAST=INTERPRET, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
+    # too few output tiles for the SMs (a weight gradient: 1024 x 1024 out of K = 16384): split K over programs
+    # that add their fp32 partials into C (each split keeping at least 8 K steps)
+    split = max(1, min(_SMS // tiles, kk // (8 * BLOCK_K), 16)) if tiles * 2 <= _SMS else 1
+    per = triton.cdiv(triton.cdiv(kk, BLOCK_K), split) * BLOCK_K
+    split = triton.cdiv(kk, per)
+    kernel = matmul_kernel if split == 1 else matmul_kernel_splitk
+    if split > 1:
+        C.zero_()
+    kernel[(tiles, split)](
+        X, Y, C, M, N, kk, X.stride(0), Y.stride(0), N, 1, per, 0,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_K=split,
+        EVEN_K=per % BLOCK_K == 0 and kk % per == 0, INT64=int64, UPCAST=INTERPRET, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
     )
     return C
 '''
@@ -192,7 +203,8 @@ def run(A, B):
     if B.dim() == 2:  # a weight: every row of A against it, as one GEMM
         lead = tuple(A.shape[:-1])
         M = A.numel() // K if K else torch.Size(lead).numel()
-        if ALGO == "concat" and M * N and K:
+        # the parts' pass costs a read and a write of both operands: worth it on large products only
+        if M * N and K and (ALGO == "concat" or (ALGO == "auto" and M * N * K >= CONCAT_MIN_MNK)):
             return _concat_gemm(A.reshape(M, K), B).view(*lead, N)
         A3 = A.reshape(1, M, K)
         B3 = B.unsqueeze(0)
@@ -240,7 +252,9 @@ def render(k: Mapping[str, Any]) -> str:
     names = ("PRECISION", "ALGO", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
     consts = "".join(f"{n} = {k[n]!r}\n" for n in names)
     consts += f"NUM_WARPS = {k['num_warps']!r}\nNUM_STAGES = {k['num_stages']!r}\n"
-    gemm = _tiled_kernel_src("pointer", 1, "partials")  # the bf16 family's tiled GEMM, run on the parts
+    # the bf16 family's tiled GEMM run on the parts, and its split-K form adding fp32 partials atomically
+    gemm = _tiled_kernel_src("pointer", 1, "partials")
+    gemm += _tiled_kernel_src("pointer", 2, "atomic").replace("def matmul_kernel(", "def matmul_kernel_splitk(")
     return _header(FAMILY_NAME, k) + "\n" + consts + _GROUPED_PID + _KERNEL + gemm + _PARTS + _CONCAT + _LAUNCHER
 
 
@@ -252,12 +266,13 @@ SPLIT = Family(
     description="float32 GEMM on tensor cores: operands split into high and low parts (3 bf16 or TF32 products) "
     "or one TF32 product; any strides, batched",
     knobs=(
-        Knob("PRECISION", PRECISIONS, "precision", "bf16x3 / tf32x3 split products (fp32-class) or one TF32 product"),
+        Knob("PRECISION", PRECISIONS, "precision", "bf16x3 / tf32x3 / bf16x6 split products or one TF32 product"),
         Knob(
             "ALGO",
-            ("concat", "inline"),
+            ("auto", "concat", "inline"),
             "algorithmic",
-            "weight GEMMs: the parts written side by side along K, then one tensor-core GEMM; or split in the K loop",
+            "weight GEMMs: the parts written side by side along K, then one tensor-core GEMM; or split in the K loop; "
+            "auto: the parts from M*N*K of 2**32 on",
         ),
         Knob("BLOCK_M", (128, 64, 256), "tiling", "output tile rows"),
         Knob("BLOCK_N", (128, 64, 256), "tiling", "output tile columns"),
@@ -267,15 +282,15 @@ SPLIT = Family(
         Knob("num_stages", (3, 2, 4), "memory", "pipelined operand loads in flight"),
     ),
     start={
-        "PRECISION": "tf32x3",
-        "ALGO": "concat",
+        "PRECISION": "bf16x3",
+        "ALGO": "auto",
         "BLOCK_M": 128,
         "BLOCK_N": 128,
         "BLOCK_K": 32,
         "GROUP_M": 8,
         "num_warps": 8,
         "num_stages": 3,
-    },  # fmt: skip
+    },
     render=render,
     valid=_valid,
     dtypes=("float32",),

@@ -27,10 +27,10 @@ needs_sol = pytest.mark.skipif(not SOL.is_dir(), reason=f"sol-execbench {SKIP_RE
 SMALL = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16}
 
 
-def _module(precision: str):
-    src = SPLIT.render(SPLIT.check_point({"PRECISION": precision, **SMALL}))
+def _module(precision: str, algo: str = "auto"):
+    src = SPLIT.render(SPLIT.check_point({"PRECISION": precision, "ALGO": algo, **SMALL}))
     assert check_source(src).ok
-    return load_module(src, f"mmf32_{precision}")
+    return load_module(src, f"mmf32_{precision}_{algo}")
 
 
 def _operands(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -47,11 +47,15 @@ def _operands(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
+@pytest.mark.parametrize("algo", ["inline", "concat"])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_every_layout_and_batch_shape_matches_float64(precision):
-    mod = _module(precision)
+def test_every_layout_and_batch_shape_matches_float64(precision, algo):
+    """inline: the split in the K loop; concat: weight GEMMs on the operands' parts side by side (batched ones
+    stay inline), with split K where the output has few tiles (the last case: 2 tiles, K of 1000)."""
+    mod = _module(precision, algo)
     g = torch.Generator().manual_seed(0)
-    for a, b in _operands(g):
+    cases = [*_operands(g), (torch.randn(1000, 64, generator=g).t(), torch.randn(1000, 70, generator=g).t())]
+    for a, b in cases:
         got = mod.run(a, b)
         want = torch.matmul(a.double(), b.double().transpose(-1, -2))
         assert got.dtype == torch.float32 and got.shape == want.shape and got.is_contiguous()
@@ -127,8 +131,8 @@ def test_a_weight_gradient_problem_runs_every_gemm_on_the_family(tmp_path):
 
     task = load_task(SOL / "L1/072_cross_attention_qkv_projection_with_gqa_repeat_backward")
     first = start_points(task, composed_families(task))[0]
-    assert first[0].name.endswith("matmul_f32.split") and first[1]["PRECISION"] == "tf32x3"
-    mod, calls = spied_family_module(task, "matmul_f32.split", SMALL)
+    assert first[0].name.endswith("matmul_f32.split") and first[1]["PRECISION"] == "bf16x3"
+    mod, calls = spied_family_module(task, "matmul_f32.split", {**SMALL, "ALGO": "concat"})
     idx = min(range(len(task.workloads)), key=task.io_bytes)
     got = mod.run(*make_inputs(task, idx, 7, "cpu"))
     want = load_module(task.definition.reference, "ref_072").run(*make_inputs(task, idx, 7, "cpu"))
