@@ -133,8 +133,9 @@ class SuiteConfig:
     # from one queue instead of fixed slices, and no problem runs twice. null: run every selected problem.
     claims: str | None = None
     # With claims: the GPU memory (GB) the processes of that queue plan in total (kernelarc.memory_pool). Each
-    # session reserves its guard.memory_gb from it; a problem refused for memory runs again at the end of its
-    # process's queue with the cap it needs, once that much is free. null: every session plans its own cap.
+    # session reserves its guard.memory_gb from it; a problem refused for memory runs again right away (before its
+    # process takes the next problem) with the cap it needs, once that much is free. null: every session plans its
+    # own cap.
     memory_pool_gb: float | None = None
 
 

@@ -4,9 +4,9 @@ Several suite processes (``scripts/gpu_suite.sh``'s shards) run sessions on one 
 ``guard.memory_gb`` for itself (kernelarc.guard.memory). A fixed share fits most problems; a few need more
 than the share for a single input set (on the H200 suite, 8 shards x 17 GB: L2/004 needs 24 GB and L2/024
 47 GB) and used to fail. With a pool, every session reserves its cap from a ledger the processes share, and
-a problem refused for memory runs again at the end of its process's queue with the cap it needs, once that
-much of the pool is free: while it waits, no process starts a new problem, so the others drain and release
-their shares (first come, first served among the waiters). The GPU's memory is never planned twice.
+a problem refused for memory runs again right away (before its process takes the next problem) with the cap
+it needs, once that much of the pool is free: while it waits, no process starts a new problem, so the others
+drain and release their shares (first come, first served among the waiters). The GPU's memory is never planned twice.
 
 The ledger is a folder: one JSON file per reservation or waiter (``{"key", "gb", "pid", "since", "wait"}``),
 read and changed under an ``flock`` of the folder's ``.lock``. Its holder keeps an ``flock`` on its own

@@ -542,7 +542,7 @@ def _progress(i: int, n: int, r: ProblemResult, seconds: float | None, note: str
     return f"[{bar}] {i}/{n} {r.problem}: {r.status.value} {r.champion_family or ''}{vs}{vc}{t}{note}{why}"
 
 
-DEFERRED = "runs again at the end of the queue"  # a failed row's mark: refused for memory, to be run with more
+DEFERRED = "runs again with the cap it needs"  # a failed row's mark: refused for memory, to be run with more
 
 
 def _memory_pool(c: Any, claims: Path | None) -> tuple[MemoryPool | None, float]:
@@ -610,7 +610,6 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
     if claims is not None:
         claims.mkdir(parents=True, exist_ok=True)
     pool, share = _memory_pool(c, claims)
-    deferred: list[tuple[int, str, Path, float]] = []
 
     def run_one(i: int, rel: str, problem: Path, memory_gb: float | None) -> ProblemResult:
         """One problem's session (a pool reservation around it where there is a pool); its row, not yet saved."""
@@ -659,6 +658,14 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
             print(_progress(i, len(problems), r, time.monotonic() - t), flush=True)
         return r
 
+    def run_again(i: int, rel: str, problem: Path, need: float) -> ProblemResult:
+        """A problem refused for memory, once more with the cap it needs: its pool reservation has priority (no
+        process starts a new problem while it waits), so it runs as soon as the others have freed that much."""
+        r = run_one(i, rel, problem, need)
+        if r.status is ProblemStatus.failed and r.reason and "memory_pool_gb" not in r.reason:
+            r.reason = f"with guard.memory_gb={need:g} (suite.memory_pool_gb): {r.reason.split(' [' + DEFERRED)[0]}"
+        return r
+
     def record(i: int, rel: str, r: ProblemResult, track: bool = True) -> None:
         """Save a problem's row (its result file and the table) and log it to the suite's MLflow run; ``track=False``
         from the stop signal's handler, which may have interrupted this thread inside a store call."""
@@ -694,7 +701,7 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
                 # shared suite.out leaves it)
                 again = pool is not None and claims is not None and r.reason and DEFERRED in r.reason
                 if again and (need := cap_needed_gb(r.reason)) and claim(claims, f"{rel}#memory"):
-                    deferred.append((i, rel, problem, max(need, share)))
+                    record(i, rel, run_again(i, rel, problem, max(need, share)))
                 continue
             if claims is not None and not claim(claims, rel):
                 continue  # another process of the same queue runs (or ran) it: its row is in that table
@@ -702,14 +709,11 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
             if pool is not None and r.status is ProblemStatus.failed:
                 need = cap_needed_gb(r.reason)
                 if need is not None and need > share and claims is not None and claim(claims, f"{rel}#memory"):
-                    deferred.append((i, rel, problem, need))
+                    # right away, not at the end of the queue: a suite cut by its time limit never reached the
+                    # end (on the H200, run DH: L2/004's 24 GB reference); its row says so until the run ends
                     r.reason = f"{r.reason} [{DEFERRED} with guard.memory_gb={need:g}]"
-            record(i, rel, r)
-        for i, rel, problem, need in deferred:
-            # a problem refused for memory, once more with the cap it needs (suite.memory_pool_gb)
-            r = run_one(i, rel, problem, need)
-            if r.status is ProblemStatus.failed and r.reason and "memory_pool_gb" not in r.reason:
-                r.reason = f"with guard.memory_gb={need:g} (suite.memory_pool_gb): {r.reason.split(' [' + DEFERRED)[0]}"
+                    record(i, rel, r)
+                    r = run_again(i, rel, problem, need)
             record(i, rel, r)
         status = "FINISHED"
     finally:

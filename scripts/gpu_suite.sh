@@ -58,7 +58,7 @@ if [ -n "$mem_gb" ] && [ -n "$gpu_gb" ] && awk -v m="$mem_gb" -v s="$SHARDS" -v 
 fi
 # With guard.memory_gb given, the shards share the GPU's memory as one pool (suite.memory_pool_gb, kernelarc/memory_pool.py):
 # a problem whose guard needs more than the share for one input set (L2/004: 24 GB, L2/024: 47 GB against 17 GB
-# in runs W/X) runs again at the end of its shard's queue with the cap it needs, once the other shards have freed
+# in runs W/X) runs again right away with the cap it needs, once the other shards have freed
 # that much (they start nothing new while it waits). POOL_GB overrides the pool (default: the GPU's GB less 2).
 POOL=()
 if [ -n "$mem_gb" ] && [ -n "$gpu_gb" ] && ! printf '%s\n' "$@" | grep -q '^suite\.memory_pool_gb='; then

@@ -1,5 +1,5 @@
 """The suite's shared GPU memory pool (suite.memory_pool_gb): reservations, waiters first, dead processes
-dropped; a problem refused for memory runs again at the end of the queue with the cap its plan needs."""
+dropped; a problem refused for memory runs again right away with the cap its plan needs."""
 
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def test_the_need_read_from_a_refusal_is_a_cap_the_plan_accepts(tmp_path):
 @pytest.mark.parametrize("isolation", ["inline", "process"])
 def test_a_problem_refused_for_memory_runs_again_with_the_cap_it_needs(tmp_path, isolation):
     """A 0.004 GB share is too small for one input set of a 128 x 4096 rmsnorm; with a 2 GB pool the suite runs it
-    again at the end with the cap its plan named, and its row is that run's."""
+    again right away with the cap its plan named, and its row is that run's."""
     ref = json.loads((RMSNORM / "definition.json").read_text())["reference"]
     tree = tmp_path / "tree"
     p = _problem(tree, "L1/001_rmsnorm", "rmsnorm", ref)
@@ -160,14 +160,19 @@ def test_a_problem_refused_for_memory_runs_again_with_the_cap_it_needs(tmp_path,
         "inputs": {"x": {"type": "random"}, "weight": {"type": "random"}},
     }
     (p / "workload.jsonl").write_text(json.dumps(wl) + "\n")
+    _problem(tree, "L1/002_small", "small", "import torch\n\ndef run(x, weight):\n    return x * weight\n")
     assert "budget.candidates=2" in ARGS
     r = _suite(tmp_path, tree, "guard.memory_gb=0.004", "suite.memory_pool_gb=2", f"suite.claims={tmp_path / 'claims'}",
                "budget.candidates=1", f"suite.isolation={isolation}")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert "(guard.memory_gb=" in r.stdout  # the second run says its cap
-    (row,) = json.loads(next((tmp_path / ".kernelarc").rglob("table.json")).read_text())
+    # right away, before the next problem: a suite cut by its time limit never reaches the end of its queue
+    assert r.stdout.index("(guard.memory_gb=") < r.stdout.index("L1/002_small ...")
+    rows = {x["problem"]: x for x in json.loads(next((tmp_path / ".kernelarc").rglob("table.json")).read_text())}
+    row = rows["L1/001_rmsnorm"]
     assert row["status"] in ("improved", "baseline"), row
     assert "runs again" not in (row["reason"] or "")
+    assert rows["L1/002_small"]["status"] in ("improved", "baseline")
     assert not list((tmp_path / "claims" / "memory").glob("*.json"))  # every reservation released
 
 
