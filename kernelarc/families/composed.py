@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -438,14 +438,17 @@ def composed_families(task) -> list[Family]:
 KIND_PRIORITY = (Kind.fp8_gemm, Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.glu, Kind.rope, Kind.softmax,
                  Kind.fused, Kind.gemm)  # fmt: skip
 # float32 GEMMs run on cuBLAS's CUDA-core SGEMM in the reference and under torch.compile, where the split-precision
-# family has the tensor cores: in an fp32 problem they are most of the time, so that family goes right after attention
+# family has the tensor cores: that family goes right after attention, unless the graph has fused regions. On the H200
+# (runs DG-DI) it led and won where the rest of the graph is light (L1/021, L1/054, L1/072, L2/030) and led and lost
+# where elementwise chains and reductions surround the GEMMs (L1/001 0.61x, L1/045 0.97x, L2/001 0.52x torch.compile's
+# time): there Inductor's fusion of the rest, or the fused-region kernels, count for more than the GEMMs.
 F32_GEMM_AFTER = Kind.attention
 
 
-def _priority(kind: Kind, first_family: str) -> float:
+def _priority(kind: Kind, first_family: str, kinds: Collection[Kind] = ()) -> float:
     from kernelarc.families.matmul_f32 import FAMILY_NAME as F32
 
-    if kind is Kind.gemm and first_family == F32:
+    if kind is Kind.gemm and first_family == F32 and Kind.fused not in kinds:
         return KIND_PRIORITY.index(F32_GEMM_AFTER) + 0.5
     return KIND_PRIORITY.index(kind)
 
@@ -537,7 +540,7 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
             by_kind.setdefault(kind, []).append(f)
     for fams in by_kind.values():
         fams.sort(key=lambda f: (f.language == "cutlass", _registry_index(registry, f.name.removeprefix(prefix))))
-    kinds = sorted(by_kind, key=lambda k: _priority(k, by_kind[k][0].name.removeprefix(prefix)))
+    kinds = sorted(by_kind, key=lambda k: _priority(k, by_kind[k][0].name.removeprefix(prefix), by_kind))
     rest_of = {k: "inductor" if rest_compute_ops(rec, k) > 0 else "eager" for k in kinds}
     rest = "inductor" if rest_compute_ops(rec) > 0 else "eager"  # the library family's
     first_rest = rest_of[kinds[0]] if kinds else rest

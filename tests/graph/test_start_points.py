@@ -102,16 +102,17 @@ def test_a_varlen_problem_starts_with_its_per_segment_composition():
 
 @needs_sol
 def test_a_problem_of_library_calls_and_fused_regions_starts_with_compositions_not_compile_variants():
-    """L1/045 (linear, GELU, GRN, linear in fp32): its GEMMs go to the split-precision GEMM family or library
-    calls, its GRN's elementwise ops and reductions are fused regions; the first round measures the generated
-    kernels (the rest under Inductor), their graph replay, then the library family, never a re-run of the
-    reference under compile settings."""
+    """L1/045 (linear, GELU, GRN, linear in fp32): its GRN's elementwise ops and reductions are fused regions, its
+    GEMMs library calls or the split-precision fp32 GEMM family; the first round measures the generated region
+    kernels (the GEMMs' rest under Inductor), their graph replay, then the library family, never a re-run of the
+    reference under compile settings. The fp32 GEMM family does not lead where the graph has fused regions (on the
+    H200 it led here and lost, 0.97x the reference)."""
     task = load_task(SOL / "L1/045_fused_linear_gelu_grn_linear")
     props = first_proposals(task, count=6)[:6]
     prefix = f"composed.{task.name}."
     fams = [c.family.removeprefix(prefix) for c in props]
-    assert fams[:3] == ["matmul_f32.split", "matmul_f32.split", "library"], fams
-    assert "fused.rowblock" in fams, fams
+    assert fams[:3] == ["fused.rowblock", "fused.rowblock", "library"], fams
+    assert "matmul_f32.split" in fams, fams
     assert props[0].knobs["rest"] == "inductor" and props[1].knobs["cuda_graph"] is True
     assert all(c.family.startswith(prefix) for c in props)
 
