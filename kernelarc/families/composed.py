@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelarc.families.base import Family, Knob
+from kernelarc.families.matmul_f32 import FAMILY_NAME as F32_NAME
 from kernelarc.graph.adapters import (
     FAMILY_TASK,
     LIBRARY_KINDS,
@@ -78,10 +79,10 @@ def kind_of_task(task: str) -> Kind | None:
     return next((k for k in FAMILY_TASK if task in kind_tasks(k)), None)
 
 
-def takes(fam: Family | None, site: Site) -> bool:
+def takes(fam: Family, site: Site) -> bool:
     """Whether kernel family ``fam`` takes ``site``'s operand dtype (a family without a dtype list takes any)."""
     dt = site.params.get("dtype")
-    return fam is None or not fam.dtypes or dt is None or str(dt) in fam.dtypes
+    return not fam.dtypes or dt is None or str(dt) in fam.dtypes
 
 
 def _per_region(knobs: Mapping[str, Any]) -> str:
@@ -445,10 +446,8 @@ KIND_PRIORITY = (Kind.fp8_gemm, Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, 
 F32_GEMM_AFTER = Kind.attention
 
 
-def _priority(kind: Kind, first_family: str, kinds: Collection[Kind] = ()) -> float:
-    from kernelarc.families.matmul_f32 import FAMILY_NAME as F32
-
-    if kind is Kind.gemm and first_family == F32 and Kind.fused not in kinds:
+def _priority(kind: Kind, first_family: str, kinds: Collection[Kind]) -> float:
+    if kind is Kind.gemm and first_family == F32_NAME and Kind.fused not in kinds:
         return KIND_PRIORITY.index(F32_GEMM_AFTER) + 0.5
     return KIND_PRIORITY.index(kind)
 
@@ -598,7 +597,7 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
 # was the fastest split and kept 99.5% of a 1024 x 1024 x 16384 weight gradient within L1/072's 2.2e-4 + 1e-3 |C|;
 # a tighter tolerance or a longer K can need tf32x3).
 SECOND_POINT: dict[str, dict[str, Any]] = {FUSED_NAME: {"TILE": 8192, "NUM_WARPS": 8},
-                                           "matmul_f32.split": {"PRECISION": "tf32x3"}}  # fmt: skip
+                                           F32_NAME: {"PRECISION": "tf32x3"}}  # fmt: skip
 
 
 def _registry_index(registry: list[str], name: str) -> int:
@@ -684,14 +683,12 @@ def site_start(rec: Recognition, fam: Family, kind: Kind, task=None) -> dict[str
     cores' 13-bit sums then miss the problem's tolerance (Quant/004 on the H200: 91.7% of elements
     within it, 99% required); the float32 GEMM family starts on one TF32 product where the problem's tolerance
     is loose enough (``TF32_MIN_ATOL``). The search may still move the knobs; the guard decides."""
-    from kernelarc.families.matmul_f32 import FAMILY_NAME as F32
-
     names = {k.name for k in fam.knobs}
     sites = [s for case in rec.sites for s in case if s.kind is kind and Impl.family in rec.impls.get(id(s), ())]
     out: dict[str, Any] = {}
     if kind is Kind.fp8_gemm and "MMA" in names and any(s.params.get("requant") for s in sites):
         out["MMA"] = "bf16"
-    if fam.name == F32 and "PRECISION" in names and _loose_for_tf32(task):
+    if fam.name == F32_NAME and "PRECISION" in names and _loose_for_tf32(task):
         out["PRECISION"] = "tf32"
     return out
 

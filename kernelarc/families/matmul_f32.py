@@ -1,21 +1,24 @@
 """A GEMM kernel family for float32 operands on tensor cores (Hopper, sm_90a).
 
 Problems written in float32 (most SOL-ExecBench L1/L2 references: projections, their weight gradients,
-batched attention products) run their matmuls on cuBLAS's FP32 SGEMM: CUDA cores, about 60 TFLOP/s on an
-H200, where the tensor cores do 16 times that in bf16. Plain TF32 (what ``torch.backends.cuda.matmul.
+batched attention products) run their matmuls on cuBLAS's FP32 SGEMM: CUDA cores, about 50 TFLOP/s on an
+H200 (run DF), where the tensor cores do far more in bf16. Plain TF32 (what ``torch.backends.cuda.matmul.
 allow_tf32`` turns on) keeps 10 mantissa bits and misses tolerances of 1e-3 on K of a thousand or more.
-This family keeps fp32-class accuracy on tensor cores by splitting each operand into a high and a low part and
-summing three products (the small x small term dropped):
+This family keeps fp32-class accuracy on tensor cores by splitting each operand into parts and summing the
+products that matter (``PRECISION``):
 
 * ``bf16x3``: ``a = a_hi + a_lo`` in bf16 (16 mantissa bits in all), ``a_hi b_lo + a_lo b_hi + a_hi b_hi``
   on bf16 MMAs with an fp32 accumulator: a product's relative error about 2**-16;
-* ``tf32x3``: the same split in TF32 (Triton's ``input_precision="tf32x3"``): about 2**-21;
+* ``tf32x3``: the same split in TF32: about 2**-21;
+* ``bf16x6``: three bf16 parts (24 bits) and the six products above 2**-24;
 * ``tf32``: one TF32 product (2**-11), for problems whose tolerance allows it.
 
-Which one passes is the problem's tolerance's call: the guard checks every candidate against a float64
-reference on fresh inputs. Task (``matmul_f32``, served through composed problems' GEMM sites):
-``run(A, B)`` with A [..., M, K] and B [N, K] or [..., N, K], both float32 with any strides (a transposed
-view is read in place), returns ``A @ B^T`` in float32, contiguous, batch dimensions broadcast as
+``ALGO``: ``concat`` writes each operand's parts side by side along K (one pass) and runs one tensor-core GEMM
+over them; ``inline`` splits every tile in the K loop (batched products always do); ``auto`` takes the parts
+from M*N*K of 2**32 on. Which precision passes is the problem's tolerance's call: the guard checks every
+candidate against a float64 reference on fresh inputs. Task (``matmul_f32``, served through composed problems'
+GEMM sites): ``run(A, B)`` with A [..., M, K] and B [N, K] or [..., N, K], both float32 with any strides (a
+transposed view is read in place), returns ``A @ B^T`` in float32, contiguous, batch dimensions broadcast as
 ``torch.matmul`` broadcasts them.
 """
 
