@@ -467,21 +467,29 @@ class Driver:
         caught there). The champion is judged on its last timing; the challenger on all of its timings pooled, so
         that a timing of its own that went badly is no re-roll for it: where its process slowed the champion, its
         earlier samples stay in its median. A workload whose apparent gain is inside its noise is timed again
-        too (``undecided``, once, with its own allowance), its samples replaced on both sides. ``later``: the
-        workloads still to time in this evaluation, whose time a retime must leave."""
+        too (``undecided``, once, with its own allowance), its samples replaced on both sides. A timing that breaks the
+        judge-clock rule (``clock_check``) is timed again once, its samples dropped on both sides, and a second break
+        rejects: on a CI host's two cores, two evaluations in flight beside a pool starting workers once broke it
+        for an honest challenger (the reference's own code). ``later``: the workloads still to time in this
+        evaluation, whose time a retime must leave."""
         kept: tuple[list[float], list[float]] = ([], [])
-        left = {"inconsistent": max(self.cfg.retimes, 0), "undecided": min(max(self.cfg.retimes, 0), 1)}
+        left = {"inconsistent": max(self.cfg.retimes, 0), "undecided": min(max(self.cfg.retimes, 0), 1), "clock": 1}
         attempt = 0
         while True:
             t = time.monotonic()
             self.time_rounds(wl, cand, champ)
             self.cross_check(wl, cand, champ)
             took = time.monotonic() - t
-            why, trigger = self.inconsistent(wl, cand, champ), "inconsistent"
+            # another timing only while the clock leaves room for it and one timing of each workload still to come
+            room = self.clock.left() >= took * (2 + later) + 2.0
+            why, trigger = self.clock_check(wl, cand, champ), "clock"
+            if why is not None and (not left["clock"] or not room):
+                raise Stop(Status.rejected_hack, f"workload {wl}: {why}")
+            if why is None:
+                why, trigger = self.inconsistent(wl, cand, champ), "inconsistent"
             if why is None:
                 why, trigger = self.undecided(wl, cand, champ), "undecided"
-            # another timing only while the clock leaves room for it and one timing of each workload still to come
-            if why is None or not left[trigger] or self.clock.left() < took * (2 + later) + 2.0:
+            if why is None or not left[trigger] or not room:
                 break
             left[trigger] -= 1
             attempt += 1
@@ -574,7 +582,6 @@ class Driver:
                     s.events.setdefault(wl, []).extend(msg.events_ms)
 
     def cross_check(self, wl: int, cand: Side, champ: Side | None) -> None:
-        cfg = self.cfg
         if champ is not None and cand.method is not None and champ.method is not None and cand.method != champ.method:
             # One side's worker fell back from CUPTI to CUDA events (whose spans are a few us longer): the two
             # would be timed by different clocks, which alone can look like a gain on short kernels.
@@ -599,15 +606,18 @@ class Driver:
             raise Stop(
                 Status.rejected_hack, f"workload {wl}: reported {claimed:.2f} ms inside {wall:.2f} ms of wall time"
             )
-        if champ is None or not champ.unexplained.get(wl):
-            return
-        slack = cfg.clock_slack_ms * (1 if self.g.device.startswith("cuda") else 25)
+
+    def clock_check(self, wl: int, cand: Side, champ: Side | None) -> str | None:
+        """The judge-clock rule on this timing (None: it holds). Kept apart from ``cross_check``: the host's load
+        can break it for one timing (a worker start importing torch on both cores, another evaluation's thread
+        holding the judge's interpreter), so ``time_workload`` times such a workload once more before it rejects;
+        a forged timer is forged in the second timing too."""
+        if champ is None or not champ.unexplained.get(wl) or not cand.unexplained.get(wl):
+            return None
+        slack = self.cfg.clock_slack_ms * (1 if self.g.device.startswith("cuda") else 25)
         msg = clock_violation(cand.unexplained[wl], champ.unexplained[wl], median(champ.samples[wl]),
-                              cfg.clock_factor, slack)  # fmt: skip
-        if msg:
-            raise Stop(
-                Status.rejected_hack, f"workload {wl}: {msg} (reported median {median(cand.samples[wl]):.3f} ms)"
-            )
+                              self.cfg.clock_factor, slack)  # fmt: skip
+        return f"{msg} (reported median {median(cand.samples[wl]):.3f} ms)" if msg else None
 
     def finish(self, sides: list[Side]) -> None:
         for s in sides:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from test_consistency import FAST, crowned_within, guard, slow  # noqa: F401 - module-scoped fixtures
 
-from kernelarc.guard.drive import Clock, Driver, Side
+from kernelarc.guard.drive import Clock, Driver, Side, Stop
 from kernelarc.guard.protocol import Cmd, Kind, TimerMethod, Timing
 from kernelarc.guard.settings import GuardSettings
 from kernelarc.models import Candidate, Status
@@ -229,3 +229,31 @@ def test_a_trusted_baselines_timed_output_outside_the_tolerance_is_incorrect():
     with pytest.raises(Stop) as e:
         drv.compare(_sides()[0], Outputs(kind=Kind.outputs, tag=Tag.timed, wl=0, outputs=[]), 0, 1, -1)
     assert e.value.status is Status.incorrect, e.value.message
+
+
+class _ClockBroken(_Scripted):
+    """The judge-clock rule broken in the timings listed (by attempt): a loaded host in one, a forged timer in all."""
+
+    def __init__(self, broken: set[int]):
+        super().__init__([1.0, 1.0, 1.0], challenger_ms=[0.9, 0.5, 0.5])
+        self.broken = broken
+
+    def clock_check(self, wl, cand, champ):
+        return "the judge's clock saw more" if self.attempt["candidate"] in self.broken else None
+
+
+def test_a_timing_that_breaks_the_judge_clock_once_is_timed_again_and_its_samples_dropped():
+    drv = _ClockBroken({0})
+    cand, champ = _sides()
+    drv.time_workload(0, cand, champ)
+    assert set(cand.samples[0]) == {0.5}  # the broken timing's samples are not kept, unlike an inconsistent one's
+    assert len(drv.res["warnings"]) == 1 and "judge's clock" in drv.res["warnings"][0], drv.res["warnings"]
+
+
+@pytest.mark.parametrize("broken", [{0, 1}, {0, 1, 2}])
+def test_a_timer_forged_in_the_second_timing_too_is_rejected(broken):
+    drv = _ClockBroken(broken)
+    cand, champ = _sides()
+    with pytest.raises(Stop) as e:
+        drv.time_workload(0, cand, champ)
+    assert e.value.status is Status.rejected_hack and "judge's clock" in e.value.message
