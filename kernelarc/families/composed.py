@@ -35,6 +35,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+import torch.fx
+
 from kernelarc.families.base import Family, Knob
 from kernelarc.families.matmul_f32 import FAMILY_NAME as F32_NAME
 from kernelarc.graph.adapters import (
@@ -217,9 +220,15 @@ def _outside(gm, sites: list[Site]) -> list[tuple]:
 
 
 def _drop_unsafe_baked(rec: Recognition) -> None:
-    """Keep a graph case with baked host-read inputs only where varlen sites (always substituted) read
-    every baked input and the rest of the graph is the same when traced with other values of them; its
-    workloads run the reference otherwise."""
+    """Keep a graph case with baked host-read inputs where varlen sites (always substituted) read every baked
+    input and the rest of the graph is the same when traced with other values of them: it serves any values.
+    Otherwise keep it for the values traced (``GraphCase.specialized``: the candidate checks them on the host
+    and runs the reference on others) where another input seed gives the same values: offsets built from the
+    axes, as L1/021's and L2/017's ``cu_seqlens`` (L2/017's segments' attention backward no recogniser covers).
+    Such a second trace proves nothing about other values, so a varlen case with them is specialized too (until
+    now it was kept as right for any values: a reference that also read the offsets outside its attention
+    would have been wrong on others). Its workloads run the reference where the values move with the seed
+    and no varlen site covers them (random indices)."""
     cap = rec.capture
     assert cap is not None
     keep_cases, keep_sites = [], []
@@ -228,13 +237,18 @@ def _drop_unsafe_baked(rec: Recognition) -> None:
             varlen = [s for s in sites if is_varlen(s) and Impl.library in rec.impls.get(id(s), ())]
             baked = {n for n in case.gm.graph.nodes if n.op == "placeholder" and "baked" in n.meta}
             alt_sites = [s for s in recognize(case.alt) if is_varlen(s)] if case.alt is not None else []
+            same = case.alt is not None and _same_baked(case.gm, case.alt)
             safe = (
                 bool(varlen)
                 and baked <= {s.inputs["cu"] for s in varlen}
                 and len(alt_sites) == len(varlen)
+                and not same  # a trace with the same values proves nothing about others
                 and _outside(case.gm, varlen) == _outside(case.alt, alt_sites)
             )
-            if not safe:
+            if not safe and same:
+                case.specialized = True
+                log.info("%s: graph with host-read inputs served for the values traced (checked at run time)", rec.task)
+            elif not safe:
                 log.info("%s: graph with host-read inputs not served (no varlen site covers them)", rec.task)
                 cap.uncovered = sorted(set(cap.uncovered) | set(case.workloads))
                 continue
@@ -244,6 +258,15 @@ def _drop_unsafe_baked(rec: Recognition) -> None:
     if not cap.cases:
         rec.error = "the reference reads inputs on the host and no varlen site covers them"
         rec.capture = None
+
+
+def _same_baked(a, b) -> bool:
+    """Two traces of one workload hold the same baked values (their input seeds did not move them)."""
+
+    def values(gm) -> list:
+        return [n.meta["baked"] for n in gm.graph.nodes if n.op == "placeholder" and "baked" in n.meta]
+
+    return bool(values(a)) and values(a) == values(b)
 
 
 # ------------------------------------------------------------------------------------------
@@ -443,13 +466,84 @@ KIND_PRIORITY = (Kind.fp8_gemm, Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, 
 # (runs DG-DI) it led and won where the rest of the graph is light (L1/021, L1/054, L1/072, L2/030) and led and lost
 # where elementwise chains and reductions surround the GEMMs (L1/001 0.61x, L1/045 0.97x, L2/001 0.52x torch.compile's
 # time): there Inductor's fusion of the rest, or the fused-region kernels, count for more than the GEMMs.
+# A graph with fused regions still leads with it where its large fp32 GEMMs are most of the reference's time
+# (``f32_gemm_bound``): L2/017's projections and weight gradients at 3584 x 10752, with RoPE, softmax and fused
+# regions in the per-segment attention around them.
 F32_GEMM_AFTER = Kind.attention
+SGEMM_FLOPS = 50e12  # cuBLAS SGEMM on the H200 (run DF: 16384 x 1024 x 1024 in 0.688 ms)
+COPY_BYTES_S = 4.2e12  # the H200's copy bandwidth
+F32_LARGE_MNK = 2**32  # products from here on run the parts' concatenated GEMM: 1.6-2.4x SGEMM in DF
+F32_GEMM_BOUND = 0.8  # share of the estimated time; DG-DI: won at 0.97 / 0.98 (L1/072, L2/030), lost at 0.65 (L2/001)
 
 
-def _priority(kind: Kind, first_family: str, kinds: Collection[Kind]) -> float:
-    if kind is Kind.gemm and first_family == F32_NAME and Kind.fused not in kinds:
+def _priority(kind: Kind, first_family: str, kinds: Collection[Kind], gemm_bound: bool = False) -> float:
+    if kind is Kind.gemm and first_family == F32_NAME and (Kind.fused not in kinds or gemm_bound):
         return KIND_PRIORITY.index(F32_GEMM_AFTER) + 0.5
     return KIND_PRIORITY.index(kind)
+
+
+def _coverage(rec: Recognition, kind: Kind) -> int:
+    """Workloads whose graph case has a site of ``kind`` a kernel family can take."""
+    assert rec.capture is not None
+    return sum(
+        len(case.workloads)
+        for case, sites in zip(rec.capture.cases, rec.sites, strict=True)
+        if any(s.kind is kind and Impl.family in rec.impls.get(id(s), ()) for s in sites)
+    )
+
+
+def _median_case(task, rec: Recognition) -> tuple[int, int]:
+    """(graph case, workload): the case serving the median workload by bytes moved, and that workload."""
+    assert rec.capture is not None
+    order = sorted(range(len(task.workloads)), key=task.io_bytes)
+    mid = order[len(order) // 2]
+    for i, case in enumerate(rec.capture.cases):
+        if mid in case.workloads:
+            return i, mid
+    return 0, rec.capture.cases[0].example
+
+
+def f32_gemm_bound(task, rec: Recognition) -> bool:
+    """Whether the median workload's large float32 GEMMs (M*N*K >= ``F32_LARGE_MNK``, not batched) take at least
+    ``F32_GEMM_BOUND`` of its estimated eager time: every fp32 GEMM site at ``SGEMM_FLOPS``, every other compute op
+    writing and reading its output once at ``COPY_BYTES_S``. Shapes come from running the graph on meta tensors."""
+    from kernelarc.graph.capture import example_inputs
+
+    if rec.capture is None or not rec.sites:
+        return False
+    ci, wl = _median_case(task, rec)
+    gm = rec.capture.cases[ci].gm
+    vals: dict[Any, Any] = {}
+
+    class _Shapes(torch.fx.Interpreter):
+        def run_node(self, n):  # noqa: ANN001, ANN202 - fx protocol
+            vals[n] = out = super().run_node(n)
+            return out
+
+    try:
+        _Shapes(gm).run(*example_inputs(task, wl))
+    except Exception:  # noqa: BLE001 - an estimate only: a graph meta tensors cannot run has none
+        return False
+
+    def nbytes(v: Any) -> int:
+        if isinstance(v, torch.Tensor):
+            return v.numel() * v.element_size()
+        return sum(nbytes(x) for x in v) if isinstance(v, list | tuple) else 0
+
+    gemm_s = large_s = 0.0
+    covered: set[Any] = set()
+    for site in rec.sites[ci]:
+        out, a = vals.get(site.output), vals.get(site.inputs.get("a"))
+        if site.kind is not Kind.gemm or not isinstance(out, torch.Tensor) or out.dtype != torch.float32:
+            continue
+        if not isinstance(a, torch.Tensor):
+            continue
+        mnk = out.numel() * a.shape[-1]
+        gemm_s += 2 * mnk / SGEMM_FLOPS
+        large_s += 2 * mnk / SGEMM_FLOPS if mnk >= F32_LARGE_MNK and not site.params.get("batched") else 0.0
+        covered |= site.nodes
+    rest_s = sum(2 * nbytes(vals.get(n)) / COPY_BYTES_S for n in _compute_ops_of(gm) if n not in covered)
+    return large_s > 0 and large_s >= F32_GEMM_BOUND * (gemm_s + rest_s)
 
 
 # ops that move no data (views and size arithmetic): a graph left with only these has nothing to compile
@@ -460,12 +554,13 @@ _VIEW_OPS = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "un
 
 def _compute_ops(rec: Recognition) -> list[Any]:
     """The compute ops (calls that are not views) of the first graph case; none without a capture."""
+    return _compute_ops_of(rec.capture.cases[0].gm) if rec.capture is not None else []
+
+
+def _compute_ops_of(gm) -> list[Any]:
     from kernelarc.graph.patterns import op
 
-    if rec.capture is None:
-        return []
-    nodes = rec.capture.cases[0].gm.graph.nodes
-    return [n for n in nodes if n.op == "call_function" and op(n) is not None and op(n) not in _VIEW_OPS]
+    return [n for n in gm.graph.nodes if n.op == "call_function" and op(n) is not None and op(n) not in _VIEW_OPS]
 
 
 def rest_compute_ops(rec: Recognition, kind: Kind | None = None) -> int:
@@ -539,7 +634,14 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
             by_kind.setdefault(kind, []).append(f)
     for fams in by_kind.values():
         fams.sort(key=lambda f: (f.language == "cutlass", _registry_index(registry, f.name.removeprefix(prefix))))
-    kinds = sorted(by_kind, key=lambda k: _priority(k, by_kind[k][0].name.removeprefix(prefix), by_kind))
+    # kinds whose sites most workloads have first, and the others' families only after every point of theirs:
+    # L1/021's one single-segment workload (an attention its other fifteen run per segment on the library) does
+    # not put the attention family ahead of its GEMMs
+    total = sum(len(c.workloads) for c in rec.capture.cases)
+    bound = Kind.gemm in by_kind and f32_gemm_bound(task, rec)
+    minor = {k for k in by_kind if 2 * _coverage(rec, k) < total}
+    kinds = sorted(by_kind, key=lambda k: (k in minor, _priority(k, by_kind[k][0].name.removeprefix(prefix),
+                                                                 by_kind, bound)))  # fmt: skip
     rest_of = {k: "inductor" if rest_compute_ops(rec, k) > 0 else "eager" for k in kinds}
     rest = "inductor" if rest_compute_ops(rec) > 0 else "eager"  # the library family's
     first_rest = rest_of[kinds[0]] if kinds else rest
@@ -565,7 +667,7 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
     firsts = [by_kind[k][0] for k in kinds]
     order = [at(f, first_rest) for f in firsts[:1]]
     order += [at(library, rest)] if lib_sites else []
-    order += [at(by_kind[k][0], rest_of[k]) for k in kinds[1:]]
+    order += [at(by_kind[k][0], rest_of[k]) for k in kinds[1:] if k not in minor]
     order += [at(firsts[0], other)] if firsts and first_rest == "inductor" else []
     graphed = [at(firsts[0], first_rest, cuda_graph=True)] if firsts else []
     graphed += [at(library, rest if lib_sites else "inductor", cuda_graph=True)]
@@ -576,7 +678,8 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
         order = order[:1] + [at(firsts[0], first_rest, extra=step)] + order[1:]
     order += graphed
     order += [at(library, "eager" if rest == "inductor" else "inductor")] if lib_sites and rest == "inductor" else []
-    order += [at(f, rest_of[k]) for k in kinds for f in by_kind[k][1:]]
+    order += [at(f, rest_of[k]) for k in kinds for f in by_kind[k][1:] if k not in minor]
+    order += [at(f, rest_of[k]) for k in kinds for f in by_kind[k] if k in minor]
     if kernels:
         order = _with_library(order, prefix, kernels)
     out: list[tuple[Family, dict[str, Any]]] = []

@@ -68,6 +68,15 @@ class GraphCase:
     # decide; ``alt`` is the same workload traced with other values, to check that nothing else moved.
     baked: bool = False
     alt: torch.fx.GraphModule | None = None
+    # Where no such site covers them, the graph is kept for exactly the values traced (``baked_values``): the
+    # candidate compares them on the host before it runs this graph and runs the reference on any other values
+    # (set by recognition, ``kernelarc.families.composed``).
+    specialized: bool = False
+
+    def baked_values(self) -> list[tuple[int, list]]:
+        """(input position, the values traced) of every baked input, in definition order."""
+        phs = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        return [(i, n.meta["baked"]) for i, n in enumerate(phs) if "baked" in n.meta]
 
 
 @dataclass
@@ -226,19 +235,55 @@ class _Baked(torch.Tensor):
         return out.as_subclass(_Baked) if isinstance(out, torch.Tensor) else out
 
 
+_FACTORIES = {torch.randn, torch.rand, torch.empty, torch.zeros, torch.ones, torch.full, torch.normal,
+              torch.empty_strided, torch.linspace, torch.logspace}  # fmt: skip
+
+
+class _FloatsOnMeta(torch.overrides.TorchFunctionMode):
+    """Floating-point tensors that factory functions make are made on the meta device; integer ones stay real.
+    A custom input generator run under it gives the integer inputs' values (segment offsets built from the
+    axes) without building its weights: L2/017's 400-770 MB of float32 per workload took it past what capture
+    builds on the CPU, so its reference, which reads ``cu_seqlens`` on the host, was never captured."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch protocol
+        kwargs = dict(kwargs or {})
+        if func in _FACTORIES:
+            dtype = kwargs.get("dtype") or torch.get_default_dtype()
+            if dtype.is_floating_point or dtype.is_complex:
+                kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def _host_ints(task: Task, index: int, seed: int, ints: Sequence[int]) -> list[Any] | None:
+    """Workload ``index``'s inputs with the integer tensors at ``ints`` real on the CPU (input seed ``seed``):
+    a custom generator's floats on the meta device (``_FloatsOnMeta``) where its integers do not depend on
+    them, else every input built on the CPU for a workload small enough; None when neither works."""
+    from kernelarc.tasks.inputs import make_inputs
+
+    if {d.type for d in task.workloads[index].inputs.values()} == {"custom"}:
+        try:
+            with _FloatsOnMeta():
+                real = make_inputs(task, index, seed, "cpu")
+            if all(isinstance(real[i], torch.Tensor) and real[i].device.type == "cpu" for i in ints):
+                return real
+        except Exception:  # noqa: BLE001, S110 - a generator that mixes them: built whole below
+            pass
+    if task.io_bytes(index) > MAX_CUSTOM_CPU_BYTES:
+        return None
+    try:
+        return make_inputs(task, index, seed, "cpu")
+    except Exception:  # noqa: BLE001 - a generator that does not run on the CPU
+        return None
+
+
 def _baked_trace(task: Task, fn, meta_args: Sequence[Any], index: int, seed: int) -> torch.fx.GraphModule | None:
     """Trace with the integer tensor inputs as real CPU constants (values of input seed ``seed``) and
     everything else on meta tensors, so that host reads of the integers (``.item()``) succeed; None
-    when the workload has no such inputs or its inputs cannot be built on the CPU."""
-    from kernelarc.tasks.inputs import make_inputs
-
+    when the workload has no such inputs or its integer inputs cannot be built on the CPU."""
     ints = [i for i, a in enumerate(meta_args) if isinstance(a, torch.Tensor) and not a.dtype.is_floating_point
             and not a.dtype.is_complex and a.dtype != torch.bool and a.numel() <= MAX_BAKED_INT_NUMEL]  # fmt: skip
-    if not ints or task.io_bytes(index) > MAX_CUSTOM_CPU_BYTES:
-        return None
-    try:
-        real = make_inputs(task, index, seed, "cpu")
-    except Exception:  # noqa: BLE001 - a generator that does not run on the CPU
+    real = _host_ints(task, index, seed, ints) if ints else None
+    if real is None:
         return None
     consts = {i: real[i].as_subclass(_Baked) for i in ints}
 

@@ -101,6 +101,60 @@ def test_a_varlen_problem_starts_with_its_per_segment_composition():
 
 
 @needs_sol
+def test_a_kind_few_workloads_have_comes_after_every_point_of_the_others():
+    """L1/021's single-segment workload (cu_seqlens [0, 128], the same for every input seed) is traced for its values
+    and has a plain attention the flash family can take; its fifteen other workloads run theirs per segment on the
+    library. The attention family comes after the GEMM and RoPE families' points, not ahead of them."""
+    task = load_task(SOL / "L1/021_vision_cu_seqlens_variable_length_attention")
+    pts = start_points(task, families_for(task))
+    fams = [f.name.removeprefix(f"composed.{task.name}.") for f, _ in pts]
+    assert "attention.flash" in fams, fams
+    first = fams.index("attention.flash")
+    assert {"matmul_f32.split", "library", "rope.fused_qk", "rope.separate"} <= set(fams[:first]), fams
+
+
+@needs_sol
+def test_a_problem_whose_large_fp32_gemms_dominate_starts_on_them_despite_its_fused_regions():
+    """L2/017 (a vision attention's backward over cu_seqlens segments, 3584-wide fp32 projections): its host-read
+    offsets are built from the axes, so each workload's graph is kept for its own offsets; its large GEMMs are most of
+    its estimated time, and the split-precision GEMM family leads though the graph has fused regions."""
+    from kernelarc.families.composed import f32_gemm_bound
+
+    task = load_task(SOL / "L2/017_fused_vision_cu_seqlens_attention_with_2d_rope_backward")
+    rec = recognise(task)
+    assert rec.capture is not None and not rec.capture.uncovered
+    assert all(c.baked and c.specialized for c in rec.capture.cases)
+    assert f32_gemm_bound(task, rec)
+    pts = start_points(task, families_for(task))
+    fams = [f.name.removeprefix(f"composed.{task.name}.") for f, _ in pts]
+    assert fams[0] == "matmul_f32.split" and "fused.rowblock" in fams, fams
+    src = pts[0][0].render(pts[0][1])
+    assert "_VALUES = {" in src and "_values_traced(args)" in src
+
+
+def test_the_fp32_gemm_bound_estimate(tmp_path):
+    """Large fp32 projections with a light epilogue are GEMM-bound; the same projections beside a long elementwise
+    chain over a wide tensor are not; small GEMMs never are (the split pays from M*N*K = 2**32 on)."""
+    from kernelarc.families.composed import f32_gemm_bound
+
+    light = "import torch\n\n@torch.no_grad()\ndef run(x, w):\n    return torch.relu(x @ w.t())\n"
+    heavy = ("import torch\n\n@torch.no_grad()\ndef run(x, w, z):\n    y = x @ w.t()\n"
+             "    for _ in range(8):\n        z = torch.sin(z) * 1.5 + z\n    return y, z\n")  # fmt: skip
+    f32 = "float32"
+    big = {"x": (["M", 4096], f32), "w": ([4096, 4096], f32)}
+    cases = [
+        ("p_light", light, big, {"y": (["M", 4096], f32)}, [{"M": 8192}], True),
+        ("p_small", light, {"x": (["M", 256], f32), "w": ([256, 256], f32)}, {"y": (["M", 256], f32)}, [{"M": 512}],
+         False),
+        ("p_heavy", heavy, {**big, "z": (["M", "Z"], f32)}, {"y": (["M", 4096], f32), "o": (["M", "Z"], f32)},
+         [{"M": 8192, "Z": 65536}], False),
+    ]  # fmt: skip
+    for name, ref, ins, outs, wls, want in cases:
+        task = make_task(tmp_path, name, ref, ins, outs, wls)
+        assert f32_gemm_bound(task, recognise(task)) is want, name
+
+
+@needs_sol
 def test_a_problem_of_library_calls_and_fused_regions_starts_with_compositions_not_compile_variants():
     """L1/045 (linear, GELU, GRN, linear in fp32): its GRN's elementwise ops and reductions are fused regions, its
     GEMMs library calls or the split-precision fp32 GEMM family; the first round measures the generated region

@@ -115,3 +115,42 @@ def test_offsets_read_outside_the_attention_keep_the_reference(tmp_path):
     rec = recognise(task)
     assert rec.capture is None and "host" in (rec.error or "")
     assert families_for(task) == []
+
+
+# offsets built from the axes alone (as L2/017's get_inputs builds cu_seqlens): every input seed gives the same ones
+EVEN = VARLEN_LEAKS.replace(
+    """    inner = torch.randperm(T - 1, device=device)[: N - 2] + 1
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), inner.sort().values,
+                    torch.full((1,), T, dtype=torch.int64, device=device)])""",
+    """    cu = torch.tensor([i * T // (N - 1) for i in range(N)], dtype=torch.int64, device=device)""",
+)
+assert EVEN != VARLEN_LEAKS
+
+
+def test_offsets_fixed_by_the_axes_serve_the_traced_values_and_check_them_on_the_host(tmp_path):
+    """Where the offsets decide ops no varlen site covers but every input seed gives the same offsets, the graph
+    traced with them is kept for those values only: the candidate reads them on the host and runs the reference
+    for any others."""
+    task = _task(tmp_path, "p_varlen_even", EVEN)
+    rec = recognise(task)
+    assert rec.capture is not None and not rec.capture.uncovered
+    assert all(c.baked and c.specialized for c in rec.capture.cases)
+    fam = next(f for f in families_for(task) if f.name.endswith(".library"))
+    src = fam.render(fam.start)
+    assert check_source(src).ok and "_VALUES = {" in src
+    ref = load_module(task.definition.reference, "even_ref")
+    for graph_impl in (False, True):  # the site's own ops too (no varlen loop covers these offsets)
+        mod = load_module(fam.render(fam.check_point({"attention_impl": "graph"} if graph_impl else {})),
+                          f"even_{graph_impl}")  # fmt: skip
+        fell_back: list[int] = []
+        real = mod._ref_run
+        mod._ref_run = lambda *a, _f=fell_back, _r=real: _f.append(1) or _r(*a)
+        for i in (0, 1):
+            args = make_inputs(task, i, 5, "cpu")
+            torch.testing.assert_close(mod.run(*args), ref.run(*args), atol=1e-5, rtol=1e-5)
+        assert fell_back == []  # the traced offsets: the composed graphs ran
+        args = make_inputs(task, 1, 5, "cpu")
+        args[2] = torch.tensor([0, 3, 9, 10, 20, 31], dtype=torch.int64)  # other offsets, same shape
+        got = mod.run(*args)
+        assert fell_back == [1]
+        torch.testing.assert_close(got, ref.run(*args), atol=1e-5, rtol=1e-5)
