@@ -52,6 +52,7 @@ FAMILY_TASK: dict[Kind, str] = {
     Kind.glu: "swiglu",
     Kind.attention: "attention",
     Kind.rope: "rope",
+    Kind.scatter_add: "scatter_add",
 }
 LIBRARY_KINDS = {Kind.rmsnorm, Kind.add_rmsnorm, Kind.layernorm, Kind.gemm, Kind.attention, Kind.softmax}
 
@@ -511,6 +512,30 @@ def fused_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str])
     ]
 
 
+def scatter_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    """The scatter-add family where the operands are what it takes; the site's own ops otherwise."""
+    if impl is not Impl.family or c.part is None or c.fallback is None:
+        raise AdapterError("scatter_add: only the family implementation (the graph's own ops otherwise)")
+    p = site.params
+    idx, src = c.name(site.inputs["index"]), c.name(site.inputs["source"])
+    if "base" in site.inputs:
+        base = c.name(site.inputs["base"])
+        rows = f"{base}.shape[0]"
+    else:
+        base = "None"
+        rows = f"{c.name(site.inputs['like'])}.shape[0]" if p.get("like_rows") else c.name(site.inputs["rows"])
+    cond = (f"{idx}.dim() == 1 and {idx}.dtype in (torch.int64, torch.int32) and {src}.dim() >= 1"
+            f" and {src}.dtype == torch.{p['dtype']}")  # fmt: skip
+    if base != "None":
+        cond += f" and {base}.dtype == torch.{p['dtype']}"
+    return [
+        f"if {cond}:",
+        f"    {out} = {c.part}run({base}, {idx}, {src}, {rows}, torch.{p['out_dtype']})",
+        "else:",
+        *["    " + ln for ln in c.fallback()],
+    ]
+
+
 LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] = {
     Kind.rmsnorm: rmsnorm_lines,
     Kind.add_rmsnorm: rmsnorm_lines,
@@ -522,6 +547,7 @@ LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] =
     Kind.attention: attention_lines,
     Kind.rope: rope_lines,
     Kind.fused: fused_lines,
+    Kind.scatter_add: scatter_lines,
 }
 
 

@@ -18,6 +18,7 @@ from kernelarc.graph.patterns import (
 )
 from kernelarc.graph.quant import fp8_gemm_sites
 from kernelarc.graph.rotary import rope_sites
+from kernelarc.graph.scatter import scatter_sites
 from kernelarc.graph.varlen import varlen_sites
 
 
@@ -42,6 +43,7 @@ def recognize(gm: torch.fx.GraphModule) -> list[Site]:
     add(_softmax_sites(gm, taken))
     add(glu_sites(gm, taken))
     add(rope_sites(gm, taken))
+    add(scatter_sites(gm, taken))  # before the fused regions: the cast after the scatter is its store
     add(_gemm_sites(gm, taken))
     add(fused_sites(gm, taken))  # what is left of elementwise ops and reductions, as generated kernels
     add(_leftover_sites(gm, taken))

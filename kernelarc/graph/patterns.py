@@ -38,6 +38,7 @@ class Kind(StrEnum):
     softmax = "softmax"
     glu = "glu"
     rope = "rope"
+    scatter_add = "scatter_add"  # index_add into a fresh buffer, its cast included (kernelarc.graph.scatter)
     fused = "fused"  # elementwise ops with row / column reductions as one generated kernel (kernelarc.graph.fusion)
     elementwise = "elementwise"
     reduction = "reduction"
