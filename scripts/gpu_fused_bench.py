@@ -2,11 +2,13 @@
 the reference and torch.compile of the reference, measured in the same process, with the guard's correctness check.
 
     python3 scripts/gpu_fused_bench.py ROOT PROBLEM [PROBLEM ...] [--workloads N] [--max-gb G] [--out FILE]
+        [--family fused.rowblock|scatter_add.sorted|matmul_f32.split]
 
 For each problem: the workloads at the smallest, median and largest input size (``--workloads``: how many of
 those, up to 3; inputs over ``--max-gb`` skipped), and for each: the reference, torch.compile of the reference
-(dynamic=False, what the suite's baseline runs), and the fused family's composed candidate at a few points (its
-start point, twice the tile with twice the warps, the CUDA-graph replay). Each candidate's outputs are compared
+(dynamic=False, what the suite's baseline runs), and the composed candidate of ``--family`` (the fused regions'
+by default) at a few points (``POINTS``: for the fused family its start point, twice the tile with twice the
+warps, the CUDA-graph replay). Each candidate's outputs are compared
 with the reference's on the same inputs by the guard's own rule (kernelarc.guard.compare, the workload's
 tolerance; max abs error printed). Times are medians of ``triton.testing.do_bench`` (L2 flushed between
 calls), in ms. A JSON line per row goes to ``--out``.
@@ -32,11 +34,26 @@ from kernelarc.guard.compare import compare_output  # noqa: E402
 from kernelarc.tasks.inputs import load_module, make_inputs  # noqa: E402
 from kernelarc.tasks.loader import load_task  # noqa: E402
 
+# points per composed family (by name suffix); a point with a knob the problem's family lacks is left out
 POINTS = {
-    "start": {},
-    "tile8k_w8": {"TILE": 8192, "NUM_WARPS": 8},
-    "tile2k_w4": {"TILE": 2048, "NUM_WARPS": 4},
-    "graph": {"cuda_graph": True},
+    "fused.rowblock": {
+        "start": {},
+        "tile8k_w8": {"TILE": 8192, "NUM_WARPS": 8},
+        "tile2k_w4": {"TILE": 2048, "NUM_WARPS": 4},
+        "graph": {"cuda_graph": True},
+    },
+    "scatter_add.sorted": {
+        "start": {},
+        "h2k_w8": {"BLOCK_H": 2048, "num_warps": 8},
+        "h512_w4": {"BLOCK_H": 512, "num_warps": 4},
+        "eager": {"rest": "eager"},
+    },
+    "matmul_f32.split": {
+        "start": {},
+        "tf32x3": {"PRECISION": "tf32x3"},
+        "bf16x3_k64": {"PRECISION": "bf16x3", "BLOCK_K": 64},
+        "eager": {"rest": "eager"},
+    },
 }
 
 
@@ -75,6 +92,7 @@ def main() -> int:
     ap.add_argument("--max-gb", type=float, default=6.0)
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--family", default="fused.rowblock", choices=sorted(POINTS))
     a = ap.parse_args()
     out = open(a.out, "a") if a.out else None  # noqa: SIM115 - appended row by row
     dev = torch.device(a.device)
@@ -83,9 +101,9 @@ def main() -> int:
         t0 = time.time()
         try:
             task = load_task(Path(a.root) / p)
-            fams = [f for f in families_for(task) if f.name.endswith(".fused.rowblock")]
+            fams = [f for f in families_for(task) if f.name.endswith(f".{a.family}")]
             if not fams:
-                print(f"{p}: no fused family", flush=True)
+                print(f"{p}: no {a.family} family", flush=True)
                 continue
             fam = fams[0]
             sizes = sorted(range(len(task.workloads)), key=task.io_bytes)
@@ -93,8 +111,11 @@ def main() -> int:
             ref = load_module(task.definition.reference, f"ref_{task.name}")
             comp = torch.compile(ref.run, dynamic=False)
             mods = {}
-            for name, extra in POINTS.items():
-                knobs = fam.check_point({**fam.start, **extra})
+            for name, extra in POINTS[a.family].items():
+                try:
+                    knobs = fam.check_point({**fam.start, **extra})
+                except ValueError:  # a knob this problem's family lacks (no cuda_graph over host reads)
+                    continue
                 mods[name] = load_module(fam.render(knobs), f"fz_{name}_{task.name}")
             for i in pick:
                 gb = task.io_bytes(i) / 1e9
@@ -115,7 +136,7 @@ def main() -> int:
                         row[f"{name}_ms"] = bench(mod.run, args)
                 del args, want, got
                 torch.cuda.empty_cache()
-                ok_ms = [(row[f"{n}_ms"], n) for n in POINTS if row[f"{n}_ok"]]
+                ok_ms = [(row[f"{n}_ms"], n) for n in mods if row[f"{n}_ok"]]
                 row["best"] = min(ok_ms)[1] if ok_ms else None
                 row["x_compile"] = row["compile_ms"] / min(ok_ms)[0] if ok_ms else None
                 table.append(row)
@@ -127,10 +148,10 @@ def main() -> int:
             traceback.print_exc()
             print(f"{p}: failed after {time.time() - t0:.0f}s", flush=True)
         print(f"{p}: {time.time() - t0:.0f}s", flush=True)
-    print(f"\n{'problem':48} {'wl':>3} {'GB':>6} {'ref':>8} {'compile':>8} {'fused':>10} {'point':>10} {'x tc':>6} ok")
+    print(f"\n{'problem':48} {'wl':>3} {'GB':>6} {'ref':>8} {'compile':>8} {'family':>10} {'point':>10} {'x tc':>6} ok")
     for r in table:
         bm = r[f"{r['best']}_ms"] if r["best"] else math.nan
-        oks = "".join("y" if r[f"{n}_ok"] else "n" for n in POINTS)
+        oks = "".join(("y" if r[f"{n}_ok"] else "n") for n in POINTS[a.family] if f"{n}_ok" in r)
         print(f"{r['problem'][:48]:48} {r['workload']:>3} {r['gb']:>6.3f} {r['ref_ms']:>8.4f} {r['compile_ms']:>8.4f} "
               f"{bm:>10.4f} {r['best'] or '-':>10} {r['x_compile'] or math.nan:>6.2f} {oks}")  # fmt: skip
     return 0
