@@ -525,9 +525,9 @@ def scatter_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str
         base = "None"
         rows = f"{c.name(site.inputs['like'])}.shape[0]" if p.get("like_rows") else c.name(site.inputs["rows"])
     cond = (f"{idx}.dim() == 1 and {idx}.dtype in (torch.int64, torch.int32) and {src}.dim() >= 1"
-            f" and {src}.dtype == torch.{p['dtype']}")  # fmt: skip
+            f" and {src}.shape[0] == {idx}.shape[0] and {src}.dtype == torch.{p['dtype']}")  # fmt: skip
     if base != "None":
-        cond += f" and {base}.dtype == torch.{p['dtype']}"
+        cond += f" and {base}.dtype == torch.{p['dtype']} and {base}.shape[1:] == {src}.shape[1:]"
     return [
         f"if {cond}:",
         f"    {out} = {c.part}run({base}, {idx}, {src}, {rows}, torch.{p['out_dtype']})",

@@ -1,7 +1,8 @@
 """Scatter-add sites: ``base.index_add_(0, index, source)`` into a fresh buffer (a clone of a tensor, or zeros),
-with the cast that follows it where it is the buffer's only reader. An MoE combine (L1/008: the experts' weighted
-outputs added back at their tokens' rows) and an embedding backward (L1/087: token gradients added into a
-vocabulary-sized fp32 buffer, then written out in bf16) end so. Served by ``scatter_add.sorted``
+with the cast that follows it where it is the buffer's only reader, and the same sum written as ``index_put_`` with
+``accumulate=True`` or as ``scatter_add_`` with a row index broadcast over the rows. An MoE combine (L1/008: the
+experts' weighted outputs added back at their tokens' rows) and an embedding backward (L1/087: token gradients added
+into a vocabulary-sized fp32 buffer, then written out in bf16) end so. Served by ``scatter_add.sorted``
 (``kernelarc.families.scatter``), which writes every output row once, cast included."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 import torch.fx
 from torch.fx import Node
 
-from kernelarc.graph.capture import node_dtype, node_rank
+from kernelarc.graph.capture import node_dtype, node_rank, node_shape
 from kernelarc.graph.patterns import Kind, Site, _site, op
 
 _ZEROS = {"zeros", "new_zeros", "zeros_like"}
@@ -39,25 +40,69 @@ def _cast_only(n: Node) -> bool:
     return not extra and node_dtype(n) is not None
 
 
+_VIEWS_TO_COLUMN = {"unsqueeze", "view", "reshape", "_unsafe_view"}
+
+
+def _row_index(index: Any, source: Any) -> Node | None:
+    """The 1-D row index a ``scatter_add`` index broadcasts over the trailing dims (``idx.view(-1, 1).expand_as(src)``,
+    ``idx.unsqueeze(-1).expand(-1, H)``); None for an index that varies along them."""
+    if op(index) not in ("expand", "expand_as") or node_shape(index) != node_shape(source):
+        return None
+    col = index.args[0]
+    shape = node_shape(col)
+    if op(col) not in _VIEWS_TO_COLUMN or shape is None or any(d != 1 for d in shape[1:]):
+        return None
+    row = col.args[0]
+    return row if isinstance(row, Node) and node_rank(row) == 1 else None
+
+
+def _match(n: Node) -> tuple[Node, Node, Node] | None:
+    """(buffer, 1-D row index, source rows) of a row scatter-add along dim 0: ``index_add(_)``, ``index_put(_)``
+    with ``accumulate=True`` and one index tensor, ``scatter_add(_)`` with a row index broadcast over the rows."""
+    o = op(n)
+    if o in ("index_add_", "index_add") and len(n.args) >= 4:
+        base, dim, index, source = n.args[:4]
+        if n.kwargs.get("alpha", n.args[4] if len(n.args) > 4 else 1) != 1:
+            return None
+    elif o in ("index_put_", "index_put") and len(n.args) >= 3:
+        base, indices, source = n.args[:3]
+        if not (n.args[3] if len(n.args) > 3 else n.kwargs.get("accumulate", False)):
+            return None  # without accumulate, duplicate indices keep one value: not a sum
+        if not isinstance(indices, list | tuple) or len(indices) != 1:
+            return None
+        dim, index = 0, indices[0]
+    elif o in ("scatter_add_", "scatter_add") and len(n.args) >= 4:
+        base, dim, index2d, source = n.args[:4]
+        index = _row_index(index2d, source)
+    else:
+        return None
+    if not all(isinstance(x, Node) for x in (base, index, source)):
+        return None
+    rank = node_rank(base)
+    if rank is None or rank < 1 or dim not in (0, -rank) or node_rank(index) != 1 or node_rank(source) != rank:
+        return None
+    return base, index, source
+
+
 def scatter_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
     out: list[Site] = []
     for n in gm.graph.nodes:
-        if n in taken or op(n) not in ("index_add_", "index_add") or len(n.args) < 4:
+        found = None if n in taken else _match(n)
+        if found is None:
             continue
-        base, dim, index, source = n.args[:4]
-        alpha = n.kwargs.get("alpha", n.args[4] if len(n.args) > 4 else 1)
-        rank = node_rank(base)
-        if alpha != 1 or not all(isinstance(x, Node) for x in (base, index, source)) or rank is None or rank < 1:
-            continue
-        if dim not in (0, -rank) or node_rank(index) != 1 or node_rank(source) != rank:
-            continue
+        base, index, source = found
         index_val = index.meta.get("val")
-        if getattr(index_val, "dtype", None) not in _INDEX_DTYPES or len(base.users) != 1:
-            continue  # the buffer must be read only through the scatter (an in-place add into it)
-        bo = op(base)
+        if getattr(index_val, "dtype", None) not in _INDEX_DTYPES:
+            continue
+        inplace = str(op(n)).endswith("_")
+        if inplace and len(base.users) != 1:
+            continue  # an in-place add: the buffer must be read only through it
+        bo = op(base) if len(base.users) == 1 else None  # a buffer read elsewhere too is the base as it is
         inputs: dict[str, Any] = {"index": index, "source": source}
         if bo == "clone" and isinstance(base.args[0], Node):
             inputs["base"] = base.args[0]
+        elif not inplace and bo not in _ZEROS:  # out of place (torch.scatter_add(x, ...)): x is read, not written
+            inputs["base"] = base
         elif bo in _ZEROS:
             if bo == "zeros_like":
                 inputs["like"] = base.args[0]

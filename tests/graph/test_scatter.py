@@ -54,6 +54,20 @@ def run(x, src, idx):
 """
 )
 
+# the same sum as index_put_ with accumulate=True, and as scatter_add_ with the row index broadcast over the rows
+PUT = COMBINE.replace("out.index_add_(0, idx, src)", "out.index_put_((idx,), src, accumulate=True)")
+SCATTER = COMBINE.replace("out.index_add_(0, idx, src)", "out.scatter_add_(0, idx.view(-1, 1).expand_as(src), src)")
+SCATTER_FN = COMBINE.replace(
+    "out = x.clone()\n    out.index_add_(0, idx, src)\n    return out",
+    "return torch.scatter_add(x, 0, idx.unsqueeze(-1).expand(-1, src.shape[1]), src)",
+)
+# not a row sum: without accumulate a duplicate index keeps one value; an index that varies along the row
+PUT_NO_ACC = COMBINE.replace("out.index_add_(0, idx, src)", "out.index_put_((idx,), src)")
+SCATTER_2D = COMBINE.replace("out.index_add_(0, idx, src)",
+                             "out.scatter_add_(0, (idx.view(-1, 1) + torch.zeros_like(src, dtype=torch.long)) % "
+                             "x.shape[0], src)")  # fmt: skip
+assert len({COMBINE, PUT, SCATTER, SCATTER_FN, PUT_NO_ACC, SCATTER_2D}) == 6
+
 # the buffer is read besides the scatter: not a fresh buffer, so no site
 READ_ELSEWHERE = (
     INPUTS.replace("DTYPE", "float32")
@@ -93,7 +107,13 @@ def _task(root: Path, name: str, reference: str, out_rows: str = "R", out_dtype:
 
 @pytest.mark.parametrize(
     ("name", "reference", "rows", "out_dtype", "zero"),
-    [("p_combine", COMBINE, "R", "bfloat16", False), ("p_embed_bwd", EMBED_BWD, "R2", "bfloat16", True)],
+    [
+        ("p_combine", COMBINE, "R", "bfloat16", False),
+        ("p_embed_bwd", EMBED_BWD, "R2", "bfloat16", True),
+        ("p_put", PUT, "R", "bfloat16", False),
+        ("p_scatter", SCATTER, "R", "bfloat16", False),
+        ("p_scatter_fn", SCATTER_FN, "R", "bfloat16", False),
+    ],
 )
 def test_a_scatter_add_runs_on_the_family_and_matches_the_reference(tmp_path, name, reference, rows, out_dtype, zero):
     task = _task(tmp_path, name, reference, rows, out_dtype)
@@ -121,8 +141,13 @@ def test_a_scatter_add_runs_on_the_family_and_matches_the_reference(tmp_path, na
     assert len(calls) == 2
 
 
-def test_a_buffer_read_besides_the_scatter_is_not_a_site(tmp_path):
-    task = _task(tmp_path, "p_read_elsewhere", READ_ELSEWHERE, "R", "float32")
+@pytest.mark.parametrize(
+    ("name", "reference", "out_dtype"),
+    [("p_read_elsewhere", READ_ELSEWHERE, "float32"), ("p_put_no_acc", PUT_NO_ACC, "bfloat16"),
+     ("p_scatter_2d", SCATTER_2D, "bfloat16")],
+)  # fmt: skip
+def test_what_is_not_a_row_sum_into_a_fresh_buffer_is_not_a_site(tmp_path, name, reference, out_dtype):
+    task = _task(tmp_path, name, reference, "R", out_dtype)
     rec = recognise(task)
     assert rec.capture is not None
     assert not any(s.kind is Kind.scatter_add for s in rec.sites[0])
