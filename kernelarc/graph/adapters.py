@@ -528,9 +528,10 @@ def scatter_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str
             f" and {src}.shape[0] == {idx}.shape[0] and {src}.dtype == torch.{p['dtype']}")  # fmt: skip
     if base != "None":
         cond += f" and {base}.dtype == torch.{p['dtype']} and {base}.shape[1:] == {src}.shape[1:]"
+    rows_idx = f"torch.where({idx} < 0, {idx} + {rows}, {idx})" if p.get("wrap") else idx
     return [
         f"if {cond}:",
-        f"    {out} = {c.part}run({base}, {idx}, {src}, {rows}, torch.{p['out_dtype']})",
+        f"    {out} = {c.part}run({base}, {rows_idx}, {src}, {rows}, torch.{p['out_dtype']})",
         "else:",
         *["    " + ln for ln in c.fallback()],
     ]

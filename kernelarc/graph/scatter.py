@@ -120,8 +120,11 @@ def scatter_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
         users = list(n.users)
         if len(users) == 1 and _cast_only(users[0]):
             last = users[0]
+        # index_put_ reads a negative index from the end, as Python indexing does; index_add_ and scatter_add_
+        # refuse one (a device-side assert), and the kernel drops it
         params = {"zero": "base" not in inputs, "dtype": str(node_dtype(n)).replace("torch.", ""),
-                  "out_dtype": str(node_dtype(last)).replace("torch.", "")}  # fmt: skip
+                  "out_dtype": str(node_dtype(last)).replace("torch.", ""),
+                  "wrap": str(op(n)).startswith("index_put")}  # fmt: skip
         site = _site(Kind.scatter_add, last, {k: v for k, v in inputs.items() if v is not None}, params)
         if site is None and last is not n:  # the cast read elsewhere too: the scatter alone
             params["out_dtype"] = params["dtype"]

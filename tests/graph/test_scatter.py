@@ -56,6 +56,8 @@ def run(x, src, idx):
 
 # the same sum as index_put_ with accumulate=True, and as scatter_add_ with the row index broadcast over the rows
 PUT = COMBINE.replace("out.index_add_(0, idx, src)", "out.index_put_((idx,), src, accumulate=True)")
+# index_put_ reads negative indices from the end
+PUT_NEG = PUT.replace("(idx,)", "(idx - x.shape[0] * (idx % 2),)")
 SCATTER = COMBINE.replace("out.index_add_(0, idx, src)", "out.scatter_add_(0, idx.view(-1, 1).expand_as(src), src)")
 SCATTER_FN = COMBINE.replace(
     "out = x.clone()\n    out.index_add_(0, idx, src)\n    return out",
@@ -66,7 +68,7 @@ PUT_NO_ACC = COMBINE.replace("out.index_add_(0, idx, src)", "out.index_put_((idx
 SCATTER_2D = COMBINE.replace("out.index_add_(0, idx, src)",
                              "out.scatter_add_(0, (idx.view(-1, 1) + torch.zeros_like(src, dtype=torch.long)) % "
                              "x.shape[0], src)")  # fmt: skip
-assert len({COMBINE, PUT, SCATTER, SCATTER_FN, PUT_NO_ACC, SCATTER_2D}) == 6
+assert len({COMBINE, PUT, PUT_NEG, SCATTER, SCATTER_FN, PUT_NO_ACC, SCATTER_2D}) == 7
 
 # the buffer is read besides the scatter: not a fresh buffer, so no site
 READ_ELSEWHERE = (
@@ -111,6 +113,7 @@ def _task(root: Path, name: str, reference: str, out_rows: str = "R", out_dtype:
         ("p_combine", COMBINE, "R", "bfloat16", False),
         ("p_embed_bwd", EMBED_BWD, "R2", "bfloat16", True),
         ("p_put", PUT, "R", "bfloat16", False),
+        ("p_put_neg", PUT_NEG, "R", "bfloat16", False),
         ("p_scatter", SCATTER, "R", "bfloat16", False),
         ("p_scatter_fn", SCATTER_FN, "R", "bfloat16", False),
     ],
