@@ -55,7 +55,14 @@ from kernelarc.graph.adapters import (
     patch_rope_interleaved,
     rope_full_cos,
 )
-from kernelarc.graph.capture import Capture, CaptureError, GraphTooLarge, capture_task
+from kernelarc.graph.capture import (
+    Capture,
+    CaptureError,
+    GraphTooLarge,
+    baked_values,
+    capture_task,
+    example_inputs,
+)
 from kernelarc.graph.catalog import recognize
 from kernelarc.graph.compose import CasePlan, CompositionError, GraphKnobs, SitePlan, check_case, emit_module
 from kernelarc.graph.fusion import FAMILY as FUSED_NAME
@@ -262,11 +269,7 @@ def _drop_unsafe_baked(rec: Recognition) -> None:
 
 def _same_baked(a, b) -> bool:
     """Two traces of one workload hold the same baked values (their input seeds did not move them)."""
-
-    def values(gm) -> list:
-        return [n.meta["baked"] for n in gm.graph.nodes if n.op == "placeholder" and "baked" in n.meta]
-
-    return bool(values(a)) and values(a) == values(b)
+    return bool(baked_values(a)) and baked_values(a) == baked_values(b)
 
 
 # ------------------------------------------------------------------------------------------
@@ -507,8 +510,6 @@ def f32_gemm_bound(task, rec: Recognition) -> bool:
     """Whether the median workload's large float32 GEMMs (M*N*K >= ``F32_LARGE_MNK``, not batched) take at least
     ``F32_GEMM_BOUND`` of its estimated eager time: every fp32 GEMM site at ``SGEMM_FLOPS``, every other compute op
     writing and reading its output once at ``COPY_BYTES_S``. Shapes come from running the graph on meta tensors."""
-    from kernelarc.graph.capture import example_inputs
-
     if rec.capture is None or not rec.sites:
         return False
     ci, wl = _median_case(task, rec)
@@ -638,7 +639,9 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
     # L1/021's one single-segment workload (an attention its other fifteen run per segment on the library) does
     # not put the attention family ahead of its GEMMs
     total = sum(len(c.workloads) for c in rec.capture.cases)
-    bound = Kind.gemm in by_kind and f32_gemm_bound(task, rec)
+    # the estimate runs the graph on meta tensors: only where it can move the fp32 GEMM family ahead of fused regions
+    bound = (Kind.fused in by_kind and Kind.gemm in by_kind
+             and by_kind[Kind.gemm][0].name.removeprefix(prefix) == F32_NAME and f32_gemm_bound(task, rec))  # fmt: skip
     minor = {k for k in by_kind if 2 * _coverage(rec, k) < total}
     kinds = sorted(by_kind, key=lambda k: (k in minor, _priority(k, by_kind[k][0].name.removeprefix(prefix),
                                                                  by_kind, bound)))  # fmt: skip

@@ -75,8 +75,13 @@ class GraphCase:
 
     def baked_values(self) -> list[tuple[int, list]]:
         """(input position, the values traced) of every baked input, in definition order."""
-        phs = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        return [(i, n.meta["baked"]) for i, n in enumerate(phs) if "baked" in n.meta]
+        return baked_values(self.gm)
+
+
+def baked_values(gm: torch.fx.GraphModule) -> list[tuple[int, list]]:
+    """(input position, the values traced) of every input ``gm`` baked in, in definition order."""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [(i, n.meta["baked"]) for i, n in enumerate(phs) if "baked" in n.meta]
 
 
 @dataclass
@@ -286,26 +291,25 @@ def _baked_pair(task: Task, fn, meta_args: Sequence[Any], index: int) -> tuple[A
     where it fails). Where seeds 1 and 2 give seed 0's values too, the second trace would be the first again, and
     is (L2/017: 48 traces down to 16); three seeds, so that random indices drawn from a few values rarely pass."""
     ints = _baked_ints(meta_args)
-    first = _host_ints(task, index, 0, ints) if ints else None
-    baked = _baked_trace(task, fn, meta_args, index, 0, first)
+    if not ints:
+        return None, None
+    first = _host_ints(task, index, 0, ints)
+    baked = _baked_trace(fn, meta_args, ints, first)
     if baked is None:
         return None, None
     for seed in (1, 2):
         other = _host_ints(task, index, seed, ints)
         if other is None or not all(torch.equal(first[i], other[i]) for i in ints):
-            return baked, _baked_trace(task, fn, meta_args, index, seed, other)
+            return baked, _baked_trace(fn, meta_args, ints, other)
     return baked, baked
 
 
-def _baked_trace(task: Task, fn, meta_args: Sequence[Any], index: int, seed: int,
-                 real: list[Any] | None = None) -> torch.fx.GraphModule | None:  # fmt: skip
-    """Trace with the integer tensor inputs as real CPU constants (values of input seed ``seed``, or those of
-    ``real``) and everything else on meta tensors, so that host reads of the integers (``.item()``) succeed;
-    None when the workload has no such inputs or its integer inputs cannot be built on the CPU."""
-    ints = _baked_ints(meta_args)
-    if real is None and ints:
-        real = _host_ints(task, index, seed, ints)
-    if real is None or not ints:
+def _baked_trace(fn, meta_args: Sequence[Any], ints: Sequence[int], real: list[Any] | None
+                 ) -> torch.fx.GraphModule | None:  # fmt: skip
+    """Trace with the integer tensor inputs at ``ints`` as real CPU constants (their values in ``real``, one input
+    seed's, ``_host_ints``) and everything else on meta tensors, so that host reads of the integers (``.item()``)
+    succeed; None when their values could not be built or the trace fails."""
+    if real is None:
         return None
     consts = {i: real[i].as_subclass(_Baked) for i in ints}
 

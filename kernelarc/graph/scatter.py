@@ -104,9 +104,8 @@ def scatter_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
         elif not inplace and bo not in _ZEROS:  # out of place (torch.scatter_add(x, ...)): x is read, not written
             inputs["base"] = base
         elif bo in _ZEROS:
-            if bo == "zeros_like":
+            if bo == "zeros_like":  # its rows are those of the tensor it copies the shape of
                 inputs["like"] = base.args[0]
-                inputs["rows"] = None
             else:
                 rows = _rows(base)
                 if rows is None:
@@ -124,13 +123,13 @@ def scatter_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
         # refuse one (a device-side assert), and the kernel drops it
         params = {"zero": "base" not in inputs, "dtype": str(node_dtype(n)).replace("torch.", ""),
                   "out_dtype": str(node_dtype(last)).replace("torch.", ""),
-                  "wrap": str(op(n)).startswith("index_put")}  # fmt: skip
-        site = _site(Kind.scatter_add, last, {k: v for k, v in inputs.items() if v is not None}, params)
+                  "wrap": str(op(n)).startswith("index_put"),
+                  "like_rows": "like" in inputs and "rows" not in inputs}  # fmt: skip
+        site = _site(Kind.scatter_add, last, inputs, params)
         if site is None and last is not n:  # the cast read elsewhere too: the scatter alone
             params["out_dtype"] = params["dtype"]
-            site = _site(Kind.scatter_add, n, {k: v for k, v in inputs.items() if v is not None}, params)
+            site = _site(Kind.scatter_add, n, inputs, params)
         if site is not None:
-            site.params["like_rows"] = "like" in inputs and inputs.get("rows") is None
             out.append(site)
     return out
 
