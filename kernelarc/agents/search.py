@@ -486,6 +486,29 @@ class SearchAgent:
             out.append(cand)
         return out
 
+    def _eager_repair(self, ctx: AgentContext, seen: set[str], why_eager: str) -> list[Candidate]:
+        """The first start point judged incorrect with the rest of its graph under Inductor, again with the rest
+        eager (one candidate, or none): once Inductor is the suspect (``inductor_fails``), the leading designs are
+        judged on their own numerics. On the H200 (run DJ, L2/004), the fused add + RMSNorm and library points
+        failed compiled (96.8% of elements within the tolerance, as torch.compile itself), later points turned
+        eager, and the leading kernel was never judged eager."""
+        wrong = {f.candidate_id for f in shared_findings(ctx) if f.status is Status.incorrect}
+        wrong |= {c.id for c, v in ctx.history if v.status is Status.incorrect}
+        for j, (fam, point) in enumerate(self._seeds):
+            eager = self._eager_rest(fam, point)
+            if eager is None or self._render_id(fam, point) not in wrong:
+                continue
+            cand = Candidate(source=fam.render(eager), language=fam.language, agent=self.name, strategy=self.strategy,
+                             family=fam.name, knobs=dict(eager),
+                             rationale=f"{self.strategy}: start point {j + 1} of {fam.name} again with the rest eager "
+                                       f"({why_eager})"[:300])  # fmt: skip
+            if cand.id in seen:
+                continue
+            seen.add(cand.id)
+            self._parents[cand.id] = (None, None)
+            return [cand]
+        return []
+
     def _best_point(self, info: _Info) -> tuple[Family, dict[str, Any], str | None, str]:
         if info.known:
             _, fam, point, cid, why = info.known[0]
@@ -749,6 +772,8 @@ class SearchAgent:
         why_eager = self.inductor_fails(ctx)
         if redirect is None:
             out += self._seed_candidates(ctx, n, seen, why_eager)
+            if why_eager and len(out) < n:
+                out += self._eager_repair(ctx, seen, why_eager)
         for _ in range(n - len(out)):
             op, lead = self._operator()
             if redirect is None and op in (Operator.exploit, Operator.focus) and self.rng.random() < 0.7:

@@ -495,6 +495,21 @@ def _coverage(rec: Recognition, kind: Kind) -> int:
     )
 
 
+# Family calls in one graph case above which the rest of the graph starts eager: with the rest under Inductor each
+# family call is a graph break (torch.compiler.disable), and every piece between two breaks is compiled on its own.
+# On the H200 (run DJ, 2026-12-04) L2/017's first point, its fp32 GEMMs on the family (up to 197 calls in one case:
+# the attention runs per segment) with the rest under Inductor, was still compiling when its session's time ran out,
+# in both runs; its torch.compile baseline, one graph, compiled in 45 s. Of the other problems only L2/069 (14 GEMM
+# sites) passes this bound.
+MAX_BREAKS = 12
+
+
+def _breaks(rec: Recognition, kind: Kind) -> int:
+    """The most family calls of ``kind`` in one graph case (its graph breaks with the rest under Inductor)."""
+    return max((sum(s.kind is kind and Impl.family in rec.impls.get(id(s), ()) for s in sites) for sites in rec.sites),
+               default=0)  # fmt: skip
+
+
 def _median_case(task, rec: Recognition) -> tuple[int, int]:
     """(graph case, workload): the case serving the median workload by bytes moved, and that workload."""
     assert rec.capture is not None
@@ -606,7 +621,8 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
 
     The first kernel family of the leading recognised kind (``KIND_PRIORITY``; Triton before CUTLASS:
     nvcc builds take a minute of a tiny budget) with the rest of the graph under torch.compile when the
-    graph has compute left outside the sites (eager otherwise: nothing to fuse, and the compiled
+    graph has compute left outside the sites and the family takes at most ``MAX_BREAKS`` sites of one case (eager
+    otherwise: nothing to fuse, or a compile per graph break; and the compiled
     wrapper's guards cost a launch-bound call); then the library family the same way; then the other
     kinds' first families; then the other ``rest`` value and CUDA-graph replay of the first; then the
     remaining kernel families. A launch-bound problem (``launch_bound``) has the CUDA-graph replays of the first
@@ -645,7 +661,8 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
     minor = {k for k in by_kind if 2 * _coverage(rec, k) < total}
     kinds = sorted(by_kind, key=lambda k: (k in minor, _priority(k, by_kind[k][0].name.removeprefix(prefix),
                                                                  by_kind, bound)))  # fmt: skip
-    rest_of = {k: "inductor" if rest_compute_ops(rec, k) > 0 else "eager" for k in kinds}
+    rest_of = {k: "inductor" if rest_compute_ops(rec, k) > 0 and _breaks(rec, k) <= MAX_BREAKS else "eager"
+               for k in kinds}  # fmt: skip
     rest = "inductor" if rest_compute_ops(rec) > 0 else "eager"  # the library family's
     first_rest = rest_of[kinds[0]] if kinds else rest
     other = "eager" if first_rest == "inductor" else "inductor"
@@ -677,8 +694,7 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
     if launch_bound(task, rec):
         order = order[:1] + graphed + order[1:]
     elif firsts and firsts[0].name.removeprefix(prefix) in SECOND_POINT:  # data-bound: the kernel's next design first
-        lead = firsts[0].name.removeprefix(prefix)
-        step = EXACT_SECOND_POINT.get(lead, SECOND_POINT[lead]) if _integer_output(task) else SECOND_POINT[lead]
+        step = SECOND_POINT[firsts[0].name.removeprefix(prefix)]
         order = order[:1] + [at(firsts[0], first_rest, extra=step)] + order[1:]
     order += graphed
     order += [at(library, "eager" if rest == "inductor" else "inductor")] if lib_sites and rest == "inductor" else []
@@ -700,14 +716,13 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
 
 # A kernel family's second point where the problem moves data rather than launches (a CUDA-graph replay gains nothing
 # there): the fused kernel with twice the elements per block and twice the warps (a wide row wants more threads).
-# The split-precision GEMM's second point: one TF32 product after the start's bf16x3. Whether TF32 meets a problem's
-# tolerance depends on its data's magnitudes, which only the guard's check on real inputs shows: on L2/030 (atol 2e-3,
-# 98% of elements) cuBLAS TF32 passed and reached 4.76x torch.compile in run CE, while on N(0, 1) operands it would
-# miss that tolerance (DE). A failed point costs one slot; the accurate splits (tf32x3, bf16x6) stay the search's
-# moves. Where an output is integer (top-k indices decided by comparisons) the second point is the TF32 split instead.
+# The split-precision GEMM's second point: the more accurate TF32 split after the start's bf16x3 (on the H200, bf16x3
+# was the fastest split and kept 99.5% of a 1024 x 1024 x 16384 weight gradient within L1/072's 2.2e-4 + 1e-3 |C|;
+# a tighter tolerance or a longer K can need tf32x3). One TF32 product as the second point was measured in run DJ and
+# gained nothing: incorrect on L2/030 (98.6% of elements within its tolerance, 99% required) and correct but slower
+# than bf16x3 on L1/072 (3.26 ms against 2.86 ms).
 SECOND_POINT: dict[str, dict[str, Any]] = {FUSED_NAME: {"TILE": 8192, "NUM_WARPS": 8},
-                                           F32_NAME: {"PRECISION": "tf32"}}  # fmt: skip
-EXACT_SECOND_POINT: dict[str, dict[str, Any]] = {F32_NAME: {"PRECISION": "tf32x3"}}
+                                           F32_NAME: {"PRECISION": "tf32x3"}}  # fmt: skip
 
 
 def _registry_index(registry: list[str], name: str) -> int:

@@ -339,3 +339,61 @@ def test_launch_bound_problems_measure_their_cuda_graph_replays_early(problem, b
     seeds = start_points(task, families_for(task))
     early = [p.get("cuda_graph") for _, p in seeds[1:3]]
     assert (early == [True, True]) is bound, [(f.name, p.get("cuda_graph")) for f, p in seeds[:4]]
+
+
+def test_an_incorrect_compiled_start_point_is_judged_again_eager(tmp_path):
+    """On the H200 (run DJ, L2/004) the leading fused add + RMSNorm point and the library point failed with the rest
+    under Inductor, later proposals turned eager, and the leading kernel was never judged eager. Once Inductor is the
+    suspect, each agent's next proposal is the first start point that failed compiled, again with the rest eager."""
+    from kernelarc.models import Candidate, Status, Verdict
+
+    task = _mlp_task(tmp_path)
+    seeds = [(f, p) for f, p in start_points(task, families_for(task)) if p.get("rest") == "inductor"][:2]
+    hist = []
+    for f, p in seeds:
+        c = Candidate(source=f.render(p), language=f.language, agent="a", strategy="s", family=f.name, knobs=p)
+        hist.append((c, Verdict(candidate_id=c.id, status=Status.incorrect, errors=["96% within tolerance"])))
+    agent = SearchAgent("agent0-exploit", "exploit", task, seed=0)
+    seen = {c.id for c, _ in hist}
+    ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[], history=hist,
+                       seen=frozenset(seen))  # fmt: skip
+    first = agent.propose(ctx, 1).candidates[0]
+    f0, p0 = seeds[0]
+    assert first.family == f0.name and first.knobs == f0.check_point({**p0, "rest": "eager"}), first.rationale
+    assert "again with the rest eager" in first.rationale
+    # that one measured (or in flight): the next failed start point's turn
+    ctx.seen = frozenset(seen | {first.id})
+    second = SearchAgent("agent1-exploit", "exploit", task, seed=0).propose(ctx, 1).candidates[0]
+    f1, p1 = seeds[1]
+    assert second.family == f1.name and second.knobs == f1.check_point({**p1, "rest": "eager"}), second.rationale
+    # without the evidence against Inductor nothing is repaired: one incorrect composition may be the kernel's own
+    ctx.history, ctx.seen = hist[:1], frozenset(seen)
+    assert all("again with the rest eager" not in c.rationale for c in agent.propose(ctx, 2).candidates)
+
+
+F32_CHAIN = """import torch
+
+
+def run(x, {ws}):
+    h = x
+    for w in ({ws},):
+        h = torch.sin(h @ w)
+    return h
+"""
+
+
+@pytest.mark.parametrize(("gemms", "rest"), [(3, "inductor"), (13, "eager")])
+def test_a_family_with_many_sites_in_one_case_starts_with_the_rest_eager(tmp_path, gemms, rest):
+    """Each family call is a graph break with the rest under Inductor, and every piece between two is compiled on its
+    own: on the H200, L2/017's first point (up to 197 fp32 GEMM calls in one case) was still compiling when its session
+    ended, twice. Past ``MAX_BREAKS`` family sites in one case the family's points start with the rest eager."""
+    from kernelarc.families.composed import MAX_BREAKS
+
+    assert 3 <= MAX_BREAKS < 13
+    ws = ", ".join(f"w{i}" for i in range(gemms))
+    task = make_task(tmp_path, f"p_chain{gemms}", F32_CHAIN.format(ws=ws),
+                     {"x": (["M", "K"], "float32"), **{f"w{i}": (["K", "K"], "float32") for i in range(gemms)}},
+                     {"out": (["M", "K"], "float32")}, [{"M": 64, "K": 32}])  # fmt: skip
+    seeds = start_points(task, families_for(task))
+    assert seeds and seeds[0][0].name.endswith("matmul_f32.split"), [f.name for f, _ in seeds]
+    assert seeds[0][1]["rest"] == rest
