@@ -142,12 +142,13 @@ def test_a_weight_gradient_problem_runs_every_gemm_on_the_family(tmp_path):
 
 
 @needs_sol
-def test_the_start_precision_follows_the_problems_tolerance():
-    """One TF32 product where every output's atol is loose (L2/001: 0.046 to 0.38), the bf16 split elsewhere (L1/072:
-    2.2e-4 + 1e-3 |C|) and where an output is integer (L2/049's top-k indices, atol 0.44)."""
+def test_the_start_precision_is_the_bf16_split_whatever_the_tolerance():
+    """One TF32 product was the start where every output's atol was loose (L2/001: 0.046 to 0.38); on the H200 (run
+    DJ) it was incorrect there all three times (68% of a weight gradient's elements within 0.046). The bf16 split
+    starts everywhere: L2/001, L1/072 (2.2e-4 + 1e-3 |C|), L2/049 (an integer output, atol 0.44)."""
     from kernelarc.families.composed import composed_families, start_points
 
-    for folder, first in (("L2/001_fused_vision_multihead_attention_with_norms_backward", "tf32"),
+    for folder, first in (("L2/001_fused_vision_multihead_attention_with_norms_backward", "bf16x3"),
                           ("L1/072_cross_attention_qkv_projection_with_gqa_repeat_backward", "bf16x3"),
                           ("L2/049_group_limited_topk_routing", "bf16x3")):  # fmt: skip
         task = load_task(SOL / folder)
