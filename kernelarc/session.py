@@ -159,6 +159,9 @@ class SearchSession(SessionPhases):
         self.eval_wall: dict[str, tuple[float, float]] = {}  # candidate -> its last evaluation's wall start, end
         self.timing_seconds = 0.0
         self.dispatch_tried: set[tuple] = set()  # plans already composed (kernelarc.dispatch)
+        # candidates to be judged again after running out of a shared GPU's memory -> (first evaluation, champion id)
+        self.oom_first: dict[str, tuple[Evaluation, str | None]] = {}
+        self.oom_retried: set[str] = set()
         self.baseline_notes: dict[str, str] = {}  # baseline -> why it is not a baseline (skipped, failed)
         self.compile_after_budget: float | None = None  # seconds torch.compile took when measured after the budget
         self.compile_after_budget_tried = False
@@ -555,6 +558,11 @@ class SearchSession(SessionPhases):
             if not flight.inflight:
                 break
             self._collect(flight)
+        # a retry the budget or the time left no room for: its first verdict is the record (nothing proposed is lost)
+        for cand in [c for c in flight.rematch if c.id in self.oom_first]:
+            flight.rematch.remove(cand)
+            ev, champ_id = self.oom_first.pop(cand.id)
+            self._on_verdict(cand, ev, champ_id, flight.rematch)
 
     def _submit(self, flight: _Flight, pool: ThreadPoolExecutor) -> bool:
         """Start queued candidates (rematches first) while budget and slots allow; whether budget is left."""
@@ -603,7 +611,11 @@ class SearchSession(SessionPhases):
                 log.exception("evaluation of %s failed", cand.id)
                 ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error, errors=[str(e)]))
             b = flight.baselines.pop(fut, None)
-            if b is None:
+            if b is None and self._retry_out_of_memory(cand, ev):
+                self.oom_first[cand.id] = (ev, champ_id)
+                flight.rematch.append(cand)
+            elif b is None:
+                self.oom_first.pop(cand.id, None)
                 self._on_verdict(cand, ev, champ_id, flight.rematch)
             elif ev.verdict.status is Status.champion and (self.champion.id if self.champion else None) != champ_id:
                 # faster than the champion it was timed beside, which has since been beaten: again, beside the
@@ -618,6 +630,22 @@ class SearchSession(SessionPhases):
             composite = self._dispatch_candidate()
             if composite is not None:
                 flight.queue.insert(0, composite)
+
+    def _retry_out_of_memory(self, cand: Candidate, ev: Evaluation) -> bool:
+        """Whether a candidate that ran out of GPU memory is judged once more instead of recorded as failed: only
+        where the GPU is shared (``guard.memory_gb`` caps this session's plan below the device's memory), since there
+        other processes' memory, not the candidate's, can be what ran out. On the H200 (run DL, 9 suite shards beside
+        L2/024's 47 GB reference) 7 candidates failed so, 5 of them L2/024's own: their knobs were blamed for it and
+        their slots lost. A second failure is recorded as any other."""
+        v = ev.verdict
+        if v.status is not Status.runtime_error or self.settings.guard.memory_gb is None:
+            return False
+        if cand.id in self.oom_retried or not any("out of memory" in e.lower() for e in v.errors):
+            return False
+        self.oom_retried.add(cand.id)
+        self.ui.line(f"  ↻ {cand.id[:12]} ran out of the shared GPU's memory: judged once more")
+        log.info("candidate %s out of memory on a shared GPU: judged again", cand.id)
+        return True
 
     def drift_corrected_latencies(self) -> dict[str, dict[int, float]]:
         """Per-workload latency of every correct measurement, on the time base of the session's first

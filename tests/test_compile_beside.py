@@ -261,3 +261,48 @@ def test_a_void_torch_compile_comparison_crowns_nothing_and_is_measured_again_af
     assert summary["speedup_vs_compile_drift_corrected"] >= 1.5
     # the summary counts the void comparison (the suite table's timing line)
     assert summary["void_comparisons"] == 1 and summary["verdicts"] == len(s.records) and summary["timed_again"] == 0
+
+
+class OutOfMemoryOnce(SlowCompileGuard):
+    """The first candidate's first evaluation runs out of memory, as beside another process's tensors on a shared GPU;
+    with ``always``, each of its evaluations does (the candidate's own memory, then)."""
+
+    always = False
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.victim: str | None = None
+        self.tries = 0
+
+    def evaluate(self, cand, champion=None, **kw):
+        if cand.strategy not in ("reference", "torch.compile") and self.victim in (None, cand.id):
+            self.victim = cand.id
+            self.tries += 1
+            if self.tries == 1 or self.always:
+                msg = "out of memory: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has 2.61 GiB free"
+                return Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error, errors=[msg]))
+        return super().evaluate(cand, champion, **kw)
+
+
+class OutOfMemoryAlways(OutOfMemoryOnce):
+    always = True
+
+
+@pytest.mark.parametrize(("guard_cls", "memory_gb", "tries", "status"), [
+    (OutOfMemoryOnce, 15, 2, "judged"),  # a shared GPU (a memory cap): judged once more, its second verdict stands
+    (OutOfMemoryAlways, 15, 2, "runtime_error"),  # out of memory again: recorded as any failure
+    (OutOfMemoryOnce, None, 1, "runtime_error"),  # the GPU is the session's own: the candidate's memory ran out
+])  # fmt: skip
+def test_a_candidate_out_of_a_shared_gpus_memory_is_judged_once_more(tmp_path, guard_cls, memory_gb, tries, status):
+    """On the H200 (run DL) 7 candidates ran out of memory beside L2/024's 47 GB reference on 9 suite shards, 5 of them
+    L2/024's own: each was recorded as the candidate's runtime error and lost its slot."""
+    extra = [f"guard.memory_gb={memory_gb}"] if memory_gb else []
+    s, guards = _build(tmp_path, 2.0, *extra, guard_cls=guard_cls)
+    s.run()
+    guard = guards[0]
+    assert guard.tries == tries
+    mine = [r for r in s.records if r.kind == "candidate" and r.candidate.id == guard.victim]
+    assert len(mine) == 1, [(r.kind, r.verdict.status) for r in mine]  # one record, whatever was retried
+    got = mine[0].verdict.status
+    assert (got is not Status.runtime_error) if status == "judged" else (got.value == status), got
+    assert not s.oom_first
