@@ -551,21 +551,25 @@ class _Writer:
             self.body.append(f"{v} = {self._round(n, expr)}")
             self.names[n] = v
             return
-        # column and full reductions: a partial per program, summed after the kernel
+        # column and full reductions: a partial per program, summed after the kernel. The program's rows are
+        # accumulated element by element in a [TILE_R, BLOCK_H] block and reduced across rows once, after its loop
+        # (a reduction across the tile's rows every iteration is a cross-warp exchange each time; Inductor's looped
+        # reductions keep such a block too)
         acc = f"acc{j}"
-        self.acc_init.append(f"{acc} = tl.full([1, BLOCK_H], {fill}, tl.float32)")
-        part = f"{red}({masked}, axis=0)[None, :]"
+        self.acc_init.append(f"{acc} = tl.full([TILE_R, BLOCK_H], {fill}, tl.float32)")
         if name in ("amax", "amin"):
             combine = "tl.maximum" if name == "amax" else "tl.minimum"
-            self.body.append(f"{acc} = {combine}({acc}, {part})")
+            self.body.append(f"{acc} = {combine}({acc}, {masked})")
         else:
-            self.body.append(f"{acc} = {acc} + {part}")
+            self.body.append(f"{acc} = {acc} + {masked}")
         self.param(f"q{j}")
         self.partials[j] = role is Role.allred
         if role is Role.allred:  # one value per program
             self.after.append(f"tl.store(q{j} + pid, {red}({red}({acc}, axis=1), axis=0))")
         else:
-            self.after.append(f"tl.store(q{j} + pid * BLOCK_H + cols[None, :], {acc}, mask=cm2)")
+            self.after.append(
+                f"tl.store(q{j} + pid * BLOCK_H + cols[None, :], {red}({acc}, axis=0)[None, :], mask=cm2)"
+            )
         self.names[n] = acc
 
 
