@@ -291,9 +291,8 @@ def test_an_incorrect_torch_compile_moves_compositions_to_an_eager_rest(tmp_path
     assert fresh.propose(ctx, 1).candidates[0].knobs["rest"] == "inductor"
 
 
-def test_two_incorrect_compiled_compositions_are_evidence_too(tmp_path):
-    """Without a torch.compile verdict (it timed out, or is still compiling beside the search), two
-    compositions with an Inductor rest judged incorrect, and none correct, move the next proposals eager."""
+def _two_incorrect_compiled_seeds(tmp_path):
+    """The MLP problem, its first two start points with the rest under Inductor, and a history judging both wrong."""
     from kernelarc.models import Candidate, Status, Verdict
 
     task = _mlp_task(tmp_path)
@@ -302,6 +301,15 @@ def test_two_incorrect_compiled_compositions_are_evidence_too(tmp_path):
     for f, p in seeds:
         c = Candidate(source=f.render(p), language=f.language, agent="a", strategy="s", family=f.name, knobs=p)
         hist.append((c, Verdict(candidate_id=c.id, status=Status.incorrect, errors=["96% within tolerance"])))
+    return task, seeds, hist
+
+
+def test_two_incorrect_compiled_compositions_are_evidence_too(tmp_path):
+    """Without a torch.compile verdict (it timed out, or is still compiling beside the search), two
+    compositions with an Inductor rest judged incorrect, and none correct, move the next proposals eager."""
+    from kernelarc.models import Candidate, Status, Verdict
+
+    task, seeds, hist = _two_incorrect_compiled_seeds(tmp_path)
     agent = SearchAgent("agent0-exploit", "exploit", task, seed=0)
     ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[],
                        history=hist[:1], seen=frozenset(c.id for c, _ in hist))  # fmt: skip
@@ -345,14 +353,8 @@ def test_an_incorrect_compiled_start_point_is_judged_again_eager(tmp_path):
     """On the H200 (run DJ, L2/004) the leading fused add + RMSNorm point and the library point failed with the rest
     under Inductor, later proposals turned eager, and the leading kernel was never judged eager. Once Inductor is the
     suspect, each agent's next proposal is the first start point that failed compiled, again with the rest eager."""
-    from kernelarc.models import Candidate, Status, Verdict
 
-    task = _mlp_task(tmp_path)
-    seeds = [(f, p) for f, p in start_points(task, families_for(task)) if p.get("rest") == "inductor"][:2]
-    hist = []
-    for f, p in seeds:
-        c = Candidate(source=f.render(p), language=f.language, agent="a", strategy="s", family=f.name, knobs=p)
-        hist.append((c, Verdict(candidate_id=c.id, status=Status.incorrect, errors=["96% within tolerance"])))
+    task, seeds, hist = _two_incorrect_compiled_seeds(tmp_path)
     agent = SearchAgent("agent0-exploit", "exploit", task, seed=0)
     seen = {c.id for c, _ in hist}
     ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[], history=hist,
