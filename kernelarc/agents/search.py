@@ -309,6 +309,7 @@ class SearchAgent:
         # ``library``: registered champions' kernel knobs (kernelarc.registry.kernel_library)
         composed = hasattr(task, "path")
         self._seeds: list[tuple[Family, dict[str, Any]]] = start_points(task, fams, library) if composed else []
+        self._seed_ids: dict[int, tuple[str, dict[str, Any] | None, str]] = {}  # _seed_variants' renders
         m = re.match(r"agent(\d+)", name)
         self.rank = rank if rank is not None else int(m.group(1)) if m else 0
 
@@ -487,27 +488,39 @@ class SearchAgent:
         return out
 
     def _eager_repair(self, ctx: AgentContext, seen: set[str], why_eager: str) -> list[Candidate]:
-        """The first start point judged incorrect with the rest of its graph under Inductor, again with the rest
-        eager (one candidate, or none): once Inductor is the suspect (``inductor_fails``), the leading designs are
-        judged on their own numerics. On the H200 (run DJ, L2/004), the fused add + RMSNorm and library points
-        failed compiled (96.8% of elements within the tolerance, as torch.compile itself), later points turned
-        eager, and the leading kernel was never judged eager."""
+        """A start point judged incorrect with the rest of its graph under Inductor, again with the rest eager (one
+        candidate, or none): once Inductor is the suspect (``inductor_fails``), the leading designs are judged on
+        their own numerics. On the H200 (run DJ, L2/004), the fused add + RMSNorm and library points failed compiled
+        (96.8% of elements within the tolerance, as torch.compile itself), later points turned eager, and the
+        leading kernel was never judged eager. A team's agents, asked at once, take these repairs by rank (the
+        ``rank``-th one still to judge; a lone generalist the first), as they share the start points."""
         wrong = {f.candidate_id for f in shared_findings(ctx) if f.status is Status.incorrect}
         wrong |= {c.id for c, v in ctx.history if v.status is Status.incorrect}
+        todo: list[tuple[int, Family, dict[str, Any], str]] = []
         for j, (fam, point) in enumerate(self._seeds):
+            compiled_id, eager, eager_id = self._seed_variants(j, fam, point)
+            if eager is not None and compiled_id in wrong and eager_id not in seen:
+                todo.append((j, fam, eager, eager_id))
+        pick = 0 if self.strategy == "generalist" else self.rank
+        if pick >= len(todo):
+            return []
+        j, fam, eager, eager_id = todo[pick]
+        cand = Candidate(source=fam.render(eager), language=fam.language, agent=self.name, strategy=self.strategy,
+                         family=fam.name, knobs=dict(eager),
+                         rationale=f"{self.strategy}: start point {j + 1} of {fam.name} again with the rest eager "
+                                   f"({why_eager})"[:300])  # fmt: skip
+        seen.add(cand.id)
+        self._parents[cand.id] = (None, None)
+        return [cand]
+
+    def _seed_variants(self, j: int, fam: Family, point: dict[str, Any]) -> tuple[str, dict[str, Any] | None, str]:
+        """Start point ``j``'s candidate id, its point with the rest eager (None where it has no Inductor rest) and
+        that point's id: rendered once per session, not at every proposal."""
+        if j not in self._seed_ids:
             eager = self._eager_rest(fam, point)
-            if eager is None or self._render_id(fam, point) not in wrong:
-                continue
-            cand = Candidate(source=fam.render(eager), language=fam.language, agent=self.name, strategy=self.strategy,
-                             family=fam.name, knobs=dict(eager),
-                             rationale=f"{self.strategy}: start point {j + 1} of {fam.name} again with the rest eager "
-                                       f"({why_eager})"[:300])  # fmt: skip
-            if cand.id in seen:
-                continue
-            seen.add(cand.id)
-            self._parents[cand.id] = (None, None)
-            return [cand]
-        return []
+            ids = (self._render_id(fam, point), eager, self._render_id(fam, eager) if eager is not None else "")
+            self._seed_ids[j] = ids
+        return self._seed_ids[j]
 
     def _best_point(self, info: _Info) -> tuple[Family, dict[str, Any], str | None, str]:
         if info.known:

@@ -363,11 +363,14 @@ def test_an_incorrect_compiled_start_point_is_judged_again_eager(tmp_path):
     f0, p0 = seeds[0]
     assert first.family == f0.name and first.knobs == f0.check_point({**p0, "rest": "eager"}), first.rationale
     assert "again with the rest eager" in first.rationale
-    # that one measured (or in flight): the next failed start point's turn
-    ctx.seen = frozenset(seen | {first.id})
+    # the team is asked at once: the next agent takes the next failed start point, not the same one
     second = SearchAgent("agent1-exploit", "exploit", task, seed=0).propose(ctx, 1).candidates[0]
     f1, p1 = seeds[1]
     assert second.family == f1.name and second.knobs == f1.check_point({**p1, "rest": "eager"}), second.rationale
+    # the first repair measured (or in flight): the first agent's next one is the next failed start point
+    ctx.seen = frozenset(seen | {first.id})
+    again = SearchAgent("agent0-exploit", "exploit", task, seed=0).propose(ctx, 1).candidates[0]
+    assert again.id == second.id, again.rationale
     # without the evidence against Inductor nothing is repaired: one incorrect composition may be the kernel's own
     ctx.history, ctx.seen = hist[:1], frozenset(seen)
     assert all("again with the rest eager" not in c.rationale for c in agent.propose(ctx, 2).candidates)
