@@ -106,8 +106,8 @@ class _Flight:
 
 
 def _uncrowned(ev: Evaluation) -> Evaluation:
-    """A baseline's verdict of champion over a champion that has since been beaten, when it cannot be timed
-    again beside the new one: correct, measured, not crowned."""
+    """A verdict of champion (a baseline's, or a candidate's) over a champion that has since been beaten, when it
+    cannot be timed again beside the new one: correct, measured, not crowned."""
     v = ev.verdict.model_copy(update={"status": Status.correct_slower, "errors": [
         *ev.verdict.errors, "faster than the champion it was timed beside, which was beaten meanwhile; "
         "not timed again beside the new one (no time left, or that timing failed)"]})  # fmt: skip
@@ -162,6 +162,8 @@ class SearchSession(SessionPhases):
         # candidates to be judged again after running out of a shared GPU's memory -> (first evaluation, champion id)
         self.oom_first: dict[str, tuple[Evaluation, str | None]] = {}
         self.oom_retried: set[str] = set()
+        # candidates crowned beside a champion that has since moved, to be timed again -> (that evaluation, champion id)
+        self.rematch_first: dict[str, tuple[Evaluation, str | None]] = {}
         self.baseline_notes: dict[str, str] = {}  # baseline -> why it is not a baseline (skipped, failed)
         self.compile_after_budget: float | None = None  # seconds torch.compile took when measured after the budget
         self.compile_after_budget_tried = False
@@ -413,8 +415,10 @@ class SearchSession(SessionPhases):
         with self.lock:
             if v.status is Status.champion and (self.champion.id if self.champion else None) != champion_id:
                 # The champion moved while this one was measured: measure again against the new one.
+                self.rematch_first[cand.id] = (ev, champion_id)
                 pending_rematch.append(cand)
                 return
+            self.rematch_first.pop(cand.id, None)
             rec = Record(self.evaluated, "candidate", cand, v, ev.samples, champion_id)
             self.state.append(rec)
             self._replay(rec)
@@ -558,10 +562,18 @@ class SearchSession(SessionPhases):
             if not flight.inflight:
                 break
             self._collect(flight)
-        # a retry the budget or the time left no room for: its first verdict is the record (nothing proposed is lost)
-        for cand in [c for c in flight.rematch if c.id in self.oom_first]:
+        # a second measurement the budget or the time left no room for: the first is the record (nothing proposed is
+        # lost): an out-of-memory retry's failure, or a crowning beside a champion since beaten, not crowned
+        for cand in list(flight.rematch):
             flight.rematch.remove(cand)
-            ev, champ_id = self.oom_first.pop(cand.id)
+            oom = self.oom_first.pop(cand.id, None)
+            crowned = self.rematch_first.pop(cand.id, None)
+            if crowned is not None:  # a correct measurement outweighs a retry's out-of-memory failure
+                ev, champ_id = _uncrowned(crowned[0]), crowned[1]
+            elif oom is not None:
+                ev, champ_id = oom
+            else:
+                continue
             self._on_verdict(cand, ev, champ_id, flight.rematch)
 
     def _submit(self, flight: _Flight, pool: ThreadPoolExecutor) -> bool:

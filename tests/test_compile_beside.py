@@ -306,3 +306,28 @@ def test_a_candidate_out_of_a_shared_gpus_memory_is_judged_once_more(tmp_path, g
     got = mine[0].verdict.status
     assert (got is not Status.runtime_error) if status == "judged" else (got.value == status), got
     assert not s.oom_first
+
+
+class SlowCandidates(SlowCompileGuard):
+    """Every candidate's evaluation takes 1 s, longer than the whole budget of the test below."""
+
+    def evaluate(self, cand, champion=None, **kw):
+        if cand.strategy not in ("reference", "torch.compile"):
+            time.sleep(1.0)
+        return super().evaluate(cand, champion, **kw)
+
+
+def test_a_crowning_beside_a_beaten_champion_with_no_time_left_is_recorded_uncrowned(tmp_path):
+    """Two candidates in flight beside the reference, both faster: the first verdict crowns its candidate, the second
+    was timed beside the old champion and should be timed again beside the new one, but the budget's time is out.
+    It used to be dropped, never recorded; now its measurement is recorded, correct and not crowned."""
+    s, guards = _build(tmp_path, 2.0, "guard.compile_baseline=false", "budget.minutes=0.01", "budget.candidates=2",
+                       reference_factor=10.0, guard_cls=SlowCandidates)  # fmt: skip
+    s.run()
+    cands = [r for r in s.records if r.kind == "candidate"]
+    assert len(cands) == 2, [(r.candidate.id, r.verdict.status) for r in cands]
+    assert [r.verdict.status for r in cands].count(Status.champion) == 1
+    late = next(r for r in cands if r.verdict.status is not Status.champion)
+    assert late.verdict.status is Status.correct_slower
+    assert any("not timed again beside the new one" in e for e in late.verdict.errors)
+    assert not s.rematch_first and not s.oom_first
