@@ -159,11 +159,10 @@ class SearchSession(SessionPhases):
         self.eval_wall: dict[str, tuple[float, float]] = {}  # candidate -> its last evaluation's wall start, end
         self.timing_seconds = 0.0
         self.dispatch_tried: set[tuple] = set()  # plans already composed (kernelarc.dispatch)
-        # candidates to be judged again after running out of a shared GPU's memory -> (first evaluation, champion id)
-        self.oom_first: dict[str, tuple[Evaluation, str | None]] = {}
+        # candidates waiting to be judged again (flight.rematch) -> the evaluation that stands if that never happens,
+        # and its champion: a crowning beside a champion since beaten, or else an out-of-memory failure on a shared GPU
+        self.first_of: dict[str, tuple[Evaluation, str | None]] = {}
         self.oom_retried: set[str] = set()
-        # candidates crowned beside a champion that has since moved, to be timed again -> (that evaluation, champion id)
-        self.rematch_first: dict[str, tuple[Evaluation, str | None]] = {}
         self.baseline_notes: dict[str, str] = {}  # baseline -> why it is not a baseline (skipped, failed)
         self.compile_after_budget: float | None = None  # seconds torch.compile took when measured after the budget
         self.compile_after_budget_tried = False
@@ -415,10 +414,10 @@ class SearchSession(SessionPhases):
         with self.lock:
             if v.status is Status.champion and (self.champion.id if self.champion else None) != champion_id:
                 # The champion moved while this one was measured: measure again against the new one.
-                self.rematch_first[cand.id] = (ev, champion_id)
+                self.first_of[cand.id] = (ev, champion_id)
                 pending_rematch.append(cand)
                 return
-            self.rematch_first.pop(cand.id, None)
+            self.first_of.pop(cand.id, None)
             rec = Record(self.evaluated, "candidate", cand, v, ev.samples, champion_id)
             self.state.append(rec)
             self._replay(rec)
@@ -566,15 +565,10 @@ class SearchSession(SessionPhases):
         # lost): an out-of-memory retry's failure, or a crowning beside a champion since beaten, not crowned
         for cand in list(flight.rematch):
             flight.rematch.remove(cand)
-            oom = self.oom_first.pop(cand.id, None)
-            crowned = self.rematch_first.pop(cand.id, None)
-            if crowned is not None:  # a correct measurement outweighs a retry's out-of-memory failure
-                ev, champ_id = _uncrowned(crowned[0]), crowned[1]
-            elif oom is not None:
-                ev, champ_id = oom
-            else:
-                continue
-            self._on_verdict(cand, ev, champ_id, flight.rematch)
+            if (first := self.first_of.pop(cand.id, None)) is not None:
+                ev, champ_id = first
+                self._on_verdict(cand, _uncrowned(ev) if ev.verdict.status is Status.champion else ev, champ_id,
+                                 flight.rematch)  # fmt: skip
 
     def _submit(self, flight: _Flight, pool: ThreadPoolExecutor) -> bool:
         """Start queued candidates (rematches first) while budget and slots allow; whether budget is left."""
@@ -624,10 +618,9 @@ class SearchSession(SessionPhases):
                 ev = Evaluation(Verdict(candidate_id=cand.id, status=Status.runtime_error, errors=[str(e)]))
             b = flight.baselines.pop(fut, None)
             if b is None and self._retry_out_of_memory(cand, ev):
-                self.oom_first[cand.id] = (ev, champ_id)
+                self.first_of.setdefault(cand.id, (ev, champ_id))  # a crowning beside a beaten champion outweighs it
                 flight.rematch.append(cand)
             elif b is None:
-                self.oom_first.pop(cand.id, None)
                 self._on_verdict(cand, ev, champ_id, flight.rematch)
             elif ev.verdict.status is Status.champion and (self.champion.id if self.champion else None) != champ_id:
                 # faster than the champion it was timed beside, which has since been beaten: again, beside the

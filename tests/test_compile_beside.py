@@ -305,7 +305,7 @@ def test_a_candidate_out_of_a_shared_gpus_memory_is_judged_once_more(tmp_path, g
     assert len(mine) == 1, [(r.kind, r.verdict.status) for r in mine]  # one record, whatever was retried
     got = mine[0].verdict.status
     assert (got is not Status.runtime_error) if status == "judged" else (got.value == status), got
-    assert not s.oom_first
+    assert not s.first_of
 
 
 class SlowCandidates(SlowCompileGuard):
@@ -330,4 +330,4 @@ def test_a_crowning_beside_a_beaten_champion_with_no_time_left_is_recorded_uncro
     late = next(r for r in cands if r.verdict.status is not Status.champion)
     assert late.verdict.status is Status.correct_slower
     assert any("not timed again beside the new one" in e for e in late.verdict.errors)
-    assert not s.rematch_first and not s.oom_first
+    assert not s.first_of

@@ -144,8 +144,12 @@ class Recognition:
                     seen.append(s.kind)
         return seen
 
+    def serves(self, site: Site, kind: Kind, impl: Impl) -> bool:
+        """``site`` is of ``kind`` and ``impl`` can take it."""
+        return site.kind is kind and impl in self.impls.get(id(site), ())
+
     def substitutable(self, kind: Kind, impl: Impl) -> list[Site]:
-        return [s for case in self.sites for s in case if s.kind is kind and impl in self.impls.get(id(s), ())]
+        return [s for case in self.sites for s in case if self.serves(s, kind, impl)]
 
 
 _CACHE: dict[tuple, Recognition] = {}
@@ -491,7 +495,7 @@ def _coverage(rec: Recognition, kind: Kind) -> int:
     return sum(
         len(case.workloads)
         for case, sites in zip(rec.capture.cases, rec.sites, strict=True)
-        if any(s.kind is kind and Impl.family in rec.impls.get(id(s), ()) for s in sites)
+        if any(rec.serves(s, kind, Impl.family) for s in sites)
     )
 
 
@@ -506,8 +510,7 @@ MAX_BREAKS = 12
 
 def _breaks(rec: Recognition, kind: Kind) -> int:
     """The most family calls of ``kind`` in one graph case (its graph breaks with the rest under Inductor)."""
-    return max((sum(s.kind is kind and Impl.family in rec.impls.get(id(s), ()) for s in sites) for sites in rec.sites),
-               default=0)  # fmt: skip
+    return max((sum(rec.serves(s, kind, Impl.family) for s in sites) for sites in rec.sites), default=0)
 
 
 def _median_case(task, rec: Recognition) -> tuple[int, int]:
@@ -797,7 +800,7 @@ def site_start(rec: Recognition, fam: Family, kind: Kind) -> dict[str, Any]:
     cores' 13-bit sums then miss the problem's tolerance (Quant/004 on the H200: 91.7% of elements
     within it, 99% required). The search may still move the knobs; the guard decides."""
     names = {k.name for k in fam.knobs}
-    sites = [s for case in rec.sites for s in case if s.kind is kind and Impl.family in rec.impls.get(id(s), ())]
+    sites = rec.substitutable(kind, Impl.family)
     out: dict[str, Any] = {}
     if kind is Kind.fp8_gemm and "MMA" in names and any(s.params.get("requant") for s in sites):
         out["MMA"] = "bf16"

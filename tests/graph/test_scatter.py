@@ -28,30 +28,30 @@ def get_inputs(axes, device):
             "idx": torch.randint(0, R, (R * K,), device=device)}
 """
 
-# an MoE combine: the experts' outputs added back at their tokens' rows (L1/008's form)
-COMBINE = (
-    INPUTS.replace("DTYPE", "bfloat16")
-    + """
 
-@torch.no_grad()
-def run(x, src, idx):
+def reference(dtype: str, body: str) -> str:
+    """A reference over INPUTS' inputs in ``dtype``: ``run(x, src, idx)`` with ``body`` (indented lines)."""
+    return INPUTS.replace("DTYPE", dtype) + "\n\n@torch.no_grad()\ndef run(x, src, idx):\n" + body
+
+
+# an MoE combine: the experts' outputs added back at their tokens' rows (L1/008's form)
+COMBINE = reference(
+    "bfloat16",
+    """\
     out = x.clone()
     out.index_add_(0, idx, src)
     return out
-"""
+""",
 )
 
 # an embedding backward: token gradients into a zero fp32 buffer of the vocabulary's rows, written out in bf16
-EMBED_BWD = (
-    INPUTS.replace("DTYPE", "float32")
-    + """
-
-@torch.no_grad()
-def run(x, src, idx):
+EMBED_BWD = reference(
+    "float32",
+    """\
     g = torch.zeros(x.shape[0] * 2, x.shape[1], dtype=torch.float32, device=x.device)
     g.index_add_(0, idx, src * 0.5)
     return g.to(torch.bfloat16)
-"""
+""",
 )
 
 # the same sum as index_put_ with accumulate=True, and as scatter_add_ with the row index broadcast over the rows
@@ -71,17 +71,14 @@ SCATTER_2D = COMBINE.replace("out.index_add_(0, idx, src)",
 assert len({COMBINE, PUT, PUT_NEG, SCATTER, SCATTER_FN, PUT_NO_ACC, SCATTER_2D}) == 7
 
 # the buffer is read besides the scatter: not a fresh buffer, so no site
-READ_ELSEWHERE = (
-    INPUTS.replace("DTYPE", "float32")
-    + """
-
-@torch.no_grad()
-def run(x, src, idx):
+READ_ELSEWHERE = reference(
+    "float32",
+    """\
     out = x.clone()
     y = out * 2
     out.index_add_(0, idx, src)
     return out + y
-"""
+""",
 )
 
 
