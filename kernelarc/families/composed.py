@@ -19,6 +19,9 @@ softmax, SwiGLU / GeGLU, RoPE, LayerNorm, ...) and offers:
   (``GraphTooLarge``) and that loop is a pointwise recurrence (``kernelarc.graph.recurrence``): one Triton
   kernel walking the steps with the carried state in registers (knobs: lanes per program, warps, unrolling,
   prefetch, division / sqrt precision); it is then the problem's only composed family.
+* ``composed.<task>.moe`` where capture refuses the reference for data-dependent sizes and it is a loop over
+  experts (``kernelarc.graph.moe``): the loop written once for all experts, the experts' GEMMs grouped (knob:
+  ``torch._grouped_mm`` or one mm per routed expert); likewise the problem's only composed family.
 
 No family here is static (``FAMILIES`` is empty): they depend on the problem.
 
@@ -67,6 +70,8 @@ from kernelarc.graph.catalog import recognize
 from kernelarc.graph.compose import CasePlan, CompositionError, GraphKnobs, SitePlan, check_case, emit_module
 from kernelarc.graph.fusion import FAMILY as FUSED_NAME
 from kernelarc.graph.fusion import render_fused
+from kernelarc.graph.moe import GEMMS as MOE_GEMMS
+from kernelarc.graph.moe import MoE, MoEError, recognise_moe
 from kernelarc.graph.patterns import Kind, Site
 from kernelarc.graph.recurrence import KNOB_DEFAULTS as RECURRENCE_DEFAULTS
 from kernelarc.graph.recurrence import Recurrence, RecurrenceError, recognise_recurrence, render_recurrence
@@ -135,6 +140,9 @@ class Recognition:
     # is a pointwise recurrence, its kernel plan (kernelarc.graph.recurrence)
     too_large: bool = False
     recurrence: Recurrence | None = None
+    # a reference capture refuses for its data-dependent loop over experts, written for all experts at once
+    # (kernelarc.graph.moe)
+    moe: MoE | None = None
 
     def kinds(self) -> list[Kind]:
         seen: list[Kind] = []
@@ -173,6 +181,8 @@ def recognise(task) -> Recognition:
         rec = Recognition(task.name, None, error=str(e), too_large=isinstance(e, GraphTooLarge))
         if rec.too_large:
             _recurrence(task, rec)
+        else:
+            _moe(task, rec)
         _CACHE[key] = rec
         return rec
     rec = Recognition(task.name, cap)
@@ -213,6 +223,21 @@ def _recurrence(task, rec: Recognition) -> None:
         log.warning("%s: recurrence recognition failed", task.name, exc_info=True)
         return
     log.info("%s: %s", task.name, rec.recurrence.describe())
+
+
+def _moe(task, rec: Recognition) -> None:
+    """A reference capture refused (data-dependent sizes, ``.item()``): recognise an expert loop in it."""
+    try:
+        rec.moe = recognise_moe(task)
+    except MoEError as e:
+        rec.error = f"{rec.error}; not an expert loop KernelArc writes: {e}"
+        log.info("%s: not written as an expert loop: %s", task.name, e)
+        return
+    except Exception as e:  # noqa: BLE001 - a bug here costs the expert-loop family, not the session
+        rec.error = f"{rec.error}; expert-loop recognition failed: {type(e).__name__}: {e}"
+        log.warning("%s: expert-loop recognition failed", task.name, exc_info=True)
+        return
+    log.info("%s: %s", task.name, rec.moe.describe())
 
 
 def is_varlen(site: Site) -> bool:
@@ -420,6 +445,8 @@ def composed_families(task) -> list[Family]:
     if rec.capture is None:
         if rec.recurrence is not None:
             return [f for f in [_recurrence_family(task, rec)] if _renders(f)]
+        if rec.moe is not None:
+            return [f for f in [_moe_family(task, rec)] if _renders(f)]
         log.info("%s: reference not captured (%s)", task.name, rec.error)
         return []
     subst = [k for k in rec.kinds() if rec.substitutable(k, Impl.library) or rec.substitutable(k, Impl.family)]
@@ -638,7 +665,7 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
         return []
     rec = recognise(task)
     if rec.capture is None:
-        return _recurrence_points(prefix, composed)
+        return _recurrence_points(prefix, composed) or _moe_points(prefix, composed)
     registry = list(all_families())
     by_kind: dict[Kind, list[Family]] = {}
     library = None
@@ -853,6 +880,42 @@ def _recurrence_points(prefix: str, composed: list[Family]) -> list[tuple[Family
         if fam.valid(point) and all(point != p for _f, p in out):
             out.append((fam, point))
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# expert loops (kernelarc.graph.moe)
+
+MOE_KNOBS = (
+    Knob(
+        "gemm",
+        MOE_GEMMS,
+        "algorithmic",
+        "the experts' GEMMs as one grouped GEMM (torch._grouped_mm, 16-bit operands "
+        "in its layout) or one mm per routed expert after one host read of the counts",
+    ),
+)
+
+
+def _moe_family(task, rec: Recognition) -> Family:
+    assert rec.moe is not None
+    moe = rec.moe
+    return Family(
+        name=f"composed.{task.name}.moe",
+        task=task.name,
+        description="the reference's loop over experts written once for all experts: one nonzero over the stacked "
+        "masks, per-row ops on every routed row, grouped GEMMs over the expert segments, one index_add_",
+        knobs=MOE_KNOBS,
+        start={"gemm": "grouped"},
+        render=lambda k: moe.render(dict(k)),
+        language="pytorch",
+    )
+
+
+def _moe_points(prefix: str, composed: list[Family]) -> list[tuple[Family, dict[str, Any]]]:
+    fam = next((f for f in composed if f.name == f"{prefix}moe"), None)
+    if fam is None:
+        return []
+    return [(fam, fam.check_point({"gemm": g})) for g in MOE_GEMMS]
 
 
 def _kernel_family(task, rec: Recognition, fam: Family, kind: Kind, other: list[Knob]) -> Family:

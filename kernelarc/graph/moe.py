@@ -1,0 +1,810 @@
+"""Expert loops: a mixture-of-experts layer written as a Python loop over experts, run as one pass over
+every routed token with grouped GEMMs.
+
+The common way to write a sparse MoE layer (Hugging Face's Mixtral / Qwen-MoE blocks, and SOL-ExecBench's
+references after them) is
+
+    for e in range(num_experts):
+        idx, tok = torch.where(expert_mask[e])          # or torch.where(topk_ids == e)
+        if tok.numel() == 0: continue
+        x = hidden[tok]                                  # the expert's tokens
+        y = down(act(x @ W_gate[e].t()) * (x @ W_up[e].t()))
+        out.index_add_(0, tok, y * weights[tok, idx, None])
+
+Capture refuses it (``torch.where`` has a data-dependent size, and the ``if`` branches on it), so without
+this module such a problem gets no kernel, and its reference pays one host synchronisation and a dozen
+small launches per expert. Here the reference is *run* (not traced symbolically) under a dispatch
+recorder on small inputs, and recognised by structure only (no names):
+
+    prefix ops, then E blocks (one per expert, each starting at the expert's mask: ``select(M, 0, e)`` or
+    ``eq(X, e)``, fed to ``nonzero``), then suffix ops
+
+where every block that routes a token repeats one template op for op, with ``e`` only in the mask's index
+and in ``select(W, 0, e)`` of expert-stacked tensors, and an expert with no token stops after its
+``nonzero``. The template is then written for all experts at once:
+
+* the masks of all experts stacked (``M`` itself, or ``X == arange(E)``) and one ``nonzero``: its first
+  column is each routed row's expert, in expert order, the rest is what the per-expert ``nonzero`` gave,
+  concatenated, so every per-row op (gathers, pointwise ops, casts, per-row reductions and views) runs once
+  on all rows;
+* ``mm(rows, f(W[e]))`` becomes a grouped GEMM over the expert segments (``gemm`` knob: ``torch._grouped_mm``
+  on bf16 / fp16 operands in the layout it takes, else one ``mm`` per routed expert into the output's segment,
+  after one host read of the per-expert counts);
+* ``index_add_(acc, 0, rows, values)`` becomes one ``index_add_`` of all rows, in the same expert order;
+* an op of the block that reads nothing of the block (a loop invariant) runs once, before the loop's rows.
+
+The prefix and suffix run as the reference's own aten calls, so routing (softmax, top-k, their casts) is
+exactly the reference's. Integers in them are written as the inputs' sizes they equal: the recording is
+made at two small shapes (every axis of the definition scaled down, differently) and an integer that
+changes between them must equal one input size, or the product of two, in both. The written module is then
+checked against the reference on a third shape; any difference, op or pattern outside the above, and the
+problem is not recognised (``MoEError`` says why).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from kernelarc.graph.compose import CompositionError, drop_main_guard
+
+log = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+
+GEMMS = ("grouped", "loop")
+MIN_EXPERTS = 2
+
+
+class MoEError(CompositionError):
+    """The reference is not an expert loop this module writes (the message says why)."""
+
+
+# ------------------------------------------------------------------------------------------
+# recording
+
+
+@dataclass(frozen=True)
+class V:
+    """A tensor value of a recording, by number (inputs first)."""
+
+    i: int
+
+
+@dataclass
+class Call:
+    target: Any  # an aten OpOverload
+    args: tuple
+    kwargs: dict
+    out: Any  # V, a tuple / list of V, or a Python value
+
+
+@dataclass
+class Recording:
+    calls: list[Call]
+    inputs: list[Any]  # V for a tensor input, the value otherwise
+    meta: dict[int, tuple[tuple[int, ...], torch.dtype]]  # V.i -> (shape, dtype)
+    result: Any  # the reference's return value, tensors as V
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: dict[int, V] = {}
+        self.keep: list[torch.Tensor] = []  # holds every recorded tensor, so no id() is reused
+        self.meta: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}
+        self.calls: list[Call] = []
+
+    def ref(self, t: torch.Tensor) -> V:
+        v = self.ids.get(id(t))
+        if v is None:
+            v = self.ids[id(t)] = V(len(self.keep))
+            self.keep.append(t)
+            self.meta[v.i] = (tuple(t.shape), t.dtype)
+        return v
+
+    def name(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            v = self.ids.get(id(x))
+            if v is None:
+                raise MoEError(f"an op read a tensor the recording never saw ({tuple(x.shape)}, {x.dtype})")
+            return v
+        return x
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        a, k = tree_map(self.name, args), tree_map(self.name, kwargs)
+        self.calls.append(Call(func, a, k, tree_map(lambda o: self.ref(o) if isinstance(o, torch.Tensor) else o, out)))
+        return out
+
+
+def record(fn: Callable, args: Sequence[Any]) -> Recording:
+    rec = _Recorder()
+    inputs = [rec.ref(a) if isinstance(a, torch.Tensor) else a for a in args]
+    with torch.no_grad(), rec:
+        result = fn(*args)
+    return Recording(rec.calls, inputs, rec.meta, tree_map(rec.name, result))
+
+
+# ------------------------------------------------------------------------------------------
+# the loop's structure
+
+
+def _refs(x: Any) -> list[V]:
+    return [a for a in tree_flatten(x)[0] if isinstance(a, V)]
+
+
+def _outs(c: Call) -> list[V]:
+    return _refs(c.out)
+
+
+def _is(c: Call, *ops) -> bool:
+    return any(c.target is o for o in ops)
+
+
+@dataclass
+class Loop:
+    """Where the blocks are in a recording."""
+
+    E: int
+    starts: list[int]  # call index of each expert's block start
+    style: str  # "select": select(M, 0, e); "eq": eq(X, e)
+    source: V  # M or X
+    ends: list[int] = field(default_factory=list)  # one past each block's last call
+    template: int = -1  # the expert whose block is the template (the first that routes a row)
+
+
+def _block_start(calls: list[Call], i: int) -> tuple[str, V, int] | None:
+    """(style, source, e) when call ``i`` is an expert's mask feeding the next call's ``nonzero``."""
+    c = calls[i]
+    if i + 1 >= len(calls) or not _is(calls[i + 1], aten.nonzero.default):
+        return None
+    if calls[i + 1].args[0] != c.out:
+        return None
+    if _is(c, aten.select.int) and c.args[1] == 0 and isinstance(c.args[2], int):
+        return "select", c.args[0], c.args[2]
+    if _is(c, aten.eq.Scalar) and isinstance(c.args[1], int) and not isinstance(c.args[1], bool):
+        return "eq", c.args[0], c.args[1]
+    return None
+
+
+def find_loop(r: Recording) -> Loop:
+    found = [(i, s) for i in range(len(r.calls)) if (s := _block_start(r.calls, i)) is not None]
+    if len(found) < MIN_EXPERTS:
+        raise MoEError("no loop over experts: fewer than two per-expert masks feed a nonzero")
+    style, source = found[0][1][0], found[0][1][1]
+    es = [s[2] for _i, s in found]
+    if any(s[0] != style or s[1] != source for _i, s in found) or es != list(range(len(es))):
+        raise MoEError(f"the per-expert masks are not one tensor's experts 0..E-1 in order ({style}, {es[:8]})")
+    loop = Loop(len(es), [i for i, _s in found], style, source)
+    if style == "select" and r.meta[source.i][0][0] != loop.E:
+        raise MoEError(f"the loop visits {loop.E} experts of a mask with {r.meta[source.i][0][0]}")
+    return loop
+
+
+def _norm(x: Any, local: dict[int, tuple[int, int]]) -> Any:
+    """An argument with a block's own values written by position (call offset, output index)."""
+    return tree_map(lambda a: ("blk", *local[a.i]) if isinstance(a, V) and a.i in local else a, x)
+
+
+def _block_sig(calls: list[Call], lo: int, hi: int, e: int) -> list[tuple]:
+    """A block's calls with its own values by position and the expert index as ``"e"`` where it selects an
+    expert (the mask's ``select`` / ``eq``, an expert-stacked tensor's ``select(W, 0, e)``)."""
+    local: dict[int, tuple[int, int]] = {}
+    sig = []
+    for j in range(lo, hi):
+        c = calls[j]
+        args = _norm(c.args, local)
+        if _is(c, aten.select.int) and c.args[1] == 0 and c.args[2] == e:
+            args = (args[0], 0, "e")
+        elif j == lo and _is(c, aten.eq.Scalar):
+            args = (args[0], "e")
+        sig.append((str(c.target), repr(args), repr(_norm(c.kwargs, local))))
+        for k, v in enumerate(_outs(c)):
+            local[v.i] = (j - lo, k)
+    return sig
+
+
+def split_blocks(r: Recording, loop: Loop) -> None:
+    """Each block's end, the template, and that every routing block repeats it (in place)."""
+    calls = r.calls
+    acc_calls = [j for j in range(loop.starts[0], len(calls)) if _is(calls[j], aten.index_add_.default)]
+    if not acc_calls:
+        raise MoEError("the expert loop accumulates with no index_add_")
+    lengths = [loop.starts[k + 1] - loop.starts[k] for k in range(loop.E - 1)]
+    full = max(lengths)
+    ends = [s + n for s, n in zip(loop.starts, lengths, strict=False)]
+    last = loop.starts[-1]
+    # the last expert's block: as long as the template if it routes rows (ends with the same op), else as an empty one
+    empty = min(lengths)
+    cand = last + full
+    if cand <= len(calls) and str(calls[cand - 1].target) == str(calls[loop.starts[0] + full - 1].target):
+        ends.append(cand)
+    else:
+        ends.append(last + empty)
+    loop.ends = ends
+    routed = [k for k in range(loop.E) if ends[k] - loop.starts[k] == full]
+    if not routed:
+        raise MoEError("no expert routed a row in the recording")
+    loop.template = routed[0]
+    ref = _block_sig(calls, loop.starts[routed[0]], ends[routed[0]], routed[0])
+    if not str(ref[-1][0]).startswith("aten.index_add_"):
+        raise MoEError(f"a routing block ends with {ref[-1][0]}, not index_add_")
+    for k in routed[1:]:
+        if _block_sig(calls, loop.starts[k], ends[k], k) != ref:
+            raise MoEError(f"expert {k}'s block is not expert {routed[0]}'s with the expert index changed")
+    short = ref[:empty]
+    for k in range(loop.E):
+        if k not in routed and _block_sig(calls, loop.starts[k], ends[k], k) != short:
+            raise MoEError(f"expert {k} routes no row and its block is not the others' head")
+
+
+# ------------------------------------------------------------------------------------------
+# integers as sizes
+
+
+def _size_exprs(r: Recording) -> list[tuple[str, int]]:
+    dims = []
+    for pos, v in enumerate(r.inputs):
+        if isinstance(v, V):
+            for d, n in enumerate(r.meta[v.i][0]):
+                dims.append((f"_a{pos}.shape[{d}]", n))
+    out = list(dims)
+    for i, (ea, na) in enumerate(dims):
+        for eb, nb in dims[i:]:
+            out.append((f"{ea} * {eb}", na * nb))
+    return out
+
+
+class Ints:
+    """Writes an integer of the recording at shape A with its value at shape B: a literal where both agree,
+    else the first input size (or product of two) equal to it in both."""
+
+    def __init__(self, a: Recording, b: Recording):
+        self.a, self.b = _size_exprs(a), _size_exprs(b)
+
+    def write(self, x: int, y: int) -> str:
+        if x == y:
+            return repr(x)
+        for (ea, na), (_eb, nb) in zip(self.a, self.b, strict=True):
+            if na == x and nb == y:
+                return ea
+        raise MoEError(f"an integer is {x} at one shape and {y} at another, and no input size is")
+
+
+# ------------------------------------------------------------------------------------------
+# writing the module
+
+
+def _var(v: V) -> str:
+    return f"v{v.i}"
+
+
+class _Writer:
+    def __init__(self, ints: Ints):
+        self.ints = ints
+        self.lines: list[str] = []
+        self.names: dict[int, str] = {}
+
+    def name(self, v: V) -> str:
+        try:
+            return self.names[v.i]
+        except KeyError:
+            raise MoEError(f"value {v.i} is read before the written module computes it") from None
+
+    def arg(self, a: Any, b: Any) -> str:
+        if isinstance(a, V):
+            return self.name(a)
+        if isinstance(a, list | tuple):
+            if not isinstance(b, list | tuple) or len(a) != len(b):
+                raise MoEError("the two recordings differ in an argument's structure")
+            inner = ", ".join(self.arg(x, y) for x, y in zip(a, b, strict=True))
+            return f"[{inner}]" if isinstance(a, list) else (f"({inner},)" if len(a) == 1 else f"({inner})")
+        if isinstance(a, bool) or a is None or isinstance(a, str):
+            return repr(a)
+        if isinstance(a, int):
+            return self.ints.write(a, b)
+        if isinstance(a, float):
+            if math.isnan(a):
+                return "math.nan"
+            if math.isinf(a):
+                return "math.inf" if a > 0 else "-math.inf"
+            return repr(a)
+        if isinstance(a, torch.dtype | torch.layout | torch.memory_format):
+            return str(a)
+        if isinstance(a, torch.device):
+            return "_dev"
+        raise MoEError(f"cannot write the constant {a!r} ({type(a).__name__})")
+
+    def call(self, target: Any, args: str, out: Any) -> None:
+        ns, packet, overload = target.namespace, target.overloadpacket.__name__, target._overloadname
+        expr = f"torch.ops.{ns}.{packet}.{overload}({args})"
+        outs = tree_flatten(out)[0]
+        fresh = [o for o in outs if isinstance(o, V) and o.i not in self.names]
+        if isinstance(out, V):
+            if fresh:
+                self.names[out.i] = _var(out)
+                self.lines.append(f"{_var(out)} = {expr}")
+            else:
+                self.lines.append(expr)
+            return
+        if isinstance(out, tuple | list) and out and all(isinstance(o, V) for o in out):
+            for o in out:
+                self.names.setdefault(o.i, _var(o))
+            self.lines.append(", ".join(self.names[o.i] for o in out) + f"{',' if len(out) == 1 else ''} = {expr}")
+            return
+        self.lines.append(expr)
+
+    def verbatim(self, ca: Call, cb: Call) -> None:
+        if ca.target is not cb.target:
+            raise MoEError(f"the two recordings differ: {ca.target} against {cb.target}")
+        parts = [self.arg(x, y) for x, y in zip(ca.args, cb.args, strict=True)]
+        parts += [f"{k}={self.arg(v, cb.kwargs[k])}" for k, v in ca.kwargs.items()]
+        self.call(ca.target, ", ".join(parts), ca.out)
+
+
+# ops of a block that act on each routed row on its own (the row axis, dim 0, untouched)
+_UNARY_ROW = {"_to_copy", "clone", "contiguous", "detach", "alias", "silu", "gelu", "relu", "sigmoid", "tanh",
+              "exp", "neg", "abs", "sqrt", "rsqrt", "reciprocal", "square", "erf", "log", "sin", "cos"}  # fmt: skip
+_VIEW_EXPERT = {"t", "transpose", "permute", "_to_copy", "clone", "contiguous", "detach", "alias", "unsqueeze"}
+_REDUCE_ROW = {"sum", "mean", "amax", "amin"}
+
+
+def _packet(c: Call) -> str:
+    return c.target.overloadpacket.__name__
+
+
+def _pointwise(c: Call) -> bool:
+    return torch.Tag.pointwise in getattr(c.target, "tags", ())
+
+
+@dataclass
+class _Expert:
+    base: V  # the expert-stacked tensor
+    chain: list[Call]  # ops applied to base[e], in order
+
+
+class _Block:
+    """Writes the template block for all experts at once."""
+
+    def __init__(self, w: _Writer, ra: Recording, rb: Recording, la: Loop, lb: Loop, gemm: str):
+        self.w, self.ra, self.rb, self.la, self.lb, self.gemm = w, ra, rb, la, lb, gemm
+        self.rows: set[int] = set()  # V.i of row values (dim 0: the routed rows)
+        self.experts: dict[int, _Expert] = {}
+        self.block: set[int] = set()
+        self.acc: V | None = None
+
+    def kind(self, a: Any) -> str:
+        refs = _refs(a)
+        if any(v.i in self.rows for v in refs):
+            return "row"
+        if any(v.i in self.experts for v in refs):
+            return "expert"
+        return "outer"
+
+    def write(self) -> None:
+        la, lb = self.la, self.lb
+        ka = la.template
+        kb = lb.template
+        ca_all = self.ra.calls[la.starts[ka] : la.ends[ka]]
+        cb_all = self.rb.calls[lb.starts[kb] : lb.ends[kb]]
+        w = self.w
+        E = w.ints.write(la.E, lb.E)
+        w.lines.append(f"_E = {E}")
+        src = w.name(la.source)
+        if la.style == "select":
+            w.lines.append(f"_mask = {src}")
+        else:
+            shape = f"(-1, *([1] * {src}.dim()))"
+            w.lines.append(f"_mask = {src}.unsqueeze(0) == torch.arange(_E, device={src}.device).view{shape}")
+        nz = ca_all[1]
+        for c in ca_all:
+            self.block.update(v.i for v in _outs(c))
+        w.lines += [
+            "_nz = torch.ops.aten.nonzero.default(_mask)",
+            "_eid = _nz[:, 0]",
+            "_counts = torch.bincount(_eid, minlength=_E)",
+            "_seg = _Segments(_counts)",
+            f"{_var(nz.out)} = _nz[:, 1:]",
+        ]
+        w.names[nz.out.i] = _var(nz.out)
+        self.rows.add(nz.out.i)
+        for ca, cb in zip(ca_all[2:], cb_all[2:], strict=True):
+            self.op(ca, cb)
+        if self.acc is None:
+            raise MoEError("the block never accumulates")
+
+    def op(self, ca: Call, cb: Call) -> None:
+        w = self.w
+        p = _packet(ca)
+        k = self.kind((ca.args, ca.kwargs))
+        e = self.la.template
+        if _is(ca, aten.select.int) and ca.args[1] == 0 and ca.args[2] == e and k == "outer":
+            base = ca.args[0]
+            if base.i in self.block:
+                raise MoEError("an expert-stacked tensor the block itself computes")
+            self.experts[ca.out.i] = _Expert(base, [])
+            return
+        if k == "outer":
+            if any(a.i == getattr(self.acc, "i", None) for a in _refs(ca.args)):
+                raise MoEError("the block reads its accumulator")
+            if any(isinstance(x, int) and x == e for x in tree_flatten(ca.args)[0]) and self._e_dependent(ca):
+                raise MoEError(f"{ca.target} depends on the expert index in a way not written")
+            w.verbatim(ca, cb)  # a loop invariant: once
+            return
+        if k == "expert":
+            src = next(v for v in _refs(ca.args) if v.i in self.experts)
+            if p not in _VIEW_EXPERT or len(_refs(ca.args)) != 1:
+                raise MoEError(f"{ca.target} on an expert's tensor")
+            ex = self.experts[src.i]
+            self.experts[ca.out.i] = _Expert(ex.base, [*ex.chain, ca])
+            return
+        # row values
+        if _is(ca, aten.index_add_.default):
+            acc, dim, idx, val = ca.args
+            if dim != 0 or acc.i in self.rows or idx.i not in self.rows or val.i not in self.rows:
+                raise MoEError("index_add_ of the block not onto an outer tensor's rows")
+            if self.acc is not None and self.acc != acc:
+                raise MoEError("the block accumulates into two tensors")
+            self.acc = acc
+            w.lines.append(f"{w.name(acc)}.index_add_(0, {w.name(idx)}, {w.name(val)})")
+            return
+        if _is(ca, aten.mm.default):
+            a, b = ca.args
+            if a.i not in self.rows or b.i not in self.experts:
+                raise MoEError("a matmul of the block that is not rows times an expert's matrix")
+            self._gemm(ca.out, a, self.experts[b.i])
+            return
+        if _is(ca, aten.unbind.int):
+            if ca.args[1] not in (1, -1) or len(self.ra.meta[ca.args[0].i][0]) != 2:
+                raise MoEError("unbind of a row value along an axis other than its columns")
+            w.call(ca.target, f"{w.name(ca.args[0])}, 1", ca.out)
+            self.rows.update(v.i for v in _outs(ca))
+            return
+        if _is(ca, aten.index.Tensor):
+            base, idx = ca.args
+            if base.i in self.rows or any(i is not None and i.i not in self.rows for i in idx):
+                raise MoEError("an index of the block that is not a gather of outer rows by routed rows")
+            inner = ", ".join("None" if i is None else w.name(i) for i in idx)
+            w.call(ca.target, f"{w.name(base)}, [{inner}]", ca.out)
+            self.rows.add(ca.out.i)
+            return
+        if _pointwise(ca) or p in _UNARY_ROW:
+            self._pointwise(ca, cb)
+            return
+        if p in ("unsqueeze", "squeeze", "select", "slice", "view", "reshape", "_unsafe_view", "expand"):
+            self._row_view(ca, cb)
+            return
+        if p in _REDUCE_ROW and len(ca.args) > 1:
+            x = ca.args[0]
+            rank = len(self.ra.meta[x.i][0])
+            dims = ca.args[1] if isinstance(ca.args[1], list | tuple) else [ca.args[1]]
+            if x.i not in self.rows or any(d % rank == 0 for d in dims):
+                raise MoEError(f"{ca.target} over the routed rows")
+            w.verbatim(ca, cb)
+            self.rows.add(ca.out.i)
+            return
+        raise MoEError(f"{ca.target} in the expert block is not written")
+
+    def _e_dependent(self, ca: Call) -> bool:
+        """Whether an outer op of the template block takes other integers in another routing block."""
+        la = self.la
+        other = [k for k in range(la.E) if k != la.template and la.ends[k] - la.starts[k] == la.ends[la.template]
+                 - la.starts[la.template]]  # fmt: skip
+        if not other:
+            return True
+        k = other[0]
+        j = self.ra.calls.index(ca) - la.starts[la.template] + la.starts[k]
+        ints = [x for x in tree_flatten(ca.args)[0] if isinstance(x, int)]
+        ints2 = [x for x in tree_flatten(self.ra.calls[j].args)[0] if isinstance(x, int)]
+        return ints != ints2
+
+    def _pointwise(self, ca: Call, cb: Call) -> None:
+        w = self.w
+        subst: dict[int, str] = {}
+        for v in _refs((ca.args, ca.kwargs)):
+            if v.i in self.experts:
+                # an expert's own vector (a bias): each row reads its expert's
+                ex = self.experts[v.i]
+                if any(_packet(c) != "_to_copy" for c in ex.chain):
+                    raise MoEError("a pointwise op on a reshaped expert tensor")
+                expr = f"{w.name(ex.base)}[_eid]"
+                for c in ex.chain:
+                    expr = f"{expr}.to({c.kwargs.get('dtype')})"
+                subst[v.i] = f"({expr})"
+        saved = dict(w.names)
+        for i, s in subst.items():
+            w.names[i] = s
+        try:
+            w.verbatim(ca, cb)
+        finally:
+            for i in subst:
+                if i in saved:
+                    w.names[i] = saved[i]
+                else:
+                    w.names.pop(i, None)
+        self.rows.update(v.i for v in _outs(ca))
+
+    def _row_view(self, ca: Call, cb: Call) -> None:
+        w = self.w
+        x = ca.args[0]
+        if x.i not in self.rows:
+            raise MoEError(f"{ca.target} of an outer value inside the block")
+        p = _packet(ca)
+        rank = len(self.ra.meta[x.i][0])
+        if p in ("view", "reshape", "_unsafe_view", "expand"):
+            size = list(ca.args[1])
+            n = self.ra.meta[x.i][0][0]
+            if not size or size[0] != n:
+                raise MoEError(f"{ca.target} that moves the routed rows")
+            rest = [w.arg(a, b) for a, b in zip(size[1:], list(cb.args[1])[1:], strict=True)]
+            w.call(ca.target, f"{w.name(x)}, [-1, {', '.join(rest)}]", ca.out)
+        else:
+            dim = ca.args[1] if len(ca.args) > 1 else None
+            if dim is None or (p == "unsqueeze" and dim % (rank + 1) == 0) or (p != "unsqueeze" and dim % rank == 0):
+                raise MoEError(f"{ca.target} on the routed rows' axis")
+            w.verbatim(ca, cb)
+        self.rows.add(ca.out.i)
+
+    def _gemm(self, out: V, a: V, ex: _Expert) -> None:
+        w = self.w
+        # the expert's matrix for expert e, and the stacked [E, K, N] view where the chain is views only
+        expr = f"{w.name(ex.base)}[e]"
+        stacked = w.name(ex.base)
+        views = True
+        for c in ex.chain:
+            p = _packet(c)
+            if p == "t":
+                expr, stacked = f"{expr}.t()", f"{stacked}.transpose(-2, -1)"
+            elif p == "transpose":
+                d0, d1 = c.args[1], c.args[2]
+                expr = f"{expr}.transpose({d0}, {d1})"
+                stacked = f"{stacked}.transpose({d0 + 1 if d0 >= 0 else d0}, {d1 + 1 if d1 >= 0 else d1})"
+            elif p == "_to_copy" and set(c.kwargs) <= {"dtype"}:
+                expr = f"{expr}.to({c.kwargs['dtype']})"
+                views = False
+            elif p in ("contiguous", "clone", "detach", "alias"):
+                expr = f"{expr}.contiguous()"
+            else:
+                raise MoEError(f"{c.target} on an expert's matrix before its matmul")
+        shape, dtype = self.ra.meta[ex.base.i]
+        if len(shape) != 3:
+            raise MoEError("an expert matrix that is not a slice of a 3-d tensor")
+        grouped = "True" if views and self.gemm == "grouped" else "False"
+        w.lines.append(f"{_var(out)} = _seg.mm({w.name(a)}, lambda e: {expr}, {stacked}, grouped={grouped})")
+        w.names[out.i] = _var(out)
+        self.rows.add(out.i)
+
+
+_RUNTIME = '''
+class _Segments:
+    """The routed rows in expert order: per-expert counts, their offsets, and GEMMs over the segments."""
+
+    def __init__(self, counts):
+        self.counts_dev = counts
+        self._host = None
+        self._offs = None
+
+    def host(self):
+        if self._host is None:
+            self._host = self.counts_dev.tolist()  # one host read per call, where the reference had one per expert
+        return self._host
+
+    def offs(self):
+        if self._offs is None:
+            self._offs = torch.cumsum(self.counts_dev, 0, dtype=torch.int32)
+        return self._offs
+
+    def mm(self, a, w_of, stacked, grouped):
+        if grouped and GEMM == "grouped" and _grouped_ok(a, stacked):
+            return torch._grouped_mm(a.contiguous(), stacked, offs=self.offs())
+        first = w_of(0)
+        out = torch.empty((a.shape[0], first.shape[-1]), dtype=torch.result_type(a, first), device=a.device)
+        lo = 0
+        for e, n in enumerate(self.host()):
+            if n:
+                torch.mm(a[lo : lo + n], w_of(e), out=out[lo : lo + n])
+                lo += n
+        return out
+
+
+def _grouped_ok(a, b):
+    """torch._grouped_mm's own constraints: 16-bit floats of one dtype, b's rows contiguous as a transposed
+    matrix, sizes of whole 16-byte rows, on a GPU from Hopper on (elsewhere one mm per expert)."""
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype or a.dim() != 2 or b.dim() != 3:
+        return False
+    if a.shape[0] == 0 or a.shape[1] % 8 or b.shape[-1] % 8 or b.stride(-2) != 1:
+        return False
+    if a.is_cuda:
+        return torch.cuda.get_device_capability(a.device) >= (9, 0)
+    return True
+'''
+
+
+def write_module(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, knobs: dict[str, Any]) -> str:
+    """The candidate's source: prefix verbatim, the block once for all experts, suffix verbatim."""
+    if len(ra.calls) - la.ends[-1] != len(rb.calls) - lb.ends[-1] or la.starts[0] != lb.starts[0]:
+        raise MoEError("the prefix or suffix differs between the two recordings")
+    w = _Writer(Ints(ra, rb))
+    for pos, v in enumerate(ra.inputs):
+        if isinstance(v, V):
+            w.names[v.i] = f"_a{pos}"
+    for ca, cb in zip(ra.calls[: la.starts[0]], rb.calls[: lb.starts[0]], strict=True):
+        w.verbatim(ca, cb)
+    _Block(w, ra, rb, la, lb, knobs["gemm"]).write()
+    for ca, cb in zip(ra.calls[la.ends[-1] :], rb.calls[lb.ends[-1] :], strict=True):
+        w.verbatim(ca, cb)
+    ret = w.arg(ra.result, rb.result)
+    n = len(ra.inputs)
+    params = ", ".join(f"_a{i}" for i in range(n))
+    tensors = [f"_a{i}" for i, v in enumerate(ra.inputs) if isinstance(v, V)]
+    body = "\n".join("    " + ln for ln in w.lines)
+    knob_doc = "\n".join(f"    {k} = {v!r}" for k, v in sorted(knobs.items()))
+    return f'''"""KernelArc candidate: {title}'s expert loop written once for all experts (kernelarc.graph.moe).
+
+Knobs:
+{knob_doc}
+"""
+
+import math
+
+import torch
+
+GEMM = {knobs["gemm"]!r}
+{_RUNTIME}
+
+@torch.no_grad()
+def run({params}):
+    _dev = {tensors[0]}.device
+{body}
+    return {ret}
+'''
+
+
+# ------------------------------------------------------------------------------------------
+# shapes to record at, and recognition
+
+
+def _scaled(v: int, div: int, floor: int) -> int:
+    return v if v < 32 else max(floor, v // div)
+
+
+def _distinct(values: dict[str, int]) -> dict[str, int]:
+    """``values`` with no two axes equal (a later one raised by 8, or by 1 under 16): an integer of a recording
+    then names one axis, not whichever of two equal ones comes first."""
+    used: set[int] = set()
+    out = {}
+    for name, v in values.items():
+        while v in used:
+            v += 8 if v >= 16 else 1
+        used.add(v)
+        out[name] = v
+    return out
+
+
+def _small_task(task, div: int, floor: int, var_mult: int):
+    """The task at small sizes: every const axis of 32 or more divided by ``div`` (at least ``floor``), the var
+    axes of its smallest workload the same way (those under 32 multiplied by ``var_mult``), no two equal; one
+    workload."""
+    from kernelarc.tasks.loader import Task, resolve_axes
+    from kernelarc.tasks.schema import AxisConst
+
+    defn = task.definition
+    if not task.workloads:
+        raise MoEError("no workload")
+    idx = min(range(len(task.workloads)), key=task.io_bytes)
+    wl = task.workloads[idx]
+    if any(d.type == "safetensors" for d in wl.inputs.values()):
+        raise MoEError("safetensors inputs have fixed shapes")
+    wanted = {}
+    for name, ax in defn.axes.items():
+        if isinstance(ax, AxisConst):
+            wanted[name] = _scaled(ax.value, div, floor)
+        elif name in wl.axes:
+            v = wl.axes[name]
+            wanted[name] = _scaled(v, div, floor) if v >= 32 else v * var_mult
+    wanted = _distinct(wanted)
+    axes = {n: (ax.model_copy(update={"value": wanted[n]}) if isinstance(ax, AxisConst) else ax)
+            for n, ax in defn.axes.items()}  # fmt: skip
+    small_defn = defn.model_copy(update={"axes": axes})
+    given = {k: wanted[k] for k in wl.axes}
+    try:
+        resolve_axes(small_defn, given)  # constraints
+    except Exception as e:  # noqa: BLE001 - the definition's constraints do not hold at small sizes
+        raise MoEError(f"the definition's axes do not scale down ({e})") from e
+    small_wl = wl.model_copy(update={"axes": given})
+    return Task(task.name, task.path, small_defn, [small_wl], task.metadata, [], task.workload_file)
+
+
+# (div, floor, var_mult) of ``_small_task``: recorded at the first two, checked at the third
+SHAPES = ((32, 16, 1), (16, 24, 2), (8, 32, 3))
+
+
+@dataclass
+class MoE:
+    """A recognised expert loop: the two recordings the module is written from."""
+
+    task: str
+    ra: Recording
+    rb: Recording
+    la: Loop
+    lb: Loop
+    reference: str
+
+    def describe(self) -> str:
+        k = self.la.template
+        n = self.la.ends[k] - self.la.starts[k]
+        return f"expert loop over {self.la.E} experts ({self.la.style} masks), a {n}-op block"
+
+    def render(self, knobs: dict[str, Any]) -> str:
+        return write_module(self.task, self.ra, self.rb, self.la, self.lb, knobs)
+
+
+def _inputs(task) -> list[Any]:
+    from kernelarc.tasks.inputs import make_inputs
+
+    return make_inputs(task, 0, 1, "cpu")
+
+
+def _close(got: Any, want: Any) -> str | None:
+    g, w = tree_flatten(got)[0], tree_flatten(want)[0]
+    if len(g) != len(w):
+        return f"{len(g)} outputs, the reference gives {len(w)}"
+    for k, (x, y) in enumerate(zip(g, w, strict=True)):
+        if not isinstance(y, torch.Tensor):
+            continue
+        if not isinstance(x, torch.Tensor) or x.shape != y.shape or x.dtype != y.dtype:
+            return f"output {k}: {getattr(x, 'shape', x)} {getattr(x, 'dtype', '')} against {y.shape} {y.dtype}"
+        xd, yd = x.double(), y.double()
+        scale = yd.abs().max().item() if y.numel() else 0.0
+        tol = (1e-2 if y.dtype in (torch.bfloat16, torch.float16) else 1e-4) * max(scale, 1e-6)
+        err = (xd - yd).abs().max().item() if y.numel() else 0.0
+        if not err <= tol:
+            return f"output {k}: max abs difference {err:.3g} (reference's largest {scale:.3g})"
+    return None
+
+
+def recognise_moe(task) -> MoE:
+    """Record the reference at two small shapes, find its expert loop, write it, and check the module against
+    the reference at a third shape (``MoEError`` when any step does not hold)."""
+    from kernelarc.tasks.inputs import load_module
+
+    source = drop_main_guard(task.definition.reference)
+    ref = load_module(source, f"moe_ref_{task.name}")
+    recs = []
+    for div, floor, mult in SHAPES[:2]:
+        small = _small_task(task, div, floor, mult)
+        try:
+            args = _inputs(small)
+            recs.append(record(ref.run, args))
+        except MoEError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a reference that does not run small is not recognised
+            raise MoEError(f"the reference does not run at small sizes ({type(e).__name__}: {str(e)[:160]})") from e
+    ra, rb = recs
+    la, lb = find_loop(ra), find_loop(rb)
+    split_blocks(ra, la)
+    split_blocks(rb, lb)
+    moe = MoE(task.name, ra, rb, la, lb, source)
+    div, floor, mult = SHAPES[2]
+    check = _small_task(task, div, floor, mult)
+    args = _inputs(check)
+    want = ref.run(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+    for gemm in GEMMS:
+        mod = load_module(moe.render({"gemm": gemm}), f"moe_{gemm}_{task.name}")
+        try:
+            got = mod.run(*args)
+        except Exception as e:  # noqa: BLE001
+            raise MoEError(f"the written module fails at a third shape ({gemm}: {type(e).__name__}: {e})") from e
+        bad = _close(got, want)
+        if bad:
+            raise MoEError(f"the written module differs from the reference at a third shape ({gemm}): {bad}")
+    return moe

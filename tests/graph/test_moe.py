@@ -1,0 +1,185 @@
+"""Expert loops (``kernelarc.graph.moe``): mixture-of-experts references written as a Python loop over experts,
+which capture refuses (data-dependent sizes), recognised by structure from recordings at two small shapes and
+written once for all experts; checked against the reference on the CPU at shapes never recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from _problems import make_task
+from shared_dirs import SKIP_REASON, shared_path
+
+from kernelarc.families import families_for
+from kernelarc.families.composed import recognise, start_points
+from kernelarc.graph.moe import MoEError, recognise_moe
+from kernelarc.guard.static import check_source
+from kernelarc.tasks.inputs import load_module, make_inputs
+from kernelarc.tasks.loader import load_task
+
+SOL = shared_path("sol-execbench")
+needs_sol = pytest.mark.skipif(not SOL.is_dir(), reason=f"sol-execbench {SKIP_REASON}")
+
+# routing inside (router GEMM, softmax in fp32, top-2, renormalised), the experts' masks from one_hot, SwiGLU in
+# bf16, the routing weight applied after the down projection, accumulated into a bf16 buffer
+ROUTED = """
+import torch
+import torch.nn.functional as F
+
+@torch.no_grad()
+def run(x, router, wg, wu, wd):
+    b, s, h = x.shape
+    flat = x.view(-1, h)
+    probs = F.softmax(flat @ router.t(), dim=-1, dtype=torch.float32)
+    top_w, top_i = torch.topk(probs, 2, dim=-1)
+    top_w = (top_w / top_w.sum(-1, keepdim=True)).to(x.dtype)
+    out = torch.zeros_like(flat)
+    mask = F.one_hot(top_i, num_classes=router.shape[0]).permute(2, 1, 0)
+    for e in range(router.shape[0]):
+        slot, tok = torch.where(mask[e])
+        if tok.numel() == 0:
+            continue
+        cur = flat[tok]
+        y = F.silu(cur @ wg[e].t()) * (cur @ wu[e].t())
+        y = (y @ wd[e].t()) * top_w[tok, slot, None]
+        out.index_add_(0, tok, y)
+    return out.view(b, s, h)
+"""
+
+# masks as ``ids == e``, everything upcast to fp32 inside the loop (the weights too), a per-expert bias gathered
+# per row, GELU, the weight applied before the down projection, an fp32 accumulator cast back at the end
+EQ_FP32 = """
+import torch
+import torch.nn.functional as F
+
+@torch.no_grad()
+def run(x, logits, wi, bi, wo):
+    ids = logits.topk(2, dim=-1).indices
+    weights = torch.softmax(logits.float(), -1).gather(1, ids)
+    acc = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    for e in range(wi.shape[0]):
+        tok, slot = torch.where(ids == e)
+        xe = x[tok].float()
+        h = F.gelu(xe @ wi[e].float().t() + bi[e].float())
+        h = h * weights[tok, slot].unsqueeze(-1)
+        acc.index_add_(0, tok, h @ wo[e].float().t())
+    return acc.to(x.dtype)
+"""
+
+# the expert index read another way (a column of the routing weights by the loop's index): not written
+COLUMN = """
+import torch
+
+@torch.no_grad()
+def run(x, gates, w):
+    out = torch.zeros_like(x)
+    for e in range(w.shape[0]):
+        tok = torch.where(gates[:, e] > 0.5)[0]
+        out.index_add_(0, tok, (x[tok] @ w[e].t()) * gates[tok, e].unsqueeze(-1))
+    return out
+"""
+
+
+def _routed(tmp_path: Path):
+    return make_task(
+        tmp_path, "moe_routed", ROUTED,
+        {"x": (["B", "S", "H"], "bfloat16"), "router": (["E", "H"], "bfloat16"), "wg": (["E", "I", "H"], "bfloat16"),
+         "wu": (["E", "I", "H"], "bfloat16"), "wd": (["E", "H", "I"], "bfloat16")},
+        {"out": (["B", "S", "H"], "bfloat16")},
+        [{"B": 2, "S": 40, "H": 64, "E": 8, "I": 48}, {"B": 1, "S": 96, "H": 64, "E": 8, "I": 48}],
+    )  # fmt: skip
+
+
+def _eq_fp32(tmp_path: Path):
+    return make_task(
+        tmp_path, "moe_eq_fp32", EQ_FP32,
+        {"x": (["T", "H"], "bfloat16"), "logits": (["T", "E"], "float32"), "wi": (["E", "I", "H"], "bfloat16"),
+         "bi": (["E", "I"], "bfloat16"), "wo": (["E", "H", "I"], "bfloat16")},
+        {"out": (["T", "H"], "bfloat16")},
+        [{"T": 70, "H": 64, "E": 6, "I": 40}],
+    )  # fmt: skip
+
+
+def _check(task, gemm: str) -> None:
+    moe = recognise_moe(task)
+    src = moe.render({"gemm": gemm})
+    assert check_source(src).ok
+    mod = load_module(src, f"moe_{gemm}_{task.name}")
+    ref = load_module(task.definition.reference, f"ref_{task.name}")
+    for i in range(len(task.workloads)):
+        for seed in (0, 1):
+            args = make_inputs(task, i, seed, "cpu")
+            want = ref.run(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+            got = mod.run(*args)
+            assert got.shape == want.shape and got.dtype == want.dtype
+            # the same ops in the same order on the CPU: equal up to the GEMMs' summation order
+            tol = 2e-2 * want.float().abs().max().item()
+            assert (got.float() - want.float()).abs().max().item() <= tol, (gemm, i, seed)
+
+
+@pytest.mark.parametrize("gemm", ["grouped", "loop"])
+def test_a_routed_swiglu_expert_loop_is_written_for_all_experts(tmp_path, gemm):
+    task = _routed(tmp_path)
+    _check(task, gemm)
+    src = recognise_moe(task).render({"gemm": gemm})
+    # one nonzero for all experts, no Python loop over them in the grouped module, the routing kept as recorded
+    assert src.count("aten.nonzero") == 1 and "_grouped_mm" in src and "aten.topk" in src
+
+
+@pytest.mark.parametrize("gemm", ["grouped", "loop"])
+def test_eq_masks_fp32_upcasts_and_an_expert_bias_are_written(tmp_path, gemm):
+    task = _eq_fp32(tmp_path)
+    _check(task, gemm)
+    src = recognise_moe(task).render({"gemm": gemm})
+    assert "[_eid]" in src  # the bias: each row reads its expert's
+
+
+def test_the_expert_loop_is_the_problems_only_composed_family_and_both_gemms_start(tmp_path):
+    task = _routed(tmp_path)
+    rec = recognise(task)
+    assert rec.capture is None and rec.moe is not None
+    fams = families_for(task)
+    assert [f.name for f in fams] == [f"composed.{task.name}.moe"]
+    points = start_points(task, fams)
+    assert [p["gemm"] for _f, p in points] == ["grouped", "loop"]
+
+
+def test_an_expert_index_read_another_way_is_not_recognised(tmp_path):
+    task = make_task(
+        tmp_path, "moe_column", COLUMN,
+        {"x": (["T", "H"], "float32"), "gates": (["T", "E"], "float32"), "w": (["E", "H", "H"], "float32")},
+        {"out": (["T", "H"], "float32")},
+        [{"T": 50, "H": 32, "E": 4}],
+    )  # fmt: skip
+    with pytest.raises(MoEError):
+        recognise_moe(task)
+    assert recognise(task).moe is None
+    assert not any(f.name.endswith(".moe") for f in families_for(task))
+
+
+def test_a_module_that_would_differ_is_refused(tmp_path, monkeypatch):
+    """The check at a third shape is what admits a module: one written wrong is refused, not offered."""
+    import kernelarc.graph.moe as moe
+
+    task = _routed(tmp_path)
+    real = moe.write_module
+
+    def wrong(*a, **k):
+        return real(*a, **k).replace("index_add_(0,", "index_copy_(0,")
+
+    monkeypatch.setattr(moe, "write_module", wrong)
+    with pytest.raises(MoEError, match="differs from the reference"):
+        recognise_moe(task)
+
+
+@needs_sol
+@pytest.mark.parametrize("name", ["L2/008_moe_sparse_routing_and_dispatch", "L2/024_moe_expert_parallel_execution"])
+def test_sol_execbench_expert_loops_are_recognised(name):
+    task = load_task(SOL / name, cpu=True)
+    rec = recognise(task)
+    assert rec.moe is not None, rec.error
+    fam = families_for(task)[0]
+    assert fam.name.endswith(".moe")
+    for gemm in ("grouped", "loop"):
+        assert check_source(fam.render(fam.check_point({"gemm": gemm}))).ok
