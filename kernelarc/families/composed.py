@@ -21,7 +21,8 @@ softmax, SwiGLU / GeGLU, RoPE, LayerNorm, ...) and offers:
   prefetch, division / sqrt precision); it is then the problem's only composed family.
 * ``composed.<task>.moe`` where capture refuses the reference for data-dependent sizes and it is a loop over
   experts (``kernelarc.graph.moe``): the loop written once for all experts, the experts' GEMMs grouped (knob:
-  ``torch._grouped_mm`` or one mm per routed expert); likewise the problem's only composed family.
+  ``torch._grouped_mm``, KernelArc's Triton grouped GEMM and its tiles, or one mm per routed expert); likewise the
+  problem's only composed family.
 
 No family here is static (``FAMILIES`` is empty): they depend on the problem.
 
@@ -71,6 +72,8 @@ from kernelarc.graph.compose import CasePlan, CompositionError, GraphKnobs, Site
 from kernelarc.graph.fusion import FAMILY as FUSED_NAME
 from kernelarc.graph.fusion import render_fused
 from kernelarc.graph.moe import GEMMS as MOE_GEMMS
+from kernelarc.graph.moe import TILE_KNOBS as MOE_TILES
+from kernelarc.graph.moe import TILE_START as MOE_TILE_START
 from kernelarc.graph.moe import MoE, MoEError, recognise_moe
 from kernelarc.graph.patterns import Kind, Site
 from kernelarc.graph.recurrence import KNOB_DEFAULTS as RECURRENCE_DEFAULTS
@@ -206,8 +209,19 @@ def recognise(task) -> Recognition:
             if ok:
                 rec.impls[id(s)] = ok
     _drop_unsafe_baked(rec)
+    if any(_unrolled_experts(case.gm) for case in cap.cases):
+        _moe(task, rec)  # a loop over experts with no branch on their token counts captures, unrolled
     _CACHE[key] = rec
     return rec
+
+
+def _unrolled_experts(gm: torch.fx.GraphModule) -> bool:
+    """Whether a captured graph runs ``nonzero`` (or one-argument ``where``, as pre-dispatch tracing keeps it) more
+    than once: a loop over experts unrolled."""
+    aten = torch.ops.aten
+    hits = [n for n in gm.graph.nodes if n.target is aten.nonzero.default or
+            (n.target is aten.where.default and len(n.args) == 1)]  # fmt: skip
+    return len(hits) >= 2
 
 
 def _recurrence(task, rec: Recognition) -> None:
@@ -226,15 +240,18 @@ def _recurrence(task, rec: Recognition) -> None:
 
 
 def _moe(task, rec: Recognition) -> None:
-    """A reference capture refused (data-dependent sizes, ``.item()``): recognise an expert loop in it."""
+    """A reference capture refused (data-dependent sizes, ``.item()``) or captured with a loop over experts unrolled:
+    recognise an expert loop in it."""
     try:
         rec.moe = recognise_moe(task)
     except MoEError as e:
-        rec.error = f"{rec.error}; not an expert loop KernelArc writes: {e}"
+        if rec.capture is None:
+            rec.error = f"{rec.error}; not an expert loop KernelArc writes: {e}"
         log.info("%s: not written as an expert loop: %s", task.name, e)
         return
     except Exception as e:  # noqa: BLE001 - a bug here costs the expert-loop family, not the session
-        rec.error = f"{rec.error}; expert-loop recognition failed: {type(e).__name__}: {e}"
+        if rec.capture is None:
+            rec.error = f"{rec.error}; expert-loop recognition failed: {type(e).__name__}: {e}"
         log.warning("%s: expert-loop recognition failed", task.name, exc_info=True)
         return
     log.info("%s: %s", task.name, rec.moe.describe())
@@ -486,6 +503,8 @@ def composed_families(task) -> list[Family]:
             names = {k.name for k in fam.knobs}
             other = [k for k in other if k.name not in names]
             out.append(_kernel_family(task, rec, fam, kind, other))
+    if rec.moe is not None:
+        out.append(_moe_family(task, rec))
     return [f for f in out if _renders(f)]
 
 
@@ -741,7 +760,9 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
         if key not in seen:
             seen.add(key)
             out.append(item)
-    return out
+    # an expert loop written for all experts replaces the per-expert host reads and launches every other
+    # composition keeps: its points lead
+    return _moe_points(prefix, composed) + out
 
 
 # A kernel family's second point where the problem moves data rather than launches (a CUDA-graph replay gains nothing
@@ -890,10 +911,23 @@ MOE_KNOBS = (
         "gemm",
         MOE_GEMMS,
         "algorithmic",
-        "the experts' GEMMs as one grouped GEMM (torch._grouped_mm, 16-bit operands "
-        "in its layout) or one mm per routed expert after one host read of the counts",
+        "the experts' GEMMs: one torch._grouped_mm (16-bit operands in its layout), "
+        "KernelArc's Triton grouped GEMM (row tiles of one expert each; fp32 rows of 16-bit experts as two 16-bit "
+        "parts), or one mm per routed expert after one host read of the counts",
     ),
+    Knob("BLOCK_M", MOE_TILES["BLOCK_M"], "tiling", "routed rows per tile of the Triton grouped GEMM"),
+    Knob("BLOCK_N", MOE_TILES["BLOCK_N"], "tiling", "output columns per tile"),
+    Knob("BLOCK_K", MOE_TILES["BLOCK_K"], "tiling", "reduction step"),
+    Knob("num_warps", MOE_TILES["num_warps"], "scheduling", "warps per program"),
+    Knob("num_stages", MOE_TILES["num_stages"], "memory", "software-pipelining stages of the K loop"),
 )
+# after the start: smaller row tiles (few tokens per expert), then wider column tiles on eight warps
+MOE_TRITON_POINTS = ({"BLOCK_M": 32}, {"BLOCK_N": 256, "num_warps": 8})
+
+
+def _moe_valid(k: Mapping[str, Any]) -> bool:
+    """Tile knobs move only the Triton kernel: the other GEMMs have one point each."""
+    return k["gemm"] == "triton" or all(k[n] == v for n, v in MOE_TILE_START.items())
 
 
 def _moe_family(task, rec: Recognition) -> Family:
@@ -905,17 +939,22 @@ def _moe_family(task, rec: Recognition) -> Family:
         description="the reference's loop over experts written once for all experts: one nonzero over the stacked "
         "masks, per-row ops on every routed row, grouped GEMMs over the expert segments, one index_add_",
         knobs=MOE_KNOBS,
-        start={"gemm": "grouped"},
+        start={"gemm": "triton" if moe.upcast else "grouped", **MOE_TILE_START},
         render=lambda k: moe.render(dict(k)),
-        language="pytorch",
+        valid=_moe_valid,
+        language="triton",
     )
 
 
 def _moe_points(prefix: str, composed: list[Family]) -> list[tuple[Family, dict[str, Any]]]:
+    """The library's grouped GEMM first where it serves every GEMM (16-bit products), then the Triton kernel and
+    its other tiles, then one mm per expert."""
     fam = next((f for f in composed if f.name == f"{prefix}moe"), None)
     if fam is None:
         return []
-    return [(fam, fam.check_point({"gemm": g})) for g in MOE_GEMMS]
+    points = [{"gemm": "grouped"}] if fam.start["gemm"] == "grouped" else []
+    points += [{"gemm": "triton"}, *({"gemm": "triton", **p} for p in MOE_TRITON_POINTS), {"gemm": "loop"}]
+    return [(fam, fam.check_point(p)) for p in points]
 
 
 def _kernel_family(task, rec: Recognition, fam: Family, kind: Kind, other: list[Knob]) -> Family:

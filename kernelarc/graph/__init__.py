@@ -16,7 +16,10 @@ calls with recognised sites replaced by family kernels or library calls, under g
 (library backends, Inductor options, CUDA graphs, precision). ``recurrence`` takes the references capture
 refuses for unrolling a per-step Python loop: traced at a few short loop lengths, cut into prefix, identical
 per-step blocks and suffix, and emitted as one Triton kernel that walks the steps with the carried state in
-registers.
+registers. ``moe`` takes a mixture-of-experts layer written as a Python loop over experts (data-dependent
+sizes: capture refuses it, or holds it unrolled): recorded under a dispatch recorder at two small shapes,
+cut into prefix, one repeated per-expert block and suffix, and written once for all experts with grouped
+GEMMs (KernelArc's Triton kernel or ``torch._grouped_mm``).
 
 This package imports nothing from ``kernelarc.families``: the family glue lives in
 ``kernelarc.families.composed``, which hands rendered kernel sources in.

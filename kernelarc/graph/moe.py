@@ -27,9 +27,12 @@ and in ``select(W, 0, e)`` of expert-stacked tensors, and an expert with no toke
   column is each routed row's expert, in expert order, the rest is what the per-expert ``nonzero`` gave,
   concatenated, so every per-row op (gathers, pointwise ops, casts, per-row reductions and views) runs once
   on all rows;
-* ``mm(rows, f(W[e]))`` becomes a grouped GEMM over the expert segments (``gemm`` knob: ``torch._grouped_mm``
-  on bf16 / fp16 operands in the layout it takes, else one ``mm`` per routed expert into the output's segment,
-  after one host read of the per-expert counts);
+* ``mm(rows, f(W[e]))`` becomes a grouped GEMM over the expert segments (``gemm`` knob): KernelArc's Triton
+  kernel (``triton``: one program per row tile of one expert and column tile, the expert found by a binary
+  search over the tiles' per-expert offsets, computed on the device with no host read; fp32 rows times 16-bit
+  experts upcast by the reference read as the 16-bit rows they were cast from, or split into two 16-bit parts),
+  ``torch._grouped_mm`` on bf16 / fp16 operands in the layout it takes (``grouped``), or one ``mm`` per routed
+  expert into the output's segment after one host read of the per-expert counts (``loop``, and the fallback);
 * ``index_add_(acc, 0, rows, values)`` becomes one ``index_add_`` of all rows, in the same expert order;
 * an op of the block that reads nothing of the block (a loop invariant) runs once, before the loop's rows.
 
@@ -59,7 +62,11 @@ log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
-GEMMS = ("grouped", "loop")
+GEMMS = ("grouped", "triton", "loop")
+# the Triton grouped GEMM's tile knobs and their start
+TILE_KNOBS = {"BLOCK_M": (32, 64, 128), "BLOCK_N": (64, 128, 256), "BLOCK_K": (32, 64), "num_warps": (4, 8),
+              "num_stages": (2, 3, 4)}  # fmt: skip
+TILE_START = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
 MIN_EXPERTS = 2
 
 
@@ -381,6 +388,8 @@ class _Block:
         self.experts: dict[int, _Expert] = {}
         self.block: set[int] = set()
         self.acc: V | None = None
+        self.producer: dict[int, Call] = {}  # V.i -> the block call that made it
+        self.upcast = False  # a GEMM of fp32 products of 16-bit experts
 
     def kind(self, a: Any) -> str:
         refs = _refs(a)
@@ -419,6 +428,8 @@ class _Block:
         self.rows.add(nz.out.i)
         for ca, cb in zip(ca_all[2:], cb_all[2:], strict=True):
             self.op(ca, cb)
+            for v in _outs(ca):
+                self.producer[v.i] = ca
         if self.acc is None:
             raise MoEError("the block never accumulates")
 
@@ -556,10 +567,14 @@ class _Block:
 
     def _gemm(self, out: V, a: V, ex: _Expert) -> None:
         w = self.w
-        # the expert's matrix for expert e, and the stacked [E, K, N] view where the chain is views only
+        # the expert's matrix for expert e, and the stacked [E, K, N] view of the expert-stacked tensor (its views
+        # only: a cast of the chain is applied per expert, or by the kernel)
         expr = f"{w.name(ex.base)}[e]"
         stacked = w.name(ex.base)
-        views = True
+        shape, dtype = self.ra.meta[ex.base.i]
+        if len(shape) != 3:
+            raise MoEError("an expert matrix that is not a slice of a 3-d tensor")
+        cast = None
         for c in ex.chain:
             p = _packet(c)
             if p == "t":
@@ -570,16 +585,24 @@ class _Block:
                 stacked = f"{stacked}.transpose({d0 + 1 if d0 >= 0 else d0}, {d1 + 1 if d1 >= 0 else d1})"
             elif p == "_to_copy" and set(c.kwargs) <= {"dtype"}:
                 expr = f"{expr}.to({c.kwargs['dtype']})"
-                views = False
+                # an exact upcast of 16-bit weights is what the kernel does in registers; any other cast is the loop's
+                exact = cast is None and dtype in (torch.bfloat16, torch.float16) and c.kwargs["dtype"] == torch.float32
+                cast = "torch.float32" if exact else "False"
             elif p in ("contiguous", "clone", "detach", "alias"):
                 expr = f"{expr}.contiguous()"
             else:
                 raise MoEError(f"{c.target} on an expert's matrix before its matmul")
-        shape, dtype = self.ra.meta[ex.base.i]
-        if len(shape) != 3:
-            raise MoEError("an expert matrix that is not a slice of a 3-d tensor")
-        grouped = "True" if views and self.gemm == "grouped" else "False"
-        w.lines.append(f"{_var(out)} = _seg.mm({w.name(a)}, lambda e: {expr}, {stacked}, grouped={grouped})")
+        # rows that are the fp32 upcast of 16-bit rows: the kernel reads the 16-bit ones (the products are exact)
+        src = self.producer.get(a.i)
+        a16 = "None"
+        if src is not None and _packet(src) == "_to_copy" and src.kwargs.get("dtype") == torch.float32:
+            x = src.args[0]
+            if isinstance(x, V) and x.i in self.rows and self.ra.meta[x.i][1] in (torch.bfloat16, torch.float16):
+                a16 = w.name(x)
+        self.upcast = self.upcast or cast is not None
+        w.lines.append(
+            f"{_var(out)} = _seg.mm({w.name(a)}, lambda e: {expr}, {stacked}, cast={cast or 'None'}, a16={a16})"
+        )
         w.names[out.i] = _var(out)
         self.rows.add(out.i)
 
@@ -592,6 +615,7 @@ class _Segments:
         self.counts_dev = counts
         self._host = None
         self._offs = None
+        self._tiles = {}
 
     def host(self):
         if self._host is None:
@@ -603,9 +627,26 @@ class _Segments:
             self._offs = torch.cumsum(self.counts_dev, 0, dtype=torch.int32)
         return self._offs
 
-    def mm(self, a, w_of, stacked, grouped):
-        if grouped and GEMM == "grouped" and _grouped_ok(a, stacked):
+    def tiles(self, bm):
+        """Each expert's first row and first row tile of ``bm`` rows (E + 1 entries each), on the device."""
+        if bm not in self._tiles:
+            c = self.counts_dev.to(torch.int32)
+            seg = torch.zeros(c.numel() + 1, dtype=torch.int32, device=c.device)
+            first = torch.zeros_like(seg)
+            seg[1:] = torch.cumsum(c, 0)
+            first[1:] = torch.cumsum((c + bm - 1) // bm, 0)
+            self._tiles[bm] = (seg, first)
+        return self._tiles[bm]
+
+    def mm(self, a, w_of, stacked, cast=None, a16=None):
+        """rows @ w_of(e) for each expert's segment of rows; ``cast``: the dtype the expert matrices are upcast to
+        (False: a cast the kernels do not do), ``a16``: the 16-bit rows ``a`` is the exact upcast of."""
+        if GEMM == "grouped" and cast is None and _grouped_ok(a, stacked):
             return torch._grouped_mm(a.contiguous(), stacked, offs=self.offs())
+        if GEMM == "triton" and cast is not False and _triton_ok(a, stacked, cast):
+            if a16 is not None and a16.dtype == stacked.dtype:
+                return self.triton(a16, stacked, a.dtype, split=False)
+            return self.triton(a, stacked, a.dtype, split=a.dtype == torch.float32)
         first = w_of(0)
         out = torch.empty((a.shape[0], first.shape[-1]), dtype=torch.result_type(a, first), device=a.device)
         lo = 0
@@ -614,6 +655,19 @@ class _Segments:
                 torch.mm(a[lo : lo + n], w_of(e), out=out[lo : lo + n])
                 lo += n
         return out
+
+    def triton(self, a, b, out_dtype, split):
+        m, k = a.shape
+        n_exp, _k, n = b.shape
+        seg, first = self.tiles(BLOCK_M)
+        c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+        grid = (triton.cdiv(m, BLOCK_M) + n_exp, triton.cdiv(n, BLOCK_N))
+        _gmm_kernel[grid](
+            a, b, c, seg, first, n_exp, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
+            c.stride(0), c.stride(1), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SPLIT=split,
+            LOG_E=max(1, n_exp.bit_length()), UPCAST=_INTERPRET, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        )
+        return c
 
 
 def _grouped_ok(a, b):
@@ -626,11 +680,88 @@ def _grouped_ok(a, b):
     if a.is_cuda:
         return torch.cuda.get_device_capability(a.device) >= (9, 0)
     return True
+
+
+def _triton_ok(a, b, cast):
+    """The kernel's cases: 16-bit experts times rows of their dtype, or (``cast`` fp32) times fp32 rows; on a GPU
+    or under Triton's interpreter."""
+    if b.dtype not in (torch.bfloat16, torch.float16) or a.dim() != 2 or b.dim() != 3 or a.shape[0] == 0:
+        return False
+    if not (a.dtype == b.dtype if cast is None else a.dtype == torch.float32):
+        return False
+    return a.is_cuda or _INTERPRET
+
+
+@triton.jit
+def _round_out(x, DT: tl.constexpr, UPCAST: tl.constexpr):
+    # Triton's interpreter truncates fp32 -> bf16; round to nearest even as the GPU does
+    if UPCAST and DT == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + (((b >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        return b.to(tl.float32, bitcast=True).to(DT)
+    else:
+        return x.to(DT)
+
+
+@triton.jit
+def _gmm_kernel(a_ptr, b_ptr, c_ptr, seg_ptr, first_ptr, E, N, K, s_am, s_ak, s_be, s_bk, s_bn, s_cm, s_cn,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                LOG_E: tl.constexpr, UPCAST: tl.constexpr):
+    # one program per (row tile of one expert, column tile): row tiles never straddle two experts
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if t >= tl.load(first_ptr + E):
+        return
+    lo = t * 0
+    hi = lo + E
+    for _ in range(LOG_E):  # the last expert whose first tile is at or before t: the one t belongs to
+        mid = (lo + hi) // 2
+        ok = tl.load(first_ptr + mid) <= t
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    e = lo
+    row0 = tl.load(seg_ptr + e) + (t - tl.load(first_ptr + e)) * BLOCK_M
+    row_end = tl.load(seg_ptr + e + 1)
+    rm = row0 + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    mm = rm < row_end
+    mn = rn < N
+    a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * s_am + rk[None, :] * s_ak
+    b_ptrs = b_ptr + e.to(tl.int64) * s_be + rk[:, None] * s_bk + rn[None, :] * s_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        km = (k0 + rk) < K
+        a = tl.load(a_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=km[:, None] & mn[None, :], other=0.0)
+        if SPLIT:
+            # fp32 rows as two 16-bit parts (the experts are exact in 16 bits): fp32-accurate products on tensor cores
+            hi16 = a.to(b.dtype)
+            lo16 = (a - hi16.to(tl.float32)).to(b.dtype)
+            if UPCAST:
+                acc += tl.dot(hi16.to(tl.float32), b.to(tl.float32))
+                acc += tl.dot(lo16.to(tl.float32), b.to(tl.float32))
+            else:
+                acc = tl.dot(hi16, b, acc)
+                acc = tl.dot(lo16, b, acc)
+        elif UPCAST:
+            acc += tl.dot(a.to(tl.float32), b.to(tl.float32))
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * s_cm + rn[None, :] * s_cn
+    tl.store(c_ptrs, _round_out(acc, c_ptr.dtype.element_ty, UPCAST), mask=mm[:, None] & mn[None, :])
 '''
 
 
 def write_module(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, knobs: dict[str, Any]) -> str:
     """The candidate's source: prefix verbatim, the block once for all experts, suffix verbatim."""
+    return _write(title, ra, rb, la, lb, knobs)[0]
+
+
+def _write(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, knobs: dict[str, Any]) -> tuple[str, bool]:
+    """The module's source, and whether a GEMM of it is of fp32 products of 16-bit experts (``_Block.upcast``)."""
     if len(ra.calls) - la.ends[-1] != len(rb.calls) - lb.ends[-1] or la.starts[0] != lb.starts[0]:
         raise MoEError("the prefix or suffix differs between the two recordings")
     w = _Writer(Ints(ra, rb))
@@ -639,7 +770,8 @@ def write_module(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, k
             w.names[v.i] = f"_a{pos}"
     for ca, cb in zip(ra.calls[: la.starts[0]], rb.calls[: lb.starts[0]], strict=True):
         w.verbatim(ca, cb)
-    _Block(w, ra, rb, la, lb, knobs["gemm"]).write()
+    block = _Block(w, ra, rb, la, lb, knobs["gemm"])
+    block.write()
     for ca, cb in zip(ra.calls[la.ends[-1] :], rb.calls[lb.ends[-1] :], strict=True):
         w.verbatim(ca, cb)
     ret = w.arg(ra.result, rb.result)
@@ -648,17 +780,27 @@ def write_module(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, k
     tensors = [f"_a{i}" for i, v in enumerate(ra.inputs) if isinstance(v, V)]
     body = "\n".join("    " + ln for ln in w.lines)
     knob_doc = "\n".join(f"    {k} = {v!r}" for k, v in sorted(knobs.items()))
-    return f'''"""KernelArc candidate: {title}'s expert loop written once for all experts (kernelarc.graph.moe).
+    return (
+        f'''"""KernelArc candidate: {title}'s expert loop written once for all experts (kernelarc.graph.moe).
 
 Knobs:
 {knob_doc}
 """
 
 import math
+import os
 
 import torch
+import triton
+import triton.language as tl
 
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 GEMM = {knobs["gemm"]!r}
+BLOCK_M = {knobs["BLOCK_M"]}
+BLOCK_N = {knobs["BLOCK_N"]}
+BLOCK_K = {knobs["BLOCK_K"]}
+NUM_WARPS = {knobs["num_warps"]}
+NUM_STAGES = {knobs["num_stages"]}
 {_RUNTIME}
 
 @torch.no_grad()
@@ -666,7 +808,9 @@ def run({params}):
     _dev = {tensors[0]}.device
 {body}
     return {ret}
-'''
+''',
+        block.upcast,
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -738,6 +882,7 @@ class MoE:
     la: Loop
     lb: Loop
     reference: str
+    upcast: bool = False  # a GEMM of fp32 products of 16-bit experts (no torch._grouped_mm for it)
 
     def describe(self) -> str:
         k = self.la.template
@@ -745,7 +890,7 @@ class MoE:
         return f"expert loop over {self.la.E} experts ({self.la.style} masks), a {n}-op block"
 
     def render(self, knobs: dict[str, Any]) -> str:
-        return write_module(self.task, self.ra, self.rb, self.la, self.lb, knobs)
+        return write_module(self.task, self.ra, self.rb, self.la, self.lb, {**TILE_START, **knobs})
 
 
 def _inputs(task) -> list[Any]:
@@ -794,6 +939,7 @@ def recognise_moe(task) -> MoE:
     split_blocks(ra, la)
     split_blocks(rb, lb)
     moe = MoE(task.name, ra, rb, la, lb, source)
+    moe.upcast = _write(task.name, ra, rb, la, lb, {**TILE_START, "gemm": "loop"})[1]
     div, floor, mult = SHAPES[2]
     check = _small_task(task, div, floor, mult)
     args = _inputs(check)

@@ -101,9 +101,9 @@ def _eq_fp32(tmp_path: Path):
     )  # fmt: skip
 
 
-def _check(task, gemm: str) -> None:
+def _check(task, gemm: str, **tiles) -> None:
     moe = recognise_moe(task)
-    src = moe.render({"gemm": gemm})
+    src = moe.render({"gemm": gemm, **tiles})
     assert check_source(src).ok
     mod = load_module(src, f"moe_{gemm}_{task.name}")
     ref = load_module(task.definition.reference, f"ref_{task.name}")
@@ -118,7 +118,7 @@ def _check(task, gemm: str) -> None:
             assert (got.float() - want.float()).abs().max().item() <= tol, (gemm, i, seed)
 
 
-@pytest.mark.parametrize("gemm", ["grouped", "loop"])
+@pytest.mark.parametrize("gemm", ["grouped", "triton", "loop"])
 def test_a_routed_swiglu_expert_loop_is_written_for_all_experts(tmp_path, gemm):
     task = _routed(tmp_path)
     _check(task, gemm)
@@ -127,7 +127,7 @@ def test_a_routed_swiglu_expert_loop_is_written_for_all_experts(tmp_path, gemm):
     assert src.count("aten.nonzero") == 1 and "_grouped_mm" in src and "aten.topk" in src
 
 
-@pytest.mark.parametrize("gemm", ["grouped", "loop"])
+@pytest.mark.parametrize("gemm", ["grouped", "triton", "loop"])
 def test_eq_masks_fp32_upcasts_and_an_expert_bias_are_written(tmp_path, gemm):
     task = _eq_fp32(tmp_path)
     _check(task, gemm)
@@ -135,14 +135,73 @@ def test_eq_masks_fp32_upcasts_and_an_expert_bias_are_written(tmp_path, gemm):
     assert "[_eid]" in src  # the bias: each row reads its expert's
 
 
-def test_the_expert_loop_is_the_problems_only_composed_family_and_both_gemms_start(tmp_path):
+def test_the_expert_loops_family_and_its_points_first(tmp_path):
     task = _routed(tmp_path)
     rec = recognise(task)
     assert rec.capture is None and rec.moe is not None
     fams = families_for(task)
     assert [f.name for f in fams] == [f"composed.{task.name}.moe"]
     points = start_points(task, fams)
-    assert [p["gemm"] for _f, p in points] == ["grouped", "loop"]
+    assert [p["gemm"] for _f, p in points] == ["grouped", "triton", "triton", "triton", "loop"]
+    assert len({tuple(sorted(p.items())) for _f, p in points}) == len(points)
+    # EQ_FP32 branches on no token count, so capture takes it, the loop unrolled (one where per expert): the expert
+    # loop is offered beside the graph's compositions, and its points lead. Its GEMMs are fp32 products of 16-bit
+    # experts: no library grouped GEMM for them, the Triton kernel starts
+    fp32 = _eq_fp32(tmp_path)
+    rec = recognise(fp32)
+    assert rec.capture is not None and rec.moe is not None and rec.moe.upcast
+    fams = families_for(fp32)
+    moe = next(f for f in fams if f.name.endswith(".moe"))
+    assert len(fams) > 1 and moe.start["gemm"] == "triton"
+    points = start_points(fp32, fams)
+    assert [p.get("gemm") for _f, p in points[:5]] == ["triton", "triton", "triton", "loop", None]
+
+
+def test_the_triton_kernel_runs_every_expert_segment(tmp_path, monkeypatch):
+    """Under the interpreter the Triton grouped GEMM itself runs (no fallback), on row tiles smaller than most
+    segments so that segments span several tiles and tiles end inside them, and with empty experts."""
+    import kernelarc.graph.moe as moe
+
+    task = _routed(tmp_path)
+    src = recognise_moe(task).render({"gemm": "triton", "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32})
+    mod = load_module(src, "moe_triton_spy")
+    launched = []
+    real = mod._Segments.triton
+
+    def spy(self, a, b, out_dtype, split):
+        launched.append((a.dtype, b.dtype, out_dtype, split))
+        return real(self, a, b, out_dtype, split)
+
+    monkeypatch.setattr(mod._Segments, "triton", spy)
+    ref = load_module(task.definition.reference, "ref_triton_spy")
+    args = make_inputs(task, 1, 3, "cpu")
+    want = ref.run(*[a.clone() for a in args])
+    got = mod.run(*args)
+    assert len(launched) == 3 and all(x[3] is False for x in launched)
+    assert (got.float() - want.float()).abs().max().item() <= 2e-2 * want.float().abs().max().item()
+    del moe
+
+
+def test_fp32_rows_of_16_bit_experts_take_the_exact_16_bit_rows_or_a_two_part_split(tmp_path, monkeypatch):
+    """EQ_FP32's first GEMM multiplies the fp32 upcast of bf16 rows: the kernel reads the bf16 rows (exact products,
+    fp32 out); its second multiplies fp32 rows (GELU's output): split into two bf16 parts."""
+    task = _eq_fp32(tmp_path)
+    src = recognise_moe(task).render({"gemm": "triton", "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32})
+    mod = load_module(src, "moe_split_spy")
+    launched = []
+    real = mod._Segments.triton
+
+    def spy(self, a, b, out_dtype, split):
+        launched.append((a.dtype, out_dtype, split))
+        return real(self, a, b, out_dtype, split)
+
+    monkeypatch.setattr(mod._Segments, "triton", spy)
+    ref = load_module(task.definition.reference, "ref_split_spy")
+    args = make_inputs(task, 0, 2, "cpu")
+    want = ref.run(*[a.clone() for a in args])
+    got = mod.run(*args)
+    assert launched == [(torch.bfloat16, torch.float32, False), (torch.float32, torch.float32, True)]
+    assert (got.float() - want.float()).abs().max().item() <= 2e-2 * want.float().abs().max().item()
 
 
 def test_an_expert_index_read_another_way_is_not_recognised(tmp_path):
