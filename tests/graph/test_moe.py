@@ -242,3 +242,47 @@ def test_sol_execbench_expert_loops_are_recognised(name):
     assert fam.name.endswith(".moe")
     for gemm in ("grouped", "loop"):
         assert check_source(fam.render(fam.check_point({"gemm": gemm}))).ok
+
+
+def _aot_jobs(knobs: dict, a: str, c: str, split: bool) -> list[dict]:
+    """The grouped GEMM as the launcher specialises it: unit strides (K-contiguous rows and transposed expert
+    matrices, row-major output) as constants, the rest 32-bit; E = 128 experts."""
+    sig = {"a_ptr": a, "b_ptr": "*bf16", "c_ptr": c, "seg_ptr": "*i32", "first_ptr": "*i32", "E": "i32", "N": "i32",
+           "K": "i32", "s_am": "i32", "s_ak": "constexpr", "s_be": "i32", "s_bk": "constexpr", "s_bn": "i32",
+           "s_cm": "i32", "s_cn": "constexpr"}  # fmt: skip
+    consts = {"s_ak": 1, "s_bk": 1, "s_cn": 1, "BLOCK_M": knobs["BLOCK_M"], "BLOCK_N": knobs["BLOCK_N"],
+              "BLOCK_K": knobs["BLOCK_K"], "SPLIT": split, "LOG_E": 8, "UPCAST": False}  # fmt: skip
+    sig.update({n: "constexpr" for n in consts})
+    names = list(sig)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("a_ptr", "b_ptr", "c_ptr", "N", "K", "s_am")}
+    opts = {"num_warps": knobs["num_warps"], "num_stages": knobs["num_stages"]}
+    return [dict(kernel="_gmm_kernel", signature=sig, constexprs=consts, attrs=attrs, options=opts)]
+
+
+def test_the_grouped_gemm_compiles_for_sm90a_with_wgmma(tmp_path):
+    """Every Triton point the family starts with, for 16-bit rows (bf16 out) and for fp32 rows split in two
+    (fp32 out), compiled for the H200 without a GPU: Hopper's wgmma where a tile has a warpgroup's 64 rows (Triton
+    takes mma.sync for 32-row tiles), shared memory within an SM's."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "families"))
+    from _aot import aot_compile
+
+    from kernelarc.families.base import SM90_SMEM_PER_BLOCK
+
+    task = _routed(tmp_path)
+    fams = families_for(task)
+    points = [p for _f, p in start_points(task, fams) if p["gemm"] == "triton"]
+    moe = recognise_moe(task)
+    items = []
+    for i, p in enumerate(points):
+        src = moe.render(p)
+        items.append((f"bf16_{i}", src, _aot_jobs(p, "*bf16", "*bf16", False)))
+        items.append((f"split_{i}", src, _aot_jobs(p, "*fp32", "*fp32", True)))
+    results = aot_compile(items, tmp_path)
+    assert len(results) == 2 * len(points) == 6
+    for label, res in results.items():
+        (r,) = res
+        assert "error" not in r, (label, r.get("error"))
+        assert r["sm90a"] and (r["wgmma"] or points[int(label[-1])]["BLOCK_M"] < 64), label
+        assert r["shared"] <= SM90_SMEM_PER_BLOCK, label
