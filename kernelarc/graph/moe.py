@@ -169,14 +169,9 @@ class Loop:
     template: int = -1  # the expert whose block is the template (the first that routes a row)
 
 
-def _block_start(calls: list[Call], i: int) -> tuple[str, V, int] | None:
-    """(style, source, e) when call ``i`` is an expert's mask feeding the next call's ``nonzero``."""
-    c = calls[i]
-    if i + 1 >= len(calls) or not _is(calls[i + 1], aten.nonzero.default):
-        return None
-    if calls[i + 1].args[0] != c.out:
-        return None
-    if _is(c, aten.select.int) and c.args[1] == 0 and isinstance(c.args[2], int):
+def _expert_index(c: Call) -> tuple[str, V, int] | None:
+    """(style, source, e) when ``c`` picks expert ``e`` of a tensor: ``select(M, 0, e)`` or ``eq(X, e)``."""
+    if _is(c, aten.select.int) and c.args[1] == 0 and isinstance(c.args[2], int) and isinstance(c.args[0], V):
         return "select", c.args[0], c.args[2]
     if _is(c, aten.eq.Scalar) and isinstance(c.args[1], int) and not isinstance(c.args[1], bool):
         return "eq", c.args[0], c.args[1]
@@ -184,16 +179,23 @@ def _block_start(calls: list[Call], i: int) -> tuple[str, V, int] | None:
 
 
 def find_loop(r: Recording) -> Loop:
-    found = [(i, s) for i in range(len(r.calls)) if (s := _block_start(r.calls, i)) is not None]
-    if len(found) < MIN_EXPERTS:
-        raise MoEError("no loop over experts: fewer than two per-expert masks feed a nonzero")
-    style, source = found[0][1][0], found[0][1][1]
-    es = [s[2] for _i, s in found]
-    if any(s[0] != style or s[1] != source for _i, s in found) or es != list(range(len(es))):
-        raise MoEError(f"the per-expert masks are not one tensor's experts 0..E-1 in order ({style}, {es[:8]})")
-    loop = Loop(len(es), [i for i, _s in found], style, source)
-    if style == "select" and r.meta[source.i][0][0] != loop.E:
-        raise MoEError(f"the loop visits {loop.E} experts of a mask with {r.meta[source.i][0][0]}")
+    """The blocks' starts: of the tensors whose experts 0..E-1 are each picked once, in order (``_expert_index``),
+    the one picked first. Expert-stacked weights qualify too where every expert routes a row; the masks come
+    first in each block."""
+    groups: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for i, c in enumerate(r.calls):
+        if (hit := _expert_index(c)) is not None:
+            groups.setdefault((hit[0], hit[1].i), []).append((i, hit[2]))
+    loops = [(hits[0][0], key, hits) for key, hits in groups.items()
+             if len(hits) >= MIN_EXPERTS and [e for _i, e in hits] == list(range(len(hits)))]  # fmt: skip
+    if not loops:
+        raise MoEError("no loop over experts: no tensor has its experts 0..E-1 picked in order")
+    _first, (style, source), hits = min(loops)
+    loop = Loop(len(hits), [i for i, _e in hits], style, V(source))
+    if style == "select" and r.meta[source][0][0] != loop.E:
+        raise MoEError(f"the loop visits {loop.E} experts of a tensor with {r.meta[source][0][0]}")
+    if not any(_is(c, aten.nonzero.default) for c in r.calls[loop.starts[0] :]):
+        raise MoEError("no loop over experts: the per-expert picks feed no nonzero")
     return loop
 
 
@@ -220,6 +222,22 @@ def _block_sig(calls: list[Call], lo: int, hi: int, e: int) -> list[tuple]:
     return sig
 
 
+def _head_len(block: list[Call]) -> int:
+    """How many of a block's calls an expert with no row runs: up to the branch that skips it (a host read of the
+    mask, ``if not mask.any()``), or else up to its nonzero and the views of it (``if tok.numel() == 0``)."""
+    for j, c in enumerate(block):
+        if _is(c, aten._local_scalar_dense.default):
+            return j + 1
+    j = next((j for j, c in enumerate(block) if _is(c, aten.nonzero.default)), len(block) - 1) + 1
+    made = {v.i for v in _outs(block[j - 1])}
+    while j < len(block) and _packet(block[j]) in ("unbind", "squeeze", "select", "unsqueeze", "t", "transpose"):
+        if not any(v.i in made for v in _refs(block[j].args)):
+            break
+        made.update(v.i for v in _outs(block[j]))
+        j += 1
+    return j
+
+
 def split_blocks(r: Recording, loop: Loop) -> None:
     """Each block's end, the template, and that every routing block repeats it (in place)."""
     calls = r.calls
@@ -229,14 +247,15 @@ def split_blocks(r: Recording, loop: Loop) -> None:
     lengths = [loop.starts[k + 1] - loop.starts[k] for k in range(loop.E - 1)]
     full = max(lengths)
     ends = [s + n for s, n in zip(loop.starts, lengths, strict=False)]
+    first = loop.starts[lengths.index(full)]
     last = loop.starts[-1]
-    # the last expert's block: as long as the template if it routes rows (ends with the same op), else as an empty one
-    empty = min(lengths)
-    cand = last + full
-    if cand <= len(calls) and str(calls[cand - 1].target) == str(calls[loop.starts[0] + full - 1].target):
-        ends.append(cand)
+    # the last expert's block: as long as the template if it repeats it, else as long as an expert's with no row
+    ref = _block_sig(calls, first, first + full, lengths.index(full))
+    if last + full <= len(calls) and _block_sig(calls, last, last + full, loop.E - 1) == ref:
+        ends.append(last + full)
     else:
-        ends.append(last + empty)
+        empty = [n for n in lengths if n < full]
+        ends.append(last + (empty[0] if empty else _head_len(calls[first : first + full])))
     loop.ends = ends
     routed = [k for k in range(loop.E) if ends[k] - loop.starts[k] == full]
     if not routed:
@@ -248,7 +267,7 @@ def split_blocks(r: Recording, loop: Loop) -> None:
     for k in routed[1:]:
         if _block_sig(calls, loop.starts[k], ends[k], k) != ref:
             raise MoEError(f"expert {k}'s block is not expert {routed[0]}'s with the expert index changed")
-    short = ref[:empty]
+    short = ref[: min(e - s for s, e in zip(loop.starts, ends, strict=True))]
     for k in range(loop.E):
         if k not in routed and _block_sig(calls, loop.starts[k], ends[k], k) != short:
             raise MoEError(f"expert {k} routes no row and its block is not the others' head")
@@ -363,6 +382,8 @@ _UNARY_ROW = {"_to_copy", "clone", "contiguous", "detach", "alias", "silu", "gel
               "exp", "neg", "abs", "sqrt", "rsqrt", "reciprocal", "square", "erf", "log", "sin", "cos"}  # fmt: skip
 _VIEW_EXPERT = {"t", "transpose", "permute", "_to_copy", "clone", "contiguous", "detach", "alias", "unsqueeze"}
 _REDUCE_ROW = {"sum", "mean", "amax", "amin"}
+# ops on the expert's mask with an axis argument (second), shifted by one on the stacked masks
+_MASK_AXIS_OPS = {"any", "all", "sum", "amax", "amin", "unsqueeze", "squeeze", "select", "slice"}
 
 
 def _packet(c: Call) -> str:
@@ -389,6 +410,9 @@ class _Block:
         self.block: set[int] = set()
         self.acc: V | None = None
         self.producer: dict[int, Call] = {}  # V.i -> the block call that made it
+        self.masks: set[int] = set()  # V.i of the expert's mask and values computed from it before its nonzero
+        self.nz_mask: V | None = None  # the mask the nonzero reads
+        self.checks: set[int] = set()  # V.i of whole-mask reductions the branch on an empty expert reads
         self.upcast = False  # a GEMM of fp32 products of 16-bit experts
 
     def kind(self, a: Any) -> str:
@@ -414,11 +438,21 @@ class _Block:
         else:
             shape = f"(-1, *([1] * {src}.dim()))"
             w.lines.append(f"_mask = {src}.unsqueeze(0) == torch.arange(_E, device={src}.device).view{shape}")
-        nz = ca_all[1]
         for c in ca_all:
             self.block.update(v.i for v in _outs(c))
+        # the head: the expert's mask, ops on it (stacked: one more leading axis), its nonzero
+        w.names[ca_all[0].out.i] = "_mask"
+        self.masks.add(ca_all[0].out.i)
+        j = 1
+        while j < len(ca_all) and not _is(ca_all[j], aten.nonzero.default):
+            self.mask_op(ca_all[j], cb_all[j])
+            j += 1
+        if j == len(ca_all) or ca_all[j].args[0].i not in self.masks:
+            raise MoEError("the block's nonzero is not of its expert's mask")
+        nz = ca_all[j]
+        self.nz_mask = nz.args[0]
         w.lines += [
-            "_nz = torch.ops.aten.nonzero.default(_mask)",
+            f"_nz = torch.ops.aten.nonzero.default({w.name(nz.args[0])})",
             "_eid = _nz[:, 0]",
             "_counts = torch.bincount(_eid, minlength=_E)",
             "_seg = _Segments(_counts)",
@@ -426,17 +460,53 @@ class _Block:
         ]
         w.names[nz.out.i] = _var(nz.out)
         self.rows.add(nz.out.i)
-        for ca, cb in zip(ca_all[2:], cb_all[2:], strict=True):
+        for ca, cb in zip(ca_all[j + 1 :], cb_all[j + 1 :], strict=True):
             self.op(ca, cb)
             for v in _outs(ca):
                 self.producer[v.i] = ca
         if self.acc is None:
             raise MoEError("the block never accumulates")
 
+    def mask_op(self, ca: Call, cb: Call) -> None:
+        """An op between the expert's mask and its nonzero, written on the stacked masks (axes one further)."""
+        w = self.w
+        reads = [v for v in _refs((ca.args, ca.kwargs)) if v.i in self.masks]
+        if _is(ca, aten._local_scalar_dense.default) and ca.args[0].i in self.checks:
+            return  # the branch that skips an expert with no row: all experts run at once, an empty one adds nothing
+        if not reads:
+            if any(v.i in self.block for v in _refs(ca.args)):
+                raise MoEError(f"{ca.target} before the block's nonzero")
+            w.verbatim(ca, cb)  # a loop invariant
+            return
+        p = _packet(ca)
+        if p in ("any", "all", "sum", "amax", "amin") and len(ca.args) == 1 and not ca.kwargs:
+            self.checks.update(v.i for v in _outs(ca))  # a whole-mask reduction, for that branch only: not written
+            return
+        if _pointwise(ca) or p in ("_to_copy", "clone", "contiguous", "detach", "alias"):
+            w.verbatim(ca, cb)
+        elif p in _MASK_AXIS_OPS and len(ca.args) >= 2:
+            dims = ca.args[1]
+            shifted = (
+                [d + 1 if d >= 0 else d for d in dims]
+                if isinstance(dims, list | tuple)
+                else dims + 1
+                if dims >= 0
+                else dims
+            )
+            rest = [w.arg(x, y) for x, y in zip(ca.args[2:], cb.args[2:], strict=True)]
+            kw = [f"{k}={w.arg(v, cb.kwargs[k])}" for k, v in ca.kwargs.items()]
+            w.call(ca.target, ", ".join([w.name(reads[0]), repr(shifted), *rest, *kw]), ca.out)
+        else:
+            raise MoEError(f"{ca.target} on the expert's mask")
+        self.masks.update(v.i for v in _outs(ca))
+
     def op(self, ca: Call, cb: Call) -> None:
         w = self.w
         p = _packet(ca)
         k = self.kind((ca.args, ca.kwargs))
+        if k == "outer" and any(v.i in self.masks or v.i in self.checks for v in _refs((ca.args, ca.kwargs))):
+            self.mask_op(ca, cb)  # more of the expert's dense mask, after its nonzero
+            return
         e = self.la.template
         if _is(ca, aten.select.int) and ca.args[1] == 0 and ca.args[2] == e and k == "outer":
             base = ca.args[0]
@@ -480,11 +550,25 @@ class _Block:
             w.call(ca.target, f"{w.name(ca.args[0])}, 1", ca.out)
             self.rows.update(v.i for v in _outs(ca))
             return
+        if _is(ca, aten.index.Tensor) and len(ca.args[1]) == 1 and ca.args[1][0] == self.nz_mask:
+            # outer[mask]: the mask's true positions in row-major order, the nonzero's rows
+            base = ca.args[0]
+            if base.i in self.block:
+                raise MoEError("a boolean gather of a value of the block")
+            w.call(ca.target, f"{w.name(base)}, list(_nz[:, 1:].unbind(1))", ca.out)
+            self.rows.add(ca.out.i)
+            return
         if _is(ca, aten.index.Tensor):
             base, idx = ca.args
             if base.i in self.rows or any(i is not None and i.i not in self.rows for i in idx):
                 raise MoEError("an index of the block that is not a gather of outer rows by routed rows")
             inner = ", ".join("None" if i is None else w.name(i) for i in idx)
+            if base.i in self.masks:  # a value of the expert's mask, stacked: each row reads its expert's
+                if any(i is None for i in idx):
+                    raise MoEError("a partial index of a value of the expert's mask")
+                inner = f"_eid, {inner}"
+            elif base.i in self.experts:
+                raise MoEError("an index of an expert's tensor by routed rows")
             w.call(ca.target, f"{w.name(base)}, [{inner}]", ca.out)
             self.rows.add(ca.out.i)
             return
@@ -560,7 +644,13 @@ class _Block:
             w.call(ca.target, f"{w.name(x)}, [-1, {', '.join(rest)}]", ca.out)
         else:
             dim = ca.args[1] if len(ca.args) > 1 else None
-            if dim is None or (p == "unsqueeze" and dim % (rank + 1) == 0) or (p != "unsqueeze" and dim % rank == 0):
+            whole = (
+                p == "slice"
+                and dim == 0
+                and list(ca.args[2:]) in ([], [0], [None, None], [0, 2**63 - 1], [0, 2**63 - 1, 1])
+            )
+            on_rows = (p == "unsqueeze" and dim % (rank + 1) == 0) or (p != "unsqueeze" and dim % rank == 0)
+            if dim is None or (on_rows and not whole):
                 raise MoEError(f"{ca.target} on the routed rows' axis")
             w.verbatim(ca, cb)
         self.rows.add(ca.out.i)

@@ -286,3 +286,39 @@ def test_the_grouped_gemm_compiles_for_sm90a_with_wgmma(tmp_path):
         assert "error" not in r, (label, r.get("error"))
         assert r["sm90a"] and (r["wgmma"] or points[int(label[-1])]["BLOCK_M"] < 64), label
         assert r["shared"] <= SM90_SMEM_PER_BLOCK, label
+
+
+# ``ids == e`` with the branch on ``hit.any()`` before the nonzero, the tokens from a reduction of the mask, a gate
+# computed on the dense mask and gathered by the routed rows, expert matrices used untransposed, fp32 throughout
+ANY_MASK = """
+import torch
+
+@torch.no_grad()
+def run(x, logits, w1, w2):
+    ids = logits.topk(2, dim=-1).indices
+    wts = torch.softmax(logits, -1).gather(1, ids)
+    out = torch.zeros_like(x)
+    for e in range(w1.shape[0]):
+        hit = ids == e
+        if not hit.any():
+            continue
+        rows = hit.any(dim=-1).nonzero().squeeze(-1)
+        gate = (wts * hit).sum(-1)[rows]
+        y = torch.relu(x[rows] @ w1[e]) @ w2[e]
+        out.index_add_(0, rows, y * gate[:, None])
+    return out
+"""
+
+
+@pytest.mark.parametrize("gemm", ["triton", "loop"])
+def test_ops_on_the_mask_before_its_nonzero_and_a_gather_of_a_mask_value(tmp_path, gemm):
+    task = make_task(
+        tmp_path, "moe_any", ANY_MASK,
+        {"x": (["T", "H"], "float32"), "logits": (["T", "E"], "float32"), "w1": (["E", "H", "I"], "float32"),
+         "w2": (["E", "I", "H"], "float32")},
+        {"out": (["T", "H"], "float32")},
+        [{"T": 45, "H": 48, "E": 7, "I": 40}, {"T": 3, "H": 48, "E": 7, "I": 40}],
+    )  # fmt: skip
+    _check(task, gemm)
+    src = recognise_moe(task).render({"gemm": gemm})
+    assert "aten.any.dim(_mask, -1)" in src and "[_eid, " in src and "_local_scalar_dense" not in src
