@@ -2,7 +2,7 @@
 the reference and torch.compile of the reference, measured in the same process, with the guard's correctness check.
 
     python3 scripts/gpu_fused_bench.py ROOT PROBLEM [PROBLEM ...] [--workloads N] [--max-gb G] [--out FILE]
-        [--family fused.rowblock|scatter_add.sorted|matmul_f32.split]
+        [--family fused.rowblock|scatter_add.sorted|matmul_f32.split|group_norm.split|moe]
 
 For each problem: the workloads at the smallest, median and largest input size (``--workloads``: how many of
 those, up to 3; inputs over ``--max-gb`` skipped), and for each: the reference, torch.compile of the reference
@@ -53,6 +53,23 @@ POINTS = {
         "tf32x3": {"PRECISION": "tf32x3"},
         "bf16x3_k64": {"PRECISION": "bf16x3", "BLOCK_K": 64},
         "eager": {"rest": "eager"},
+    },
+    # GroupNorm (+ SiLU, + residual) sites (kernelarc.families.groupnorm)
+    "group_norm.split": {
+        "start": {},
+        "graph": {"cuda_graph": True},
+        "b8k_w8": {"BLOCK": 8192, "num_warps": 8},
+        "eager": {"rest": "eager"},
+    },
+    # expert loops (kernelarc.graph.moe): torch._grouped_mm, the Triton grouped GEMM at its start and other tiles,
+    # one mm per routed expert
+    "moe": {
+        "grouped": {"gemm": "grouped"},
+        "triton": {"gemm": "triton"},
+        "tri_m32": {"gemm": "triton", "BLOCK_M": 32},
+        "tri_n256": {"gemm": "triton", "BLOCK_N": 256, "num_warps": 8},
+        "tri_m128": {"gemm": "triton", "BLOCK_M": 128, "num_warps": 8},
+        "loop": {"gemm": "loop"},
     },
 }
 

@@ -3,7 +3,7 @@ sites served by KernelArc's kernels and libraries (``kernelarc.graph``).
 
 For a problem (any SOL-ExecBench folder) ``composed_families(task)`` captures the reference,
 recognises its sites (RMSNorm, fused add + RMSNorm, GEMM with epilogues, attention incl. varlen,
-softmax, SwiGLU / GeGLU, RoPE, LayerNorm, ...) and offers:
+softmax, SwiGLU / GeGLU, RoPE, LayerNorm, GroupNorm (+ SiLU, + residual), ...) and offers:
 
 * ``composed.<task>.library``: every site as the graph wrote it or as one fused library call
   (``F.rms_norm``, ``addmm`` / ``_addmm_activation`` cuBLASLt epilogues, SDPA under a chosen
@@ -512,8 +512,8 @@ def composed_families(task) -> list[Family]:
 # dequantises to an fp32 matmul (tensor-core fp8 instead), kernels that replace what Inductor cannot
 # fuse itself (attention written as matmul-softmax-matmul, fused add + norm) before the memory-bound
 # ones it fuses well, and GEMMs (cuBLAS is the bar) last.
-KIND_PRIORITY = (Kind.fp8_gemm, Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.glu, Kind.rope, Kind.softmax,
-                 Kind.scatter_add, Kind.fused, Kind.gemm)  # fmt: skip
+KIND_PRIORITY = (Kind.fp8_gemm, Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.group_norm, Kind.glu, Kind.rope,
+                 Kind.softmax, Kind.scatter_add, Kind.fused, Kind.gemm)  # fmt: skip
 # float32 GEMMs run on cuBLAS's CUDA-core SGEMM in the reference and under torch.compile, where the split-precision
 # family has the tensor cores: that family goes right after attention, unless the graph has fused regions. On the H200
 # (runs DG-DI) it led and won where the rest of the graph is light (L1/021, L1/054, L1/072, L2/030) and led and lost

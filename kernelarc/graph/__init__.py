@@ -7,7 +7,8 @@ composite ops such as ``linear``, ``matmul``, ``softmax``, ``rms_norm`` and
 families and libraries solve (GEMM with epilogues, attention, RMSNorm / LayerNorm, softmax,
 elementwise chains, reductions); ``gated`` the gated activations (SwiGLU, GeGLU, ...) by what the
 gate computes; ``rotary`` RoPE in its rotate-half, split-halves and interleaved forms; ``varlen``
-per-segment attention over host-read offsets (cu_seqlens); ``quant`` scaled fp8 GEMMs written as
+per-segment attention over host-read offsets (cu_seqlens); ``groupnorm`` GroupNorm (the op or written out) with
+the SiLU and residual add after it; ``quant`` scaled fp8 GEMMs written as
 dequantise-then-matmul; ``catalog.recognize`` runs them all. ``adapters`` map a site onto a family's or
 library's interface, with ``patches`` rewriting a rendered family module where the site needs another
 form of its kernel (eps, gate activation, two gate / up tensors, interleaved or full-width RoPE).

@@ -53,6 +53,7 @@ FAMILY_TASK: dict[Kind, str] = {
     Kind.attention: "attention",
     Kind.rope: "rope",
     Kind.scatter_add: "scatter_add",
+    Kind.group_norm: "group_norm",
 }
 LIBRARY_KINDS = {Kind.rmsnorm, Kind.add_rmsnorm, Kind.layernorm, Kind.gemm, Kind.attention, Kind.softmax}
 
@@ -537,6 +538,30 @@ def scatter_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str
     ]
 
 
+def group_norm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    """The GroupNorm family where the input is contiguous with whole groups of channels and the affine is per channel
+    (the residual of the input's shape and dtype); the site's own ops otherwise."""
+    if impl is not Impl.family or c.part is None or c.fallback is None:
+        raise AdapterError("group_norm: only the family implementation (the graph's own ops otherwise)")
+    p = site.params
+    x, g = c.name(site.inputs["x"]), p["groups"]
+    w = c.name(site.inputs["weight"]) if site.inputs.get("weight") is not None else "None"
+    b = c.name(site.inputs["bias"]) if site.inputs.get("bias") is not None else "None"
+    r = c.name(site.inputs["residual"]) if p.get("residual") else "None"
+    cond = f"{x}.dim() >= 3 and {x}.is_contiguous() and {x}.shape[1] % {g} == 0 and {x}.numel() > 0"
+    for t in (w, b):
+        if t != "None":
+            cond += f" and {t}.shape == ({x}.shape[1],)"
+    if r != "None":
+        cond += f" and {r}.shape == {x}.shape and {r}.dtype == {x}.dtype and {r}.is_contiguous()"
+    return [
+        f"if {cond}:",
+        f"    {out} = {c.part}run({x}, {w}, {b}, {g}, {float(p['eps'])!r}, {p['act']!r}, {r})",
+        "else:",
+        *["    " + ln for ln in c.fallback()],
+    ]
+
+
 LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] = {
     Kind.rmsnorm: rmsnorm_lines,
     Kind.add_rmsnorm: rmsnorm_lines,
@@ -549,6 +574,7 @@ LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] =
     Kind.rope: rope_lines,
     Kind.fused: fused_lines,
     Kind.scatter_add: scatter_lines,
+    Kind.group_norm: group_norm_lines,
 }
 
 

@@ -7,6 +7,7 @@ from torch.fx import Node
 
 from kernelarc.graph.fusion import fused_sites
 from kernelarc.graph.gated import glu_sites
+from kernelarc.graph.groupnorm import group_norm_sites
 from kernelarc.graph.patterns import (
     Site,
     _attention_sites,
@@ -39,6 +40,7 @@ def recognize(gm: torch.fx.GraphModule) -> list[Site]:
     add(attention)
     add(_rmsnorm_sites(gm))
     add(_layernorm_sites(gm))
+    add(group_norm_sites(gm, taken))
     add(fp8_gemm_sites(gm, taken))  # before the plain GEMMs: the fp32 matmul of dequantised operands
     add(_softmax_sites(gm, taken))
     add(glu_sites(gm, taken))

@@ -35,6 +35,7 @@ class Kind(StrEnum):
     rmsnorm = "rmsnorm"
     add_rmsnorm = "add_rmsnorm"
     layernorm = "layernorm"
+    group_norm = "group_norm"  # GroupNorm with the SiLU and the residual add after it (kernelarc.graph.groupnorm)
     softmax = "softmax"
     glu = "glu"
     rope = "rope"
