@@ -152,9 +152,7 @@ def run(x, weight, bias, groups, eps, act="none", residual=None):
 
 
 def render(k: Mapping[str, Any]) -> str:
-    consts = (
-        f"BLOCK = {k['BLOCK']!r}\nNUM_WARPS = {k['num_warps']!r}\nPROGRAMS_PER_SM = {k['PROGRAMS_PER_SM']!r}\n"
-    )
+    consts = f"BLOCK = {k['BLOCK']!r}\nNUM_WARPS = {k['num_warps']!r}\nPROGRAMS_PER_SM = {k['PROGRAMS_PER_SM']!r}\n"
     return _header(FAMILY_NAME, k) + "\n" + consts + _KERNEL + _LAUNCHER
 
 
