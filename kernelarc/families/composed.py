@@ -911,7 +911,7 @@ MOE_KNOBS = (
         "gemm",
         MOE_GEMMS,
         "algorithmic",
-        "the experts' GEMMs: one torch._grouped_mm (16-bit operands in its layout), "
+        "the experts' GEMMs: one torch._grouped_mm (bf16 operands in its layout), "
         "KernelArc's Triton grouped GEMM (row tiles of one expert each; fp32 rows of 16-bit experts as two 16-bit "
         "parts), or one mm per routed expert after one host read of the counts",
     ),
@@ -939,7 +939,7 @@ def _moe_family(task, rec: Recognition) -> Family:
         description="the reference's loop over experts written once for all experts: one nonzero over the stacked "
         "masks, per-row ops on every routed row, grouped GEMMs over the expert segments, one index_add_",
         knobs=MOE_KNOBS,
-        start={"gemm": "triton" if moe.upcast else "grouped", **MOE_TILE_START},
+        start={"gemm": "triton" if moe.ungrouped else "grouped", **MOE_TILE_START},
         render=lambda k: moe.render(dict(k)),
         valid=_moe_valid,
         language="triton",

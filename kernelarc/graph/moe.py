@@ -31,7 +31,7 @@ and in ``select(W, 0, e)`` of expert-stacked tensors, and an expert with no toke
   kernel (``triton``: one program per row tile of one expert and column tile, the expert found by a binary
   search over the tiles' per-expert offsets, computed on the device with no host read; fp32 rows times 16-bit
   experts upcast by the reference read as the 16-bit rows they were cast from, or split into two 16-bit parts),
-  ``torch._grouped_mm`` on bf16 / fp16 operands in the layout it takes (``grouped``), or one ``mm`` per routed
+  ``torch._grouped_mm`` on bf16 operands in the layout it takes (``grouped``), or one ``mm`` per routed
   expert into the output's segment after one host read of the per-expert counts (``loop``, and the fallback);
 * ``index_add_(acc, 0, rows, values)`` becomes one ``index_add_`` of all rows, in the same expert order;
 * an op of the block that reads nothing of the block (a loop invariant) runs once, before the loop's rows.
@@ -413,7 +413,7 @@ class _Block:
         self.masks: set[int] = set()  # V.i of the expert's mask and values computed from it before its nonzero
         self.nz_mask: V | None = None  # the mask the nonzero reads
         self.checks: set[int] = set()  # V.i of whole-mask reductions the branch on an empty expert reads
-        self.upcast = False  # a GEMM of fp32 products of 16-bit experts
+        self.ungrouped = False  # a GEMM torch._grouped_mm does not take: fp32 products, experts not in bf16
 
     def kind(self, a: Any) -> str:
         refs = _refs(a)
@@ -689,7 +689,7 @@ class _Block:
             x = src.args[0]
             if isinstance(x, V) and x.i in self.rows and self.ra.meta[x.i][1] in (torch.bfloat16, torch.float16):
                 a16 = w.name(x)
-        self.upcast = self.upcast or cast is not None
+        self.ungrouped = self.ungrouped or cast is not None or dtype != torch.bfloat16
         w.lines.append(
             f"{_var(out)} = _seg.mm({w.name(a)}, lambda e: {expr}, {stacked}, cast={cast or 'None'}, a16={a16})"
         )
@@ -761,9 +761,10 @@ class _Segments:
 
 
 def _grouped_ok(a, b):
-    """torch._grouped_mm's own constraints: 16-bit floats of one dtype, b's rows contiguous as a transposed
-    matrix, sizes of whole 16-byte rows, on a GPU from Hopper on (elsewhere one mm per expert)."""
-    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype or a.dim() != 2 or b.dim() != 3:
+    """torch._grouped_mm's own constraints: bf16 operands (its CUDA kernel's only 16-bit type), b a transposed
+    matrix (a Linear weight's layout), rows of whole 16 bytes (TMA; a stride that is not gives wrong results, not an
+    error, in the versions without the check), on a GPU from Hopper on (elsewhere one mm per expert)."""
+    if a.dtype != torch.bfloat16 or b.dtype != a.dtype or a.dim() != 2 or b.dim() != 3:
         return False
     if a.shape[0] == 0 or a.shape[1] % 8 or b.shape[-1] % 8 or b.stride(-2) != 1:
         return False
@@ -851,7 +852,7 @@ def write_module(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, k
 
 
 def _write(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, knobs: dict[str, Any]) -> tuple[str, bool]:
-    """The module's source, and whether a GEMM of it is of fp32 products of 16-bit experts (``_Block.upcast``)."""
+    """The module's source, and whether a GEMM of it is one torch._grouped_mm does not take (``_Block.ungrouped``)."""
     if len(ra.calls) - la.ends[-1] != len(rb.calls) - lb.ends[-1] or la.starts[0] != lb.starts[0]:
         raise MoEError("the prefix or suffix differs between the two recordings")
     w = _Writer(Ints(ra, rb))
@@ -899,7 +900,7 @@ def run({params}):
 {body}
     return {ret}
 ''',
-        block.upcast,
+        block.ungrouped,
     )
 
 
@@ -972,7 +973,7 @@ class MoE:
     la: Loop
     lb: Loop
     reference: str
-    upcast: bool = False  # a GEMM of fp32 products of 16-bit experts (no torch._grouped_mm for it)
+    ungrouped: bool = False  # a GEMM torch._grouped_mm does not take (fp32 products, experts not in bf16)
 
     def describe(self) -> str:
         k = self.la.template
@@ -1029,7 +1030,7 @@ def recognise_moe(task) -> MoE:
     split_blocks(ra, la)
     split_blocks(rb, lb)
     moe = MoE(task.name, ra, rb, la, lb, source)
-    moe.upcast = _write(task.name, ra, rb, la, lb, {**TILE_START, "gemm": "loop"})[1]
+    moe.ungrouped = _write(task.name, ra, rb, la, lb, {**TILE_START, "gemm": "loop"})[1]
     div, floor, mult = SHAPES[2]
     check = _small_task(task, div, floor, mult)
     args = _inputs(check)

@@ -149,7 +149,7 @@ def test_the_expert_loops_family_and_its_points_first(tmp_path):
     # experts: no library grouped GEMM for them, the Triton kernel starts
     fp32 = _eq_fp32(tmp_path)
     rec = recognise(fp32)
-    assert rec.capture is not None and rec.moe is not None and rec.moe.upcast
+    assert rec.capture is not None and rec.moe is not None and rec.moe.ungrouped
     fams = families_for(fp32)
     moe = next(f for f in fams if f.name.endswith(".moe"))
     assert len(fams) > 1 and moe.start["gemm"] == "triton"
