@@ -846,6 +846,27 @@ def _gmm_kernel(a_ptr, b_ptr, c_ptr, seg_ptr, first_ptr, E, N, K, s_am, s_ak, s_
 '''
 
 
+def _host_checks(r: Recording) -> set[int]:
+    """Calls of a recording the written module leaves out: host reads of a tensor's value (``.item()``, as
+    ``one_hot`` makes to check its indices' range) and the calls only they read. Their values reach the module only as
+    the constants they became (checked at two shapes and a third), so each would be a host synchronisation that
+    changes nothing."""
+    read: dict[int, set[int]] = {}  # V.i -> calls reading it
+    for j, c in enumerate(r.calls):
+        for v in _refs((c.args, c.kwargs)):
+            read.setdefault(v.i, set()).add(j)
+    result = {v.i for v in _refs(r.result)}
+    dead = {j for j, c in enumerate(r.calls) if _is(c, aten._local_scalar_dense.default)}
+    for j in range(len(r.calls) - 1, -1, -1):
+        c = r.calls[j]
+        outs = _outs(c)
+        if j in dead or not outs or c.target._schema.is_mutable:
+            continue
+        if all(v.i not in result and read.get(v.i, set()) <= dead for v in outs):
+            dead.add(j)
+    return dead
+
+
 def write_module(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, knobs: dict[str, Any]) -> str:
     """The candidate's source: prefix verbatim, the block once for all experts, suffix verbatim."""
     return _write(title, ra, rb, la, lb, knobs)[0]
@@ -859,12 +880,15 @@ def _write(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, knobs: 
     for pos, v in enumerate(ra.inputs):
         if isinstance(v, V):
             w.names[v.i] = f"_a{pos}"
-    for ca, cb in zip(ra.calls[: la.starts[0]], rb.calls[: lb.starts[0]], strict=True):
-        w.verbatim(ca, cb)
+    dead = _host_checks(ra)
+    for j, (ca, cb) in enumerate(zip(ra.calls[: la.starts[0]], rb.calls[: lb.starts[0]], strict=True)):
+        if j not in dead:
+            w.verbatim(ca, cb)
     block = _Block(w, ra, rb, la, lb, knobs["gemm"])
     block.write()
-    for ca, cb in zip(ra.calls[la.ends[-1] :], rb.calls[lb.ends[-1] :], strict=True):
-        w.verbatim(ca, cb)
+    for j, (ca, cb) in enumerate(zip(ra.calls[la.ends[-1] :], rb.calls[lb.ends[-1] :], strict=True), la.ends[-1]):
+        if j not in dead:
+            w.verbatim(ca, cb)
     ret = w.arg(ra.result, rb.result)
     n = len(ra.inputs)
     params = ", ".join(f"_a{i}" for i in range(n))
