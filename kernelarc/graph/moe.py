@@ -47,7 +47,6 @@ problem is not recognised (``MoEError`` says why).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +55,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from kernelarc.graph.compose import CompositionError, drop_main_guard
+from kernelarc.graph.compose import CompositionError, _fmt, drop_main_guard
 
 log = logging.getLogger(__name__)
 
@@ -334,21 +333,12 @@ class _Writer:
                 raise MoEError("the two recordings differ in an argument's structure")
             inner = ", ".join(self.arg(x, y) for x, y in zip(a, b, strict=True))
             return f"[{inner}]" if isinstance(a, list) else (f"({inner},)" if len(a) == 1 else f"({inner})")
-        if isinstance(a, bool) or a is None or isinstance(a, str):
-            return repr(a)
-        if isinstance(a, int):
+        if isinstance(a, int) and not isinstance(a, bool):
             return self.ints.write(a, b)
-        if isinstance(a, float):
-            if math.isnan(a):
-                return "math.nan"
-            if math.isinf(a):
-                return "math.inf" if a > 0 else "-math.inf"
-            return repr(a)
-        if isinstance(a, torch.dtype | torch.layout | torch.memory_format):
-            return str(a)
-        if isinstance(a, torch.device):
-            return "_dev"
-        raise MoEError(f"cannot write the constant {a!r} ({type(a).__name__})")
+        try:
+            return _fmt(a, self.name)  # the other constants as the composition writes them
+        except CompositionError as e:
+            raise MoEError(str(e)) from None
 
     def call(self, target: Any, args: str, out: Any) -> None:
         ns, packet, overload = target.namespace, target.overloadpacket.__name__, target._overloadname

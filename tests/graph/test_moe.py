@@ -159,6 +159,19 @@ def test_the_expert_loops_family_and_its_points_first(tmp_path):
     assert [p.get("gemm") for _f, p in points[:5]] == ["triton", "triton", "triton", "loop", None]
 
 
+def _spy_kernel(mod, monkeypatch) -> list[tuple]:
+    """Each launch of the module's Triton grouped GEMM as (rows' dtype, output dtype, split), calling through."""
+    launched = []
+    real = mod._Segments.triton
+
+    def spy(self, a, b, out_dtype, split):
+        launched.append((a.dtype, out_dtype, split))
+        return real(self, a, b, out_dtype, split)
+
+    monkeypatch.setattr(mod._Segments, "triton", spy)
+    return launched
+
+
 def test_the_triton_kernel_runs_every_expert_segment(tmp_path, monkeypatch):
     """Under the interpreter the Triton grouped GEMM itself runs (no fallback), on row tiles smaller than most
     segments so that segments span several tiles and tiles end inside them, and with empty experts."""
@@ -167,19 +180,12 @@ def test_the_triton_kernel_runs_every_expert_segment(tmp_path, monkeypatch):
     task = _routed(tmp_path)
     src = recognise_moe(task).render({"gemm": "triton", "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32})
     mod = load_module(src, "moe_triton_spy")
-    launched = []
-    real = mod._Segments.triton
-
-    def spy(self, a, b, out_dtype, split):
-        launched.append((a.dtype, b.dtype, out_dtype, split))
-        return real(self, a, b, out_dtype, split)
-
-    monkeypatch.setattr(mod._Segments, "triton", spy)
+    launched = _spy_kernel(mod, monkeypatch)
     ref = load_module(task.definition.reference, "ref_triton_spy")
     args = make_inputs(task, 1, 3, "cpu")
     want = ref.run(*[a.clone() for a in args])
     got = mod.run(*args)
-    assert len(launched) == 3 and all(x[3] is False for x in launched)
+    assert len(launched) == 3 and all(x == (torch.bfloat16, torch.bfloat16, False) for x in launched)
     assert (got.float() - want.float()).abs().max().item() <= 2e-2 * want.float().abs().max().item()
     del moe
 
@@ -190,14 +196,7 @@ def test_fp32_rows_of_16_bit_experts_take_the_exact_16_bit_rows_or_a_two_part_sp
     task = _eq_fp32(tmp_path)
     src = recognise_moe(task).render({"gemm": "triton", "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32})
     mod = load_module(src, "moe_split_spy")
-    launched = []
-    real = mod._Segments.triton
-
-    def spy(self, a, b, out_dtype, split):
-        launched.append((a.dtype, out_dtype, split))
-        return real(self, a, b, out_dtype, split)
-
-    monkeypatch.setattr(mod._Segments, "triton", spy)
+    launched = _spy_kernel(mod, monkeypatch)
     ref = load_module(task.definition.reference, "ref_split_spy")
     args = make_inputs(task, 0, 2, "cpu")
     want = ref.run(*[a.clone() for a in args])
