@@ -159,8 +159,11 @@ def test_the_expert_loops_family_and_its_points_first(tmp_path):
     assert [p.get("gemm") for _f, p in points[:5]] == ["triton", "triton", "triton", "loop", None]
 
 
-def _spy_kernel(mod, monkeypatch) -> list[tuple]:
-    """Each launch of the module's Triton grouped GEMM as (rows' dtype, output dtype, split), calling through."""
+def _triton_launches(task, workload: int, seed: int, monkeypatch) -> list[tuple]:
+    """Run the module at the Triton point with small tiles (segments span several row tiles and tiles end inside
+    them) against the reference; each launch of its grouped GEMM as (rows' dtype, output dtype, split)."""
+    src = recognise_moe(task).render({"gemm": "triton", "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32})
+    mod = load_module(src, f"moe_spy_{task.name}")
     launched = []
     real = mod._Segments.triton
 
@@ -169,40 +172,24 @@ def _spy_kernel(mod, monkeypatch) -> list[tuple]:
         return real(self, a, b, out_dtype, split)
 
     monkeypatch.setattr(mod._Segments, "triton", spy)
+    ref = load_module(task.definition.reference, f"ref_spy_{task.name}")
+    args = make_inputs(task, workload, seed, "cpu")
+    want = ref.run(*[a.clone() for a in args])
+    got = mod.run(*args)
+    assert (got.float() - want.float()).abs().max().item() <= 2e-2 * want.float().abs().max().item()
     return launched
 
 
 def test_the_triton_kernel_runs_every_expert_segment(tmp_path, monkeypatch):
-    """Under the interpreter the Triton grouped GEMM itself runs (no fallback), on row tiles smaller than most
-    segments so that segments span several tiles and tiles end inside them, and with empty experts."""
-    import kernelarc.graph.moe as moe
-
-    task = _routed(tmp_path)
-    src = recognise_moe(task).render({"gemm": "triton", "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32})
-    mod = load_module(src, "moe_triton_spy")
-    launched = _spy_kernel(mod, monkeypatch)
-    ref = load_module(task.definition.reference, "ref_triton_spy")
-    args = make_inputs(task, 1, 3, "cpu")
-    want = ref.run(*[a.clone() for a in args])
-    got = mod.run(*args)
-    assert len(launched) == 3 and all(x == (torch.bfloat16, torch.bfloat16, False) for x in launched)
-    assert (got.float() - want.float()).abs().max().item() <= 2e-2 * want.float().abs().max().item()
-    del moe
+    """Under the interpreter the Triton grouped GEMM itself runs (no fallback), with empty experts."""
+    assert _triton_launches(_routed(tmp_path), 1, 3, monkeypatch) == [(torch.bfloat16, torch.bfloat16, False)] * 3
 
 
 def test_fp32_rows_of_16_bit_experts_take_the_exact_16_bit_rows_or_a_two_part_split(tmp_path, monkeypatch):
     """EQ_FP32's first GEMM multiplies the fp32 upcast of bf16 rows: the kernel reads the bf16 rows (exact products,
     fp32 out); its second multiplies fp32 rows (GELU's output): split into two bf16 parts."""
-    task = _eq_fp32(tmp_path)
-    src = recognise_moe(task).render({"gemm": "triton", "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32})
-    mod = load_module(src, "moe_split_spy")
-    launched = _spy_kernel(mod, monkeypatch)
-    ref = load_module(task.definition.reference, "ref_split_spy")
-    args = make_inputs(task, 0, 2, "cpu")
-    want = ref.run(*[a.clone() for a in args])
-    got = mod.run(*args)
+    launched = _triton_launches(_eq_fp32(tmp_path), 0, 2, monkeypatch)
     assert launched == [(torch.bfloat16, torch.float32, False), (torch.float32, torch.float32, True)]
-    assert (got.float() - want.float()).abs().max().item() <= 2e-2 * want.float().abs().max().item()
 
 
 def test_an_expert_index_read_another_way_is_not_recognised(tmp_path):
