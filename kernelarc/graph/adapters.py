@@ -551,7 +551,7 @@ def group_norm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, 
     cond = f"{x}.dim() >= 3 and {x}.is_contiguous() and {x}.shape[1] % {g} == 0 and {x}.numel() > 0"
     for t in (w, b):
         if t != "None":
-            cond += f" and {t}.shape == ({x}.shape[1],)"
+            cond += f" and {t}.shape == ({x}.shape[1],) and {t}.is_contiguous()"
     if r != "None":
         cond += f" and {r}.shape == {x}.shape and {r}.dtype == {x}.dtype and {r}.is_contiguous()"
     return [

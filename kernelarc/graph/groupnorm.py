@@ -39,13 +39,17 @@ def _population_var(v: Node) -> bool:
     return bool(keep) and (unbiased is False if correction is None else correction == 0)
 
 
-def _channel_vector(n: Any, channels: Any) -> Node | None:
-    """The 1-D [C] tensor ``n`` is a view of, as ``w.view(1, C, 1, 1)`` (or ``n`` itself where it is [C, 1, 1])."""
-    if op(n) in _VIEWS and isinstance(n.args[0], Node) and node_shape(n.args[0]) is not None:
-        base = n.args[0]
-        if len(node_shape(base)) == 1 and node_shape(base)[0] == channels:
-            return base
-    return None
+def _channel_vector(n: Any, channels: Any, rank: int) -> Node | None:
+    """The 1-D [C] tensor ``n`` is a view of, broadcast along the channel axis of a rank-``rank`` [B, C, ...] value:
+    ``w.view(1, C, 1, 1)`` or ``w.view(C, 1, 1)``."""
+    if op(n) not in _VIEWS or not isinstance(n.args[0], Node) or node_shape(n.args[0]) is None:
+        return None
+    base, shape = n.args[0], node_shape(n)
+    if len(node_shape(base)) != 1 or node_shape(base)[0] != channels or shape is None:
+        return None
+    if tuple(shape) not in ((1, channels, *[1] * (rank - 2)), (channels, *[1] * (rank - 2))):
+        return None
+    return base
 
 
 def _manual(view_back: Node) -> tuple[Node, int, float] | None:
@@ -108,16 +112,17 @@ def group_norm_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
             x, groups, eps = found
             last = n
             # the affine after it: times a [C] weight viewed [1, C, 1, ...], plus a bias viewed so
-            channels = node_shape(x)[1]
+            channels, rank = node_shape(x)[1], len(node_shape(x))
             mul = _only_user(last, taken, "mul")
-            if mul is not None and (
-                w := _channel_vector(mul.args[1] if mul.args[0] is last else mul.args[0], channels)
-            ):
-                weight, last = w, mul
-                add = _only_user(last, taken, "add")
-                if add is not None and (b := _channel_vector(add.args[1] if add.args[0] is last else add.args[0],
-                                                             channels)):  # fmt: skip
-                    bias, last = b, add
+            if mul is not None:
+                w = _channel_vector(mul.args[1] if mul.args[0] is last else mul.args[0], channels, rank)
+                if w is not None:
+                    weight, last = w, mul
+                    add = _only_user(last, taken, "add")
+                    if add is not None:
+                        b = _channel_vector(add.args[1] if add.args[0] is last else add.args[0], channels, rank)
+                        if b is not None:
+                            bias, last = b, add
         else:
             continue
         shape, dtype = node_shape(x), node_dtype(last)

@@ -55,6 +55,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from kernelarc.dispatch import CompositionError as DispatchCompositionError
+from kernelarc.dispatch import rename_part
 from kernelarc.graph.compose import CompositionError, _fmt, drop_main_guard
 
 log = logging.getLogger(__name__)
@@ -342,6 +344,9 @@ class _Writer:
 
     def call(self, target: Any, args: str, out: Any) -> None:
         ns, packet, overload = target.namespace, target.overloadpacket.__name__, target._overloadname
+        if any(t in packet for t in _CPU_OPS):
+            # recorded on the CPU: the CPU's own form of an op (SDPA's ``..._for_cpu``), which a GPU does not have
+            raise MoEError(f"{target} is the CPU's own form of an op")
         expr = f"torch.ops.{ns}.{packet}.{overload}({args})"
         outs = tree_flatten(out)[0]
         fresh = [o for o in outs if isinstance(o, V) and o.i not in self.names]
@@ -362,6 +367,16 @@ class _Writer:
     def verbatim(self, ca: Call, cb: Call) -> None:
         if ca.target is not cb.target:
             raise MoEError(f"the two recordings differ: {ca.target} against {cb.target}")
+        if _is(ca, aten._local_scalar_dense.default):
+            # a host read of a tensor's value: where it is a truth value the same at both shapes (a branch the
+            # reference took), the module takes that branch only while the value holds, and runs the reference else
+            if not isinstance(ca.out, bool) or ca.out != cb.out:
+                raise MoEError("a host read of a tensor's value that is not one branch's truth value")
+            self.lines.append(
+                f"if bool(torch.ops.aten._local_scalar_dense.default({self.name(ca.args[0])})) is not {ca.out!r}:"
+            )
+            self.lines.append("    return _ref_run(*_args)")
+            return
         parts = [self.arg(x, y) for x, y in zip(ca.args, cb.args, strict=True)]
         parts += [f"{k}={self.arg(v, cb.kwargs[k])}" for k, v in ca.kwargs.items()]
         self.call(ca.target, ", ".join(parts), ca.out)
@@ -403,6 +418,7 @@ class _Block:
         self.masks: set[int] = set()  # V.i of the expert's mask and values computed from it before its nonzero
         self.nz_mask: V | None = None  # the mask the nonzero reads
         self.checks: set[int] = set()  # V.i of whole-mask reductions the branch on an empty expert reads
+        self.acc_family: set[int] = set()  # V.i of the accumulator and its views
         self.ungrouped = False  # a GEMM torch._grouped_mm does not take: fp32 products, experts not in bf16
 
     def kind(self, a: Any) -> str:
@@ -430,6 +446,14 @@ class _Block:
             w.lines.append(f"_mask = {src}.unsqueeze(0) == torch.arange(_E, device={src}.device).view{shape}")
         for c in ca_all:
             self.block.update(v.i for v in _outs(c))
+        # the accumulator (the last call's buffer) and its views: read by nothing of the block but its index_add_
+        last = ca_all[-1]
+        if not _is(last, aten.index_add_.default) or not isinstance(last.args[0], V):
+            raise MoEError("the block does not end with an index_add_")
+        self.acc_family = _aliases(self.ra, last.args[0])
+        for c in ca_all[:-1]:
+            if any(v.i in self.acc_family for v in _refs((c.args, c.kwargs))):
+                raise MoEError(f"the block reads its accumulator ({c.target})")
         # the head: the expert's mask, ops on it (stacked: one more leading axis), its nonzero
         w.names[ca_all[0].out.i] = "_mask"
         self.masks.add(ca_all[0].out.i)
@@ -469,7 +493,7 @@ class _Block:
             w.verbatim(ca, cb)  # a loop invariant
             return
         p = _packet(ca)
-        if p in ("any", "all", "sum", "amax", "amin") and len(ca.args) == 1 and not ca.kwargs:
+        if p in ("any", "all") and len(ca.args) == 1 and not ca.kwargs:
             self.checks.update(v.i for v in _outs(ca))  # a whole-mask reduction, for that branch only: not written
             return
         if _pointwise(ca) or p in ("_to_copy", "clone", "contiguous", "detach", "alias"):
@@ -505,8 +529,8 @@ class _Block:
             self.experts[ca.out.i] = _Expert(base, [])
             return
         if k == "outer":
-            if any(a.i == getattr(self.acc, "i", None) for a in _refs(ca.args)):
-                raise MoEError("the block reads its accumulator")
+            if ca.target._schema.is_mutable:
+                raise MoEError(f"{ca.target} writes an outer tensor once per expert")
             if any(isinstance(x, int) and x == e for x in tree_flatten(ca.args)[0]) and self._e_dependent(ca):
                 raise MoEError(f"{ca.target} depends on the expert index in a way not written")
             w.verbatim(ca, cb)  # a loop invariant: once
@@ -520,7 +544,9 @@ class _Block:
             return
         # row values
         if _is(ca, aten.index_add_.default):
-            acc, dim, idx, val = ca.args
+            acc, dim, idx, val = ca.args[:4]
+            if len(ca.args) > 4 or set(ca.kwargs) - {"alpha"} or ca.kwargs.get("alpha", 1) != 1:
+                raise MoEError("index_add_ with a scale")
             if dim != 0 or acc.i in self.rows or idx.i not in self.rows or val.i not in self.rows:
                 raise MoEError("index_add_ of the block not onto an outer tensor's rows")
             if self.acc is not None and self.acc != acc:
@@ -572,7 +598,7 @@ class _Block:
             x = ca.args[0]
             rank = len(self.ra.meta[x.i][0])
             dims = ca.args[1] if isinstance(ca.args[1], list | tuple) else [ca.args[1]]
-            if x.i not in self.rows or any(d % rank == 0 for d in dims):
+            if x.i not in self.rows or not dims or None in dims or any(d % rank == 0 for d in dims):
                 raise MoEError(f"{ca.target} over the routed rows")
             w.verbatim(ca, cb)
             self.rows.add(ca.out.i)
@@ -604,7 +630,13 @@ class _Block:
                 expr = f"{w.name(ex.base)}[_eid]"
                 for c in ex.chain:
                     expr = f"{expr}.to({c.kwargs.get('dtype')})"
-                subst[v.i] = f"({expr})"
+                # [rows, *its shape], with 1s between so that it broadcasts as it did against the block's rows
+                eshape = self.ra.meta[v.i][0]
+                pad = len(self.ra.meta[ca.out.i][0]) - 1 - len(eshape) if isinstance(ca.out, V) else -1
+                if pad < 0:
+                    raise MoEError("an expert's tensor of more axes than the rows it meets")
+                dims = ", ".join(["-1", *["1"] * pad, f"*{w.name(ex.base)}.shape[1:]"])
+                subst[v.i] = f"({expr}).view({dims})"
         saved = dict(w.names)
         for i, s in subst.items():
             w.names[i] = s
@@ -726,7 +758,9 @@ class _Segments:
         if GEMM == "triton" and cast is not False and _triton_ok(a, stacked, cast):
             if a16 is not None and a16.dtype == stacked.dtype:
                 return self.triton(a16, stacked, a.dtype, split=False)
-            return self.triton(a, stacked, a.dtype, split=a.dtype == torch.float32)
+            # fp32 rows in two parts of the experts' dtype: bf16 only (fp16's range would overflow or flush them)
+            if a.dtype != torch.float32 or stacked.dtype == torch.bfloat16:
+                return self.triton(a, stacked, a.dtype, split=a.dtype == torch.float32)
         first = w_of(0)
         out = torch.empty((a.shape[0], first.shape[-1]), dtype=torch.result_type(a, first), device=a.device)
         lo = 0
@@ -816,7 +850,7 @@ def _gmm_kernel(a_ptr, b_ptr, c_ptr, seg_ptr, first_ptr, E, N, K, s_am, s_ak, s_
         a = tl.load(a_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=km[:, None] & mn[None, :], other=0.0)
         if SPLIT:
-            # fp32 rows as two 16-bit parts (the experts are exact in 16 bits): fp32-accurate products on tensor cores
+            # fp32 rows as two bf16 parts (the experts are exact in bf16): products to about 2^-16 on tensor cores
             hi16 = a.to(b.dtype)
             lo16 = (a - hi16.to(tl.float32)).to(b.dtype)
             if UPCAST:
@@ -836,33 +870,60 @@ def _gmm_kernel(a_ptr, b_ptr, c_ptr, seg_ptr, first_ptr, E, N, K, s_am, s_ak, s_
 '''
 
 
+_CPU_OPS = ("cpu", "mkldnn", "mkl_", "onednn")
+
+_ALIASING = {"detach", "alias", "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "unsqueeze", "squeeze",
+             "select", "slice", "expand", "as_strided", "view_as", "flatten", "unflatten", "contiguous"}  # fmt: skip
+
+
+def _aliases(r: Recording, v: V) -> set[int]:
+    """``v`` and every value of the recording that may share its storage: views of it, what it is a view of, and
+    so on (by the ops that can return a view)."""
+    edges: dict[int, set[int]] = {}
+    for c in r.calls:
+        if _packet(c) in _ALIASING and isinstance(c.args[0], V):
+            for o in _outs(c):
+                edges.setdefault(c.args[0].i, set()).add(o.i)
+                edges.setdefault(o.i, set()).add(c.args[0].i)
+    seen, todo = {v.i}, [v.i]
+    while todo:
+        for n in edges.get(todo.pop(), ()):
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
 def _host_checks(r: Recording) -> set[int]:
-    """Calls of a recording the written module leaves out: host reads of a tensor's value (``.item()``, as
-    ``one_hot`` makes to check its indices' range) and the calls only they read. Their values reach the module only as
-    the constants they became (checked at two shapes and a third), so each would be a host synchronisation that
-    changes nothing."""
-    read: dict[int, set[int]] = {}  # V.i -> calls reading it
+    """Calls of a recording the written module leaves out: ``one_hot``'s range check of its indices (``aminmax``
+    and the two host reads of its results), which only raises on indices out of range, each read a host
+    synchronisation. Other host reads of a tensor's value are not left out (``_Writer.verbatim`` guards them)."""
+    dead: set[int] = set()
     for j, c in enumerate(r.calls):
-        for v in _refs((c.args, c.kwargs)):
-            read.setdefault(v.i, set()).add(j)
-    result = {v.i for v in _refs(r.result)}
-    dead = {j for j, c in enumerate(r.calls) if _is(c, aten._local_scalar_dense.default)}
-    for j in range(len(r.calls) - 1, -1, -1):
-        c = r.calls[j]
-        outs = _outs(c)
-        if j in dead or not outs or c.target._schema.is_mutable:
+        if not _is(c, aten.aminmax.default) or j + 2 >= len(r.calls):
             continue
-        if all(v.i not in result and read.get(v.i, set()) <= dead for v in outs):
-            dead.add(j)
+        lo, hi = _outs(c)
+        reads = r.calls[j + 1 : j + 3]
+        if all(_is(x, aten._local_scalar_dense.default) for x in reads) and [x.args[0] for x in reads] == [lo, hi]:
+            others = [
+                k
+                for k, x in enumerate(r.calls)
+                if k not in (j + 1, j + 2) and any(v in (lo, hi) for v in _refs(x.args))
+            ]
+            if not others:
+                dead.update((j, j + 1, j + 2))
     return dead
 
 
-def write_module(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, knobs: dict[str, Any]) -> str:
-    """The candidate's source: prefix verbatim, the block once for all experts, suffix verbatim."""
-    return _write(title, ra, rb, la, lb, knobs)[0]
+def write_module(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, knobs: dict[str, Any], reference: str
+                 ) -> str:  # fmt: skip
+    """The candidate's source: prefix verbatim, the block once for all experts, suffix verbatim; the reference
+    embedded as ``_ref_run`` for the inputs the module was not written for."""
+    return _write(title, ra, rb, la, lb, knobs, reference)[0]
 
 
-def _write(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, knobs: dict[str, Any]) -> tuple[str, bool]:
+def _write(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, knobs: dict[str, Any], reference: str
+           ) -> tuple[str, bool]:  # fmt: skip
     """The module's source, and whether a GEMM of it is one torch._grouped_mm does not take (``_Block.ungrouped``)."""
     if len(ra.calls) - la.ends[-1] != len(rb.calls) - lb.ends[-1] or la.starts[0] != lb.starts[0]:
         raise MoEError("the prefix or suffix differs between the two recordings")
@@ -883,8 +944,28 @@ def _write(title: str, ra: Recording, rb: Recording, la: Loop, lb: Loop, knobs: 
     n = len(ra.inputs)
     params = ", ".join(f"_a{i}" for i in range(n))
     tensors = [f"_a{i}" for i, v in enumerate(ra.inputs) if isinstance(v, V)]
-    body = "\n".join("    " + ln for ln in w.lines)
+    # the scalar inputs as recorded (a flag that steers the reference's Python, as L2/008's norm_topk_prob): the
+    # module is written for those values, and runs the reference for any others
+    scalars = [(i, v) for i, v in enumerate(ra.inputs) if not isinstance(v, V)]
+    guards = [f"_a{i} != {_fmt(v, str)}" for i, v in scalars if isinstance(v, bool | int | float | str) or v is None]
+    if len(guards) != len(scalars):
+        raise MoEError("a scalar input of a type the module cannot compare")
+    head = [f"if {' or '.join(guards)}:", "    return _ref_run(*_args)"] if guards else []
+    unpack = f"{params}{',' if n == 1 else ''} = _args"
+    body = "\n".join("    " + ln for ln in [unpack, *head, f"_dev = {tensors[0]}.device", *w.lines])
+    try:
+        ref = rename_part(drop_main_guard(reference), "_ref_")
+    except DispatchCompositionError as e:
+        raise MoEError(f"the reference cannot be embedded: {e}") from e
+    bound = {"math", "os", "torch", "triton", "tl"}
+    imports = []
+    for text, names in ref.imports:
+        if any(nm in bound for nm in names) and text not in ("import math", "import os", "import torch"):
+            raise MoEError(f"the reference binds a name the module uses: {text}")
+        if text not in ("import math", "import os", "import torch"):
+            imports.append(text)
     knob_doc = "\n".join(f"    {k} = {v!r}" for k, v in sorted(knobs.items()))
+    extra_imports = "\n".join(imports)
     return (
         f'''"""KernelArc candidate: {title}'s expert loop written once for all experts (kernelarc.graph.moe).
 
@@ -898,6 +979,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+{extra_imports}
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 GEMM = {knobs["gemm"]!r}
@@ -908,9 +990,13 @@ NUM_WARPS = {knobs["num_warps"]}
 NUM_STAGES = {knobs["num_stages"]}
 {_RUNTIME}
 
+# ---- part _ref_ (the reference, for the inputs the module was not written for)
+
+{ref.body}
+
+
 @torch.no_grad()
-def run({params}):
-    _dev = {tensors[0]}.device
+def run(*_args):
 {body}
     return {ret}
 ''',
@@ -995,7 +1081,7 @@ class MoE:
         return f"expert loop over {self.la.E} experts ({self.la.style} masks), a {n}-op block"
 
     def render(self, knobs: dict[str, Any]) -> str:
-        return write_module(self.task, self.ra, self.rb, self.la, self.lb, {**TILE_START, **knobs})
+        return write_module(self.task, self.ra, self.rb, self.la, self.lb, {**TILE_START, **knobs}, self.reference)
 
 
 def _inputs(task) -> list[Any]:
@@ -1044,7 +1130,7 @@ def recognise_moe(task) -> MoE:
     split_blocks(ra, la)
     split_blocks(rb, lb)
     moe = MoE(task.name, ra, rb, la, lb, source)
-    moe.ungrouped = _write(task.name, ra, rb, la, lb, {**TILE_START, "gemm": "loop"})[1]
+    moe.ungrouped = _write(task.name, ra, rb, la, lb, {**TILE_START, "gemm": "loop"}, source)[1]
     div, floor, mult = SHAPES[2]
     check = _small_task(task, div, floor, mult)
     args = _inputs(check)

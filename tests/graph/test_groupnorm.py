@@ -52,6 +52,8 @@ def run(x, w, b):
 
 # the sample variance (Bessel's correction): not GroupNorm, not recognised as one
 SAMPLE_VAR = MANUAL.replace("unbiased=False", "unbiased=True")
+# an affine along the last axis, not the channels' (W == C): the norm is a site, the affine stays the graph's
+WIDTH_AFFINE = MANUAL.replace("w.view(1, C, 1, 1) + b.view(1, C, 1, 1)", "w.view(1, 1, 1, W) + b.view(1, 1, 1, W)")
 
 
 def _task(tmp_path: Path, name: str, ref: str, dtype: str):
@@ -97,6 +99,14 @@ def test_group_norm_sites_compose_and_match_the_reference(tmp_path, form, dtype)
 
 def test_the_sample_variance_is_not_a_group_norm(tmp_path):
     assert _sites(_task(tmp_path, "gn_sample", SAMPLE_VAR, "float32")) == []
+
+
+def test_an_affine_along_another_axis_is_not_the_norms(tmp_path):
+    task = make_task(tmp_path, "gn_width", WIDTH_AFFINE,
+                     {"x": (["B", 16, "H", 16], "float32"), "w": ([16], "float32"), "b": ([16], "float32")},
+                     {"y": (["B", 16, "H", 16], "float32")}, [{"B": 2, "H": 12}])  # fmt: skip
+    (site,) = _sites(task)
+    assert site.inputs["weight"] is None and site.inputs["bias"] is None
 
 
 @pytest.mark.parametrize("spans", [1, 64])
