@@ -259,8 +259,9 @@ def split_blocks(r: Recording, loop: Loop) -> None:
         ends.append(last + (empty[0] if empty else _head_len(calls[first : first + full])))
     loop.ends = ends
     routed = [k for k in range(loop.E) if ends[k] - loop.starts[k] == full]
-    if not routed:
-        raise MoEError("no expert routed a row in the recording")
+    if len(routed) < 2:
+        # with one routed block, an index equal to its expert's by chance could not be told from the expert's
+        raise MoEError("fewer than two experts routed a row in the recording")
     loop.template = routed[0]
     ref = _block_sig(calls, loop.starts[routed[0]], ends[routed[0]], routed[0])
     if not str(ref[-1][0]).startswith("aten.index_add_"):
@@ -576,7 +577,7 @@ class _Block:
             return
         if _is(ca, aten.index.Tensor):
             base, idx = ca.args
-            if base.i in self.rows or any(i is not None and i.i not in self.rows for i in idx):
+            if base.i in self.rows or any(i is None or i.i not in self.rows for i in idx):
                 raise MoEError("an index of the block that is not a gather of outer rows by routed rows")
             inner = ", ".join("None" if i is None else w.name(i) for i in idx)
             if base.i in self.masks:  # a value of the expert's mask, stacked: each row reads its expert's
