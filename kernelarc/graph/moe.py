@@ -168,6 +168,7 @@ class Loop:
     source: V  # M or X
     ends: list[int] = field(default_factory=list)  # one past each block's last call
     template: int = -1  # the expert whose block is the template (the first that routes a row)
+    offset: int = 0  # the id of the first expert (``ids == offset + e``)
 
 
 def _expert_index(c: Call) -> tuple[str, V, int] | None:
@@ -187,12 +188,15 @@ def find_loop(r: Recording) -> Loop:
     for i, c in enumerate(r.calls):
         if (hit := _expert_index(c)) is not None:
             groups.setdefault((hit[0], hit[1].i), []).append((i, hit[2]))
+    # experts c..c+E-1 in order: c = 0 for a mask's leading axis, any offset for ``ids == c + e`` (a rank's local
+    # experts among the global ids)
     loops = [(hits[0][0], key, hits) for key, hits in groups.items()
-             if len(hits) >= MIN_EXPERTS and [e for _i, e in hits] == list(range(len(hits)))]  # fmt: skip
+             if len(hits) >= MIN_EXPERTS and [e - hits[0][1] for _i, e in hits] == list(range(len(hits)))
+             and (key[0] == "eq" or hits[0][1] == 0)]  # fmt: skip
     if not loops:
-        raise MoEError("no loop over experts: no tensor has its experts 0..E-1 picked in order")
+        raise MoEError("no loop over experts: no tensor has its experts picked once each, in order")
     _first, (style, source), hits = min(loops)
-    loop = Loop(len(hits), [i for i, _e in hits], style, V(source))
+    loop = Loop(len(hits), [i for i, _e in hits], style, V(source), offset=hits[0][1])
     if style == "select" and r.meta[source][0][0] != loop.E:
         raise MoEError(f"the loop visits {loop.E} experts of a tensor with {r.meta[source][0][0]}")
     if not any(_is(c, aten.nonzero.default) for c in r.calls[loop.starts[0] :]):
@@ -205,22 +209,35 @@ def _norm(x: Any, local: dict[int, tuple[int, int]]) -> Any:
     return tree_map(lambda a: ("blk", *local[a.i]) if isinstance(a, V) and a.i in local else a, x)
 
 
-def _block_sig(calls: list[Call], lo: int, hi: int, e: int) -> list[tuple]:
-    """A block's calls with its own values by position and the expert index as ``"e"`` where it selects an
-    expert (the mask's ``select`` / ``eq``, an expert-stacked tensor's ``select(W, 0, e)``)."""
+def _ints_match(x: Any, y: Any, ex: int, ey: int, offset: int) -> bool:
+    """Two blocks' arguments alike, an integer either equal in both or each block's expert id (``e``, or
+    ``offset + e`` of an ``ids == offset + e`` loop) in its own."""
+    if isinstance(x, list | tuple):
+        return isinstance(y, list | tuple) and len(x) == len(y) and all(
+            _ints_match(a, b, ex, ey, offset) for a, b in zip(x, y, strict=True))  # fmt: skip
+    if isinstance(x, dict):
+        return isinstance(y, dict) and x.keys() == y.keys() and all(_ints_match(x[k], y[k], ex, ey, offset) for k in x)
+    if isinstance(x, int) and not isinstance(x, bool) and isinstance(y, int) and not isinstance(y, bool):
+        return x == y or (x - ex == y - ey and x - ex in (0, offset))
+    return type(x) is type(y) and x == y
+
+
+def _same_block(calls: list[Call], lo: int, e: int, lo2: int, e2: int, n: int, offset: int) -> bool:
+    """Whether the ``n`` calls from ``lo`` (expert ``e``'s) and from ``lo2`` (expert ``e2``'s) are one template: the
+    same ops, the block's own values by position, the same outer values and constants but for the expert ids."""
+    if lo + n > len(calls) or lo2 + n > len(calls):
+        return False
     local: dict[int, tuple[int, int]] = {}
-    sig = []
-    for j in range(lo, hi):
-        c = calls[j]
-        args = _norm(c.args, local)
-        if _is(c, aten.select.int) and c.args[1] == 0 and c.args[2] == e:
-            args = (args[0], 0, "e")
-        elif j == lo and _is(c, aten.eq.Scalar):
-            args = (args[0], "e")
-        sig.append((str(c.target), repr(args), repr(_norm(c.kwargs, local))))
-        for k, v in enumerate(_outs(c)):
-            local[v.i] = (j - lo, k)
-    return sig
+    local2: dict[int, tuple[int, int]] = {}
+    for j in range(n):
+        c, c2 = calls[lo + j], calls[lo2 + j]
+        if c.target is not c2.target:
+            return False
+        if not _ints_match(_norm((c.args, c.kwargs), local), _norm((c2.args, c2.kwargs), local2), e, e2, offset):
+            return False
+        for k, (v, v2) in enumerate(zip(_outs(c), _outs(c2), strict=False)):
+            local[v.i], local2[v2.i] = (j, k), (j, k)
+    return True
 
 
 def _head_len(block: list[Call]) -> int:
@@ -251,8 +268,8 @@ def split_blocks(r: Recording, loop: Loop) -> None:
     first = loop.starts[lengths.index(full)]
     last = loop.starts[-1]
     # the last expert's block: as long as the template if it repeats it, else as long as an expert's with no row
-    ref = _block_sig(calls, first, first + full, lengths.index(full))
-    if last + full <= len(calls) and _block_sig(calls, last, last + full, loop.E - 1) == ref:
+    k0, off = lengths.index(full), loop.offset
+    if _same_block(calls, first, k0, last, loop.E - 1, full, off):
         ends.append(last + full)
     else:
         empty = [n for n in lengths if n < full]
@@ -262,16 +279,18 @@ def split_blocks(r: Recording, loop: Loop) -> None:
     if len(routed) < 2:
         # with one routed block, an index equal to its expert's by chance could not be told from the expert's
         raise MoEError("fewer than two experts routed a row in the recording")
-    loop.template = routed[0]
-    ref = _block_sig(calls, loop.starts[routed[0]], ends[routed[0]], routed[0])
-    if not str(ref[-1][0]).startswith("aten.index_add_"):
-        raise MoEError(f"a routing block ends with {ref[-1][0]}, not index_add_")
+    t = loop.template = routed[0]
+    if not _is(calls[ends[t] - 1], aten.index_add_.default):
+        raise MoEError(f"a routing block ends with {calls[ends[t] - 1].target}, not index_add_")
     for k in routed[1:]:
-        if _block_sig(calls, loop.starts[k], ends[k], k) != ref:
-            raise MoEError(f"expert {k}'s block is not expert {routed[0]}'s with the expert index changed")
-    short = ref[: min(e - s for s, e in zip(loop.starts, ends, strict=True))]
+        if not _same_block(calls, loop.starts[t], t, loop.starts[k], k, full, off):
+            raise MoEError(f"expert {k}'s block is not expert {t}'s with the expert index changed")
+    short = min(e - s for s, e in zip(loop.starts, ends, strict=True))
     for k in range(loop.E):
-        if k not in routed and _block_sig(calls, loop.starts[k], ends[k], k) != short:
+        head = ends[k] - loop.starts[k] == short and _same_block(
+            calls, loop.starts[t], t, loop.starts[k], k, short, off
+        )
+        if k not in routed and not head:
             raise MoEError(f"expert {k} routes no row and its block is not the others' head")
 
 
@@ -438,13 +457,16 @@ class _Block:
         cb_all = self.rb.calls[lb.starts[kb] : lb.ends[kb]]
         w = self.w
         E = w.ints.write(la.E, lb.E)
+        if la.offset != lb.offset:
+            raise MoEError("the first expert's id differs between the two recordings")
         w.lines.append(f"_E = {E}")
         src = w.name(la.source)
         if la.style == "select":
             w.lines.append(f"_mask = {src}")
         else:
             shape = f"(-1, *([1] * {src}.dim()))"
-            w.lines.append(f"_mask = {src}.unsqueeze(0) == torch.arange(_E, device={src}.device).view{shape}")
+            ids = f"torch.arange({la.offset}, {la.offset} + _E, device={src}.device)"
+            w.lines.append(f"_mask = {src}.unsqueeze(0) == {ids}.view{shape}")
         for c in ca_all:
             self.block.update(v.i for v in _outs(c))
         # the accumulator (the last call's buffer) and its views: read by nothing of the block but its index_add_
@@ -537,6 +559,8 @@ class _Block:
             w.verbatim(ca, cb)  # a loop invariant: once
             return
         if k == "expert":
+            if self._e_dependent(ca):
+                raise MoEError(f"{ca.target} on an expert's tensor takes the expert id")
             src = next(v for v in _refs(ca.args) if v.i in self.experts)
             if p not in _VIEW_EXPERT or len(_refs(ca.args)) != 1:
                 raise MoEError(f"{ca.target} on an expert's tensor")
@@ -554,6 +578,23 @@ class _Block:
                 raise MoEError("the block accumulates into two tensors")
             self.acc = acc
             w.lines.append(f"{w.name(acc)}.index_add_(0, {w.name(idx)}, {w.name(val)})")
+            return
+        if _is(ca, aten.select.int) and ca.args[0].i in self.rows and ca.args[2] == e + self.la.offset:
+            # a routed row's column of its own expert (``w_tok[:, ge]``): a gather per row
+            x, dim = ca.args[0], ca.args[1]
+            if len(self.ra.meta[x.i][0]) != 2 or dim not in (1, -1) or not self._expert_column(ca):
+                raise MoEError(f"{ca.target} of a routed row by the expert id, not its column")
+            idx = f"(_eid + {self.la.offset}).unsqueeze(1)"
+            w.lines.append(f"{_var(ca.out)} = {w.name(x)}.gather(1, {idx}).squeeze(1)")
+            w.names[ca.out.i] = _var(ca.out)
+            self.rows.add(ca.out.i)
+            return
+        if _is(ca, aten.index_select.default):
+            base, dim, idx = ca.args
+            if dim != 0 or base.i in self.rows or base.i in self.block or idx.i not in self.rows:
+                raise MoEError("an index_select of the block that is not a gather of outer rows by routed rows")
+            w.call(ca.target, f"{w.name(base)}, 0, {w.name(idx)}", ca.out)
+            self.rows.add(ca.out.i)
             return
         if _is(ca, aten.mm.default):
             a, b = ca.args
@@ -589,6 +630,8 @@ class _Block:
             w.call(ca.target, f"{w.name(base)}, [{inner}]", ca.out)
             self.rows.add(ca.out.i)
             return
+        if self._e_dependent(ca):
+            raise MoEError(f"{ca.target} takes the expert id")
         if _pointwise(ca) or p in _UNARY_ROW:
             self._pointwise(ca, cb)
             return
@@ -605,6 +648,16 @@ class _Block:
             self.rows.add(ca.out.i)
             return
         raise MoEError(f"{ca.target} in the expert block is not written")
+
+    def _expert_column(self, ca: Call) -> bool:
+        """Whether the same select in another routing block takes that block's expert id."""
+        la = self.la
+        full = la.ends[la.template] - la.starts[la.template]
+        other = [k for k in range(la.E) if k != la.template and la.ends[k] - la.starts[k] == full]
+        if not other:
+            return False
+        j = self.ra.calls.index(ca) - la.starts[la.template] + la.starts[other[0]]
+        return self.ra.calls[j].args[2] == other[0] + la.offset
 
     def _e_dependent(self, ca: Call) -> bool:
         """Whether an outer op of the template block takes other integers in another routing block."""
@@ -1026,7 +1079,7 @@ def _distinct(values: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def _small_task(task, div: int, floor: int, var_mult: int):
+def _small_task(task, div: int, floor: int, var_mult: int, var_scale: int = 1):
     """The task at small sizes: every const axis of 32 or more divided by ``div`` (at least ``floor``), the var
     axes of its smallest workload the same way (those under 32 multiplied by ``var_mult``), no two equal; one
     workload."""
@@ -1046,7 +1099,7 @@ def _small_task(task, div: int, floor: int, var_mult: int):
             wanted[name] = _scaled(ax.value, div, floor)
         elif name in wl.axes:
             v = wl.axes[name]
-            wanted[name] = _scaled(v, div, floor) if v >= 32 else v * var_mult
+            wanted[name] = (_scaled(v, div, floor) if v >= 32 else v * var_mult) * var_scale
     wanted = _distinct(wanted)
     axes = {n: (ax.model_copy(update={"value": wanted[n]}) if isinstance(ax, AxisConst) else ax)
             for n, ax in defn.axes.items()}  # fmt: skip
@@ -1062,6 +1115,7 @@ def _small_task(task, div: int, floor: int, var_mult: int):
 
 # (div, floor, var_mult) of ``_small_task``: recorded at the first two, checked at the third
 SHAPES = ((32, 16, 1), (16, 24, 2), (8, 32, 3))
+VAR_SCALES = (1, 4)
 
 
 @dataclass
@@ -1116,24 +1170,33 @@ def recognise_moe(task) -> MoE:
 
     source = drop_main_guard(task.definition.reference)
     ref = load_module(source, f"moe_ref_{task.name}")
-    recs = []
-    for div, floor, mult in SHAPES[:2]:
-        small = _small_task(task, div, floor, mult)
+    # var axes (tokens) four times larger where the small ones leave fewer than two experts routed (a rank's local
+    # experts among many)
+    for var_scale in VAR_SCALES:
+        recs = []
+        for div, floor, mult in SHAPES[:2]:
+            small = _small_task(task, div, floor, mult, var_scale)
+            try:
+                args = _inputs(small)
+                recs.append(record(ref.run, args))
+            except MoEError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a reference that does not run small is not recognised
+                why = f"{type(e).__name__}: {str(e)[:160]}"
+                raise MoEError(f"the reference does not run at small sizes ({why})") from e
+        ra, rb = recs
+        la, lb = find_loop(ra), find_loop(rb)
         try:
-            args = _inputs(small)
-            recs.append(record(ref.run, args))
-        except MoEError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a reference that does not run small is not recognised
-            raise MoEError(f"the reference does not run at small sizes ({type(e).__name__}: {str(e)[:160]})") from e
-    ra, rb = recs
-    la, lb = find_loop(ra), find_loop(rb)
-    split_blocks(ra, la)
-    split_blocks(rb, lb)
+            split_blocks(ra, la)
+            split_blocks(rb, lb)
+            break
+        except MoEError as e:
+            if "fewer than two experts" not in str(e) or var_scale == VAR_SCALES[-1]:
+                raise
     moe = MoE(task.name, ra, rb, la, lb, source)
     moe.ungrouped = _write(task.name, ra, rb, la, lb, {**TILE_START, "gemm": "loop"}, source)[1]
     div, floor, mult = SHAPES[2]
-    check = _small_task(task, div, floor, mult)
+    check = _small_task(task, div, floor, mult, var_scale)
     args = _inputs(check)
     want = ref.run(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
     for gemm in GEMMS:

@@ -432,3 +432,39 @@ def test_fp32_rows_of_fp16_experts_are_not_split(tmp_path, monkeypatch):
     got = seg.mm(a, lambda e: w[e].float().t(), w.transpose(-2, -1), cast=torch.float32, a16=None)
     want = torch.cat([a[:3] @ w[0].float().t(), a[3:] @ w[2].float().t()])
     assert launched == [] and torch.allclose(got, want, rtol=1e-5)
+
+
+# a rank's local experts among global ids (``ids == offset + le``, ``offset`` a scalar input), the mask reduced over
+# the slots before its nonzero, the branch on ``sel.any()``, rows gathered by ``index_select``, each routed row's
+# weight read from a dense [T, experts] table at its expert's column
+LOCAL = (
+    _HDR
+    + """def run(x, logits, w, offset):
+    wts, ids = torch.softmax(logits, -1).topk(2, dim=-1)
+    dense = torch.zeros_like(logits).scatter(1, ids, wts)
+    out = torch.zeros_like(x)
+    for le in range(w.shape[0]):
+        ge = offset + le
+        sel = (ids == ge).any(dim=1)
+        if not sel.any():
+            continue
+        tok = torch.nonzero(sel).squeeze(1)
+        y = torch.relu(x.index_select(0, tok) @ w[le].t())
+        w_tok = dense.index_select(0, tok)[:, ge]
+        out.index_add_(0, tok, y * w_tok[:, None])
+    return out
+"""
+)
+
+
+@pytest.mark.parametrize("gemm", ["triton", "loop"])
+def test_local_experts_at_an_offset_and_their_column_of_a_dense_table(tmp_path, gemm):
+    task = make_task(
+        tmp_path, "moe_local", LOCAL,
+        {"x": (["T", "H"], "float32"), "logits": (["T", "G"], "float32"), "w": (["E", "H", "H"], "float32"),
+         "offset": (None, "int32")},
+        {"out": (["T", "H"], "float32")}, [{"T": 40, "H": 32, "G": 16, "E": 6}], scalars={"offset": 3},
+    )  # fmt: skip
+    _check(task, gemm)
+    src = recognise_moe(task).render({"gemm": gemm})
+    assert "torch.arange(3, 3 + _E" in src and ".gather(1, (_eid + 3)" in src
