@@ -19,10 +19,10 @@ softmax, SwiGLU / GeGLU, RoPE, LayerNorm, GroupNorm (+ SiLU, + residual), ...) a
   (``GraphTooLarge``) and that loop is a pointwise recurrence (``kernelarc.graph.recurrence``): one Triton
   kernel walking the steps with the carried state in registers (knobs: lanes per program, warps, unrolling,
   prefetch, division / sqrt precision); it is then the problem's only composed family.
-* ``composed.<task>.moe`` where capture refuses the reference for data-dependent sizes and it is a loop over
-  experts (``kernelarc.graph.moe``): the loop written once for all experts, the experts' GEMMs grouped (knob:
-  ``torch._grouped_mm``, KernelArc's Triton grouped GEMM and its tiles, or one mm per routed expert); likewise the
-  problem's only composed family.
+* ``composed.<task>.moe`` where the reference is a loop over experts (``kernelarc.graph.moe``): the loop written
+  once for all experts, the experts' GEMMs grouped (knob: ``torch._grouped_mm``, KernelArc's Triton grouped GEMM
+  and its tiles, or one mm per routed expert). Where capture refuses the reference (data-dependent sizes) it is the
+  problem's only composed family; where capture holds the loop unrolled it is offered beside the others, first.
 
 No family here is static (``FAMILIES`` is empty): they depend on the problem.
 
@@ -912,7 +912,7 @@ MOE_KNOBS = (
         MOE_GEMMS,
         "algorithmic",
         "the experts' GEMMs: one torch._grouped_mm (bf16 operands in its layout), "
-        "KernelArc's Triton grouped GEMM (row tiles of one expert each; fp32 rows of 16-bit experts as two 16-bit "
+        "KernelArc's Triton grouped GEMM (row tiles of one expert each; fp32 rows of bf16 experts as two bf16 "
         "parts), or one mm per routed expert after one host read of the counts",
     ),
     Knob("BLOCK_M", MOE_TILES["BLOCK_M"], "tiling", "routed rows per tile of the Triton grouped GEMM"),
@@ -947,7 +947,7 @@ def _moe_family(task, rec: Recognition) -> Family:
 
 
 def _moe_points(prefix: str, composed: list[Family]) -> list[tuple[Family, dict[str, Any]]]:
-    """The library's grouped GEMM first where it serves every GEMM (16-bit products), then the Triton kernel and
+    """The library's grouped GEMM first where it serves every GEMM (bf16 products), then the Triton kernel and
     its other tiles, then one mm per expert."""
     fam = next((f for f in composed if f.name == f"{prefix}moe"), None)
     if fam is None:

@@ -1,8 +1,8 @@
 """GroupNorm sites: ``group_norm(x, G, weight, bias, eps)`` over ``x`` [B, C, ...] (a VAE / UNet block's norm), or the
 same written out (a view to [B, G, C // G, ...], mean and population variance over the group's axes, a view back,
-the per-channel affine: L1/089's attention block opens with one), with
-the SiLU that follows it and the residual add after that where each is the previous op's only reader (L1/002:
-conv -> GroupNorm -> SiLU -> conv -> GroupNorm -> SiLU -> + x; L1/089's attention block opens with one). Served by
+the per-channel affine: L1/089's attention block opens with one), with the SiLU that follows it and the residual
+add after that where each is the previous op's only reader (L1/002: conv -> GroupNorm -> SiLU -> conv -> GroupNorm
+-> SiLU -> + x). Served by
 ``group_norm.split`` (``kernelarc.families.groupnorm``): one pass for each group's statistics and one that
 normalises, applies the affine, the SiLU and the residual, and stores once, where eager PyTorch runs the norm, the
 activation and the add as three kernels over the whole tensor."""
@@ -16,7 +16,7 @@ import torch.fx
 from torch.fx import Node
 
 from kernelarc.graph.capture import node_dtype, node_shape, static_int
-from kernelarc.graph.patterns import Kind, Site, _site, arg, op
+from kernelarc.graph.patterns import Kind, Site, _biased, _site, arg, op
 
 _FLOATS = {torch.float32, torch.bfloat16, torch.float16}
 
@@ -26,17 +26,18 @@ def _only_user(n: Node, taken: set[Node], *ops: str) -> Node | None:
     return users[0] if len(users) == 1 and users[0] not in taken and op(users[0]) in ops else None
 
 
+def _other(binary: Node, operand: Node) -> Any:
+    """The operand of a two-operand op that is not ``operand``."""
+    return binary.args[1] if binary.args[0] is operand else binary.args[0]
+
+
 _VIEWS = {"view", "reshape", "_unsafe_view"}
 
 
 def _population_var(v: Node) -> bool:
-    """``var`` without Bessel's correction (``unbiased=False`` or ``correction=0``), keepdim."""
-    if op(v) != "var":
-        return False
-    unbiased = v.args[2] if len(v.args) > 2 else v.kwargs.get("unbiased", True)
-    correction = v.kwargs.get("correction", None if len(v.args) > 2 or "unbiased" in v.kwargs else 1)
+    """``var`` without Bessel's correction (LayerNorm's ``_biased``), keepdim."""
     keep = v.args[3] if len(v.args) > 3 else v.kwargs.get("keepdim", False)
-    return bool(keep) and (unbiased is False if correction is None else correction == 0)
+    return op(v) == "var" and _biased(v) and bool(keep)
 
 
 def _channel_vector(n: Any, channels: Any, rank: int) -> Node | None:
@@ -115,12 +116,12 @@ def group_norm_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
             channels, rank = node_shape(x)[1], len(node_shape(x))
             mul = _only_user(last, taken, "mul")
             if mul is not None:
-                w = _channel_vector(mul.args[1] if mul.args[0] is last else mul.args[0], channels, rank)
+                w = _channel_vector(_other(mul, last), channels, rank)
                 if w is not None:
                     weight, last = w, mul
                     add = _only_user(last, taken, "add")
                     if add is not None:
-                        b = _channel_vector(add.args[1] if add.args[0] is last else add.args[0], channels, rank)
+                        b = _channel_vector(_other(add, last), channels, rank)
                         if b is not None:
                             bias, last = b, add
         else:
@@ -138,7 +139,7 @@ def group_norm_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
             last, act = silu, "silu"
         add = _only_user(last, taken, "add")
         if add is not None and len(add.args) == 2 and add.kwargs.get("alpha", 1) == 1 and node_dtype(add) == dtype:
-            other = add.args[1] if add.args[0] is last else add.args[0]
+            other = _other(add, last)
             if isinstance(other, Node) and node_shape(other) == node_shape(last) and node_dtype(other) == dtype:
                 last, residual = add, other
         inputs: dict[str, Any] = {"x": x, "weight": weight, "bias": bias}

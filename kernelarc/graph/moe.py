@@ -17,11 +17,11 @@ small launches per expert. Here the reference is *run* (not traced symbolically)
 recorder on small inputs, and recognised by structure only (no names):
 
     prefix ops, then E blocks (one per expert, each starting at the expert's mask: ``select(M, 0, e)`` or
-    ``eq(X, e)``, fed to ``nonzero``), then suffix ops
+    ``eq(X, offset + e)``, then ops on the mask, its ``nonzero``), then suffix ops
 
-where every block that routes a token repeats one template op for op, with ``e`` only in the mask's index
-and in ``select(W, 0, e)`` of expert-stacked tensors, and an expert with no token stops after its
-``nonzero``. The template is then written for all experts at once:
+where every block that routes a token repeats one template op for op, with the expert id (``e`` or
+``offset + e``) as its only integers that differ, and an expert with no token stops at its branch (a host
+read of the mask, or its ``nonzero``). The template is then written for all experts at once:
 
 * the masks of all experts stacked (``M`` itself, or ``X == arange(E)``) and one ``nonzero``: its first
   column is each routed row's expert, in expert order, the rest is what the per-expert ``nonzero`` gave,
@@ -30,7 +30,7 @@ and in ``select(W, 0, e)`` of expert-stacked tensors, and an expert with no toke
 * ``mm(rows, f(W[e]))`` becomes a grouped GEMM over the expert segments (``gemm`` knob): KernelArc's Triton
   kernel (``triton``: one program per row tile of one expert and column tile, the expert found by a binary
   search over the tiles' per-expert offsets, computed on the device with no host read; fp32 rows times 16-bit
-  experts upcast by the reference read as the 16-bit rows they were cast from, or split into two 16-bit parts),
+  experts upcast by the reference read as the 16-bit rows they were cast from, or split into two bf16 parts),
   ``torch._grouped_mm`` on bf16 operands in the layout it takes (``grouped``), or one ``mm`` per routed
   expert into the output's segment after one host read of the per-expert counts (``loop``, and the fallback);
 * ``index_add_(acc, 0, rows, values)`` becomes one ``index_add_`` of all rows, in the same expert order;
@@ -73,6 +73,10 @@ MIN_EXPERTS = 2
 
 class MoEError(CompositionError):
     """The reference is not an expert loop this module writes (the message says why)."""
+
+
+class _FewRouted(MoEError):
+    """A recording in which fewer than two experts routed a row (more tokens may route more)."""
 
 
 # ------------------------------------------------------------------------------------------
@@ -278,7 +282,7 @@ def split_blocks(r: Recording, loop: Loop) -> None:
     routed = [k for k in range(loop.E) if ends[k] - loop.starts[k] == full]
     if len(routed) < 2:
         # with one routed block, an index equal to its expert's by chance could not be told from the expert's
-        raise MoEError("fewer than two experts routed a row in the recording")
+        raise _FewRouted("fewer than two experts routed a row in the recording")
     t = loop.template = routed[0]
     if not _is(calls[ends[t] - 1], aten.index_add_.default):
         raise MoEError(f"a routing block ends with {calls[ends[t] - 1].target}, not index_add_")
@@ -411,6 +415,13 @@ _REDUCE_ROW = {"sum", "mean", "amax", "amin"}
 _MASK_AXIS_OPS = {"any", "all", "sum", "amax", "amin", "unsqueeze", "squeeze", "select", "slice"}
 
 
+def _shifted(d: Any) -> Any:
+    """An axis (or axes) of a per-expert value as the axis of the experts' stacked value (one more leading axis)."""
+    if isinstance(d, list | tuple):
+        return [_shifted(x) for x in d]
+    return d + 1 if d >= 0 else d
+
+
 def _packet(c: Call) -> str:
     return c.target.overloadpacket.__name__
 
@@ -433,7 +444,8 @@ class _Block:
         self.rows: set[int] = set()  # V.i of row values (dim 0: the routed rows)
         self.experts: dict[int, _Expert] = {}
         self.block: set[int] = set()
-        self.acc: V | None = None
+        self.acc: V | None = None  # the buffer the block's last call (its index_add_) accumulates into
+        self.at = -1  # the recording's index of the template call being written
         self.producer: dict[int, Call] = {}  # V.i -> the block call that made it
         self.masks: set[int] = set()  # V.i of the expert's mask and values computed from it before its nonzero
         self.nz_mask: V | None = None  # the mask the nonzero reads
@@ -473,7 +485,8 @@ class _Block:
         last = ca_all[-1]
         if not _is(last, aten.index_add_.default) or not isinstance(last.args[0], V):
             raise MoEError("the block does not end with an index_add_")
-        self.acc_family = _aliases(self.ra, last.args[0])
+        self.acc = last.args[0]
+        self.acc_family = _aliases(self.ra, self.acc)
         for c in ca_all[:-1]:
             if any(v.i in self.acc_family for v in _refs((c.args, c.kwargs))):
                 raise MoEError(f"the block reads its accumulator ({c.target})")
@@ -497,12 +510,11 @@ class _Block:
         ]
         w.names[nz.out.i] = _var(nz.out)
         self.rows.add(nz.out.i)
-        for ca, cb in zip(ca_all[j + 1 :], cb_all[j + 1 :], strict=True):
+        for at, (ca, cb) in enumerate(zip(ca_all[j + 1 :], cb_all[j + 1 :], strict=True), la.starts[ka] + j + 1):
+            self.at = at
             self.op(ca, cb)
             for v in _outs(ca):
                 self.producer[v.i] = ca
-        if self.acc is None:
-            raise MoEError("the block never accumulates")
 
     def mask_op(self, ca: Call, cb: Call) -> None:
         """An op between the expert's mask and its nonzero, written on the stacked masks (axes one further)."""
@@ -522,17 +534,9 @@ class _Block:
         if _pointwise(ca) or p in ("_to_copy", "clone", "contiguous", "detach", "alias"):
             w.verbatim(ca, cb)
         elif p in _MASK_AXIS_OPS and len(ca.args) >= 2:
-            dims = ca.args[1]
-            shifted = (
-                [d + 1 if d >= 0 else d for d in dims]
-                if isinstance(dims, list | tuple)
-                else dims + 1
-                if dims >= 0
-                else dims
-            )
             rest = [w.arg(x, y) for x, y in zip(ca.args[2:], cb.args[2:], strict=True)]
             kw = [f"{k}={w.arg(v, cb.kwargs[k])}" for k, v in ca.kwargs.items()]
-            w.call(ca.target, ", ".join([w.name(reads[0]), repr(shifted), *rest, *kw]), ca.out)
+            w.call(ca.target, ", ".join([w.name(reads[0]), repr(_shifted(ca.args[1])), *rest, *kw]), ca.out)
         else:
             raise MoEError(f"{ca.target} on the expert's mask")
         self.masks.update(v.i for v in _outs(ca))
@@ -574,15 +578,14 @@ class _Block:
                 raise MoEError("index_add_ with a scale")
             if dim != 0 or acc.i in self.rows or idx.i not in self.rows or val.i not in self.rows:
                 raise MoEError("index_add_ of the block not onto an outer tensor's rows")
-            if self.acc is not None and self.acc != acc:
+            if acc != self.acc:
                 raise MoEError("the block accumulates into two tensors")
-            self.acc = acc
             w.lines.append(f"{w.name(acc)}.index_add_(0, {w.name(idx)}, {w.name(val)})")
             return
         if _is(ca, aten.select.int) and ca.args[0].i in self.rows and ca.args[2] == e + self.la.offset:
             # a routed row's column of its own expert (``w_tok[:, ge]``): a gather per row
             x, dim = ca.args[0], ca.args[1]
-            if len(self.ra.meta[x.i][0]) != 2 or dim not in (1, -1) or not self._expert_column(ca):
+            if len(self.ra.meta[x.i][0]) != 2 or dim not in (1, -1) or not self._expert_column():
                 raise MoEError(f"{ca.target} of a routed row by the expert id, not its column")
             idx = f"(_eid + {self.la.offset}).unsqueeze(1)"
             w.lines.append(f"{_var(ca.out)} = {w.name(x)}.gather(1, {idx}).squeeze(1)")
@@ -649,28 +652,28 @@ class _Block:
             return
         raise MoEError(f"{ca.target} in the expert block is not written")
 
-    def _expert_column(self, ca: Call) -> bool:
-        """Whether the same select in another routing block takes that block's expert id."""
+    def _twin(self) -> tuple[int, Call] | None:
+        """The call being written as another routing block makes it: (that block's expert, its call); None
+        where no other block routes a row."""
         la = self.la
         full = la.ends[la.template] - la.starts[la.template]
         other = [k for k in range(la.E) if k != la.template and la.ends[k] - la.starts[k] == full]
         if not other:
-            return False
-        j = self.ra.calls.index(ca) - la.starts[la.template] + la.starts[other[0]]
-        return self.ra.calls[j].args[2] == other[0] + la.offset
+            return None
+        return other[0], self.ra.calls[self.at - la.starts[la.template] + la.starts[other[0]]]
+
+    def _expert_column(self) -> bool:
+        """Whether the same select in another routing block takes that block's expert id."""
+        twin = self._twin()
+        return twin is not None and twin[1].args[2] == twin[0] + self.la.offset
 
     def _e_dependent(self, ca: Call) -> bool:
-        """Whether an outer op of the template block takes other integers in another routing block."""
-        la = self.la
-        other = [k for k in range(la.E) if k != la.template and la.ends[k] - la.starts[k] == la.ends[la.template]
-                 - la.starts[la.template]]  # fmt: skip
-        if not other:
+        """Whether an op of the template block takes other integers in another routing block."""
+        twin = self._twin()
+        if twin is None:
             return True
-        k = other[0]
-        j = self.ra.calls.index(ca) - la.starts[la.template] + la.starts[k]
         ints = [x for x in tree_flatten(ca.args)[0] if isinstance(x, int)]
-        ints2 = [x for x in tree_flatten(self.ra.calls[j].args)[0] if isinstance(x, int)]
-        return ints != ints2
+        return ints != [x for x in tree_flatten(twin[1].args)[0] if isinstance(x, int)]
 
     def _pointwise(self, ca: Call, cb: Call) -> None:
         w = self.w
@@ -748,7 +751,7 @@ class _Block:
             elif p == "transpose":
                 d0, d1 = c.args[1], c.args[2]
                 expr = f"{expr}.transpose({d0}, {d1})"
-                stacked = f"{stacked}.transpose({d0 + 1 if d0 >= 0 else d0}, {d1 + 1 if d1 >= 0 else d1})"
+                stacked = f"{stacked}.transpose({_shifted(d0)}, {_shifted(d1)})"
             elif p == "_to_copy" and set(c.kwargs) <= {"dtype"}:
                 expr = f"{expr}.to({c.kwargs['dtype']})"
                 # an exact upcast of 16-bit weights is what the kernel does in registers; any other cast is the loop's
@@ -1190,8 +1193,8 @@ def recognise_moe(task) -> MoE:
             split_blocks(ra, la)
             split_blocks(rb, lb)
             break
-        except MoEError as e:
-            if "fewer than two experts" not in str(e) or var_scale == VAR_SCALES[-1]:
+        except _FewRouted:
+            if var_scale == VAR_SCALES[-1]:
                 raise
     moe = MoE(task.name, ra, rb, la, lb, source)
     moe.ungrouped = _write(task.name, ra, rb, la, lb, {**TILE_START, "gemm": "loop"}, source)[1]
