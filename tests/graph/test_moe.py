@@ -468,3 +468,22 @@ def test_local_experts_at_an_offset_and_their_column_of_a_dense_table(tmp_path, 
     _check(task, gemm)
     src = recognise_moe(task).render({"gemm": gemm})
     assert "torch.arange(3, 3 + _E" in src and ".gather(1, (_eid + 3)" in src
+
+
+# an op outside the routed rows taking the expert's global id (a column of the dense table, taken before the gather):
+# not a loop invariant, and not written
+COLUMN_FIRST = LOCAL.replace(
+    "        w_tok = dense.index_select(0, tok)[:, ge]\n", "        w_tok = dense[:, ge].index_select(0, tok)\n"
+)
+
+
+def test_an_outer_op_taking_an_experts_global_id_is_refused(tmp_path):
+    assert "dense[:, ge].index_select" in COLUMN_FIRST
+    task = make_task(
+        tmp_path, "moe_column_first", COLUMN_FIRST,
+        {"x": (["T", "H"], "float32"), "logits": (["T", "G"], "float32"), "w": (["E", "H", "H"], "float32"),
+         "offset": (None, "int32")},
+        {"out": (["T", "H"], "float32")}, [{"T": 40, "H": 32, "G": 16, "E": 6}], scalars={"offset": 3},
+    )  # fmt: skip
+    with pytest.raises(MoEError, match="depends on the expert index"):
+        recognise_moe(task)
