@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kernelarc.families._mem_common import CAST_OUT
 from kernelarc.families.base import Family, Knob
 from kernelarc.families.matmul import _header
 
@@ -32,30 +33,13 @@ FAMILY_NAME = "group_norm.split"
 
 _KERNEL = """
 
-if INTERPRET:
-
-    @triton.jit
-    def _round(y, DT: tl.constexpr, ROUND: tl.constexpr):
-        # the value a 16-bit eager op hands on; the interpreter's cast to bf16 truncates, so round to nearest even
-        if ROUND:
-            if DT == tl.bfloat16:
-                b = y.to(tl.uint32, bitcast=True)
-                b = (b + (((b >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-                return b.to(tl.float32, bitcast=True)
-            else:
-                return y.to(DT).to(tl.float32)
-        else:
-            return y
-
-else:
-
-    @triton.jit
-    def _round(y, DT: tl.constexpr, ROUND: tl.constexpr):
-        # the value a 16-bit eager op hands on
-        if ROUND:
-            return y.to(DT).to(tl.float32)
-        else:
-            return y
+@triton.jit
+def _round(y, DT: tl.constexpr, ROUND: tl.constexpr):
+    # the value a 16-bit eager op hands on (``_cast_out``: rounded to nearest even under the interpreter too)
+    if ROUND:
+        return _cast_out(y, DT).to(tl.float32)
+    else:
+        return y
 
 
 @triton.jit
@@ -112,7 +96,7 @@ def _gn_apply(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, part_ptr, L, HW, CG, G, CHUNK, 
             y = _round(y * tl.sigmoid(y), DT, ROUND)
         if HAS_R:
             y = y + tl.load(r_ptr + base + offs, mask=m, other=0.0).to(tl.float32)
-        tl.store(y_ptr + base + offs, _round(y, DT, ROUND).to(DT), mask=m)
+        tl.store(y_ptr + base + offs, _cast_out(y, DT), mask=m)
 """
 
 _LAUNCHER = '''
@@ -153,7 +137,7 @@ def run(x, weight, bias, groups, eps, act="none", residual=None):
 
 def render(k: Mapping[str, Any]) -> str:
     consts = f"BLOCK = {k['BLOCK']!r}\nNUM_WARPS = {k['num_warps']!r}\nPROGRAMS_PER_SM = {k['PROGRAMS_PER_SM']!r}\n"
-    return _header(FAMILY_NAME, k) + "\n" + consts + _KERNEL + _LAUNCHER
+    return _header(FAMILY_NAME, k) + "\n" + consts + CAST_OUT + _KERNEL + _LAUNCHER
 
 
 def _valid(k: Mapping[str, Any]) -> bool:

@@ -57,6 +57,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from kernelarc.dispatch import CompositionError as DispatchCompositionError
 from kernelarc.dispatch import rename_part
+from kernelarc.families._mem_common import CAST_OUT
 from kernelarc.graph.compose import CompositionError, _fmt, drop_main_guard
 
 log = logging.getLogger(__name__)
@@ -836,7 +837,7 @@ class _Segments:
         _gmm_kernel[grid](
             a, b, c, seg, first, n_exp, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
             c.stride(0), c.stride(1), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SPLIT=split,
-            LOG_E=max(1, n_exp.bit_length()), UPCAST=_INTERPRET, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            LOG_E=max(1, n_exp.bit_length()), UPCAST=INTERPRET, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
         )
         return c
 
@@ -861,18 +862,7 @@ def _triton_ok(a, b, cast):
         return False
     if not (a.dtype == b.dtype if cast is None else a.dtype == torch.float32):
         return False
-    return a.is_cuda or _INTERPRET
-
-
-@triton.jit
-def _round_out(x, DT: tl.constexpr, UPCAST: tl.constexpr):
-    # Triton's interpreter truncates fp32 -> bf16; round to nearest even as the GPU does
-    if UPCAST and DT == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + (((b >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-        return b.to(tl.float32, bitcast=True).to(DT)
-    else:
-        return x.to(DT)
+    return a.is_cuda or INTERPRET
 
 
 @triton.jit
@@ -923,7 +913,7 @@ def _gmm_kernel(a_ptr, b_ptr, c_ptr, seg_ptr, first_ptr, E, N, K, s_am, s_ak, s_
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
     c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * s_cm + rn[None, :] * s_cn
-    tl.store(c_ptrs, _round_out(acc, c_ptr.dtype.element_ty, UPCAST), mask=mm[:, None] & mn[None, :])
+    tl.store(c_ptrs, _cast_out(acc, c_ptr.dtype.element_ty), mask=mm[:, None] & mn[None, :])
 '''
 
 
@@ -1038,13 +1028,14 @@ import triton
 import triton.language as tl
 {extra_imports}
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 GEMM = {knobs["gemm"]!r}
 BLOCK_M = {knobs["BLOCK_M"]}
 BLOCK_N = {knobs["BLOCK_N"]}
 BLOCK_K = {knobs["BLOCK_K"]}
 NUM_WARPS = {knobs["num_warps"]}
 NUM_STAGES = {knobs["num_stages"]}
+{CAST_OUT}
 {_RUNTIME}
 
 # ---- part _ref_ (the reference, for the inputs the module was not written for)
