@@ -25,9 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kernelarc.families._mem_common import CAST_OUT
+from kernelarc.families import _mem_common as mc
 from kernelarc.families.base import Family, Knob
-from kernelarc.families.matmul import _header
 
 FAMILY_NAME = "group_norm.split"
 
@@ -101,12 +100,6 @@ def _gn_apply(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, part_ptr, L, HW, CG, G, CHUNK, 
 
 _LAUNCHER = '''
 
-def _num_sms(device):
-    if device.type == "cuda" and not INTERPRET:
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1
-
-
 def run(x, weight, bias, groups, eps, act="none", residual=None):
     """group_norm(x, groups, weight, bias, eps), then SiLU (act="silu") and + residual, in x's dtype."""
     B, C = x.shape[0], x.shape[1]
@@ -137,7 +130,8 @@ def run(x, weight, bias, groups, eps, act="none", residual=None):
 
 def render(k: Mapping[str, Any]) -> str:
     consts = f"BLOCK = {k['BLOCK']!r}\nNUM_WARPS = {k['num_warps']!r}\nPROGRAMS_PER_SM = {k['PROGRAMS_PER_SM']!r}\n"
-    return _header(FAMILY_NAME, k) + "\n" + consts + CAST_OUT + _KERNEL + _LAUNCHER
+    doc = "GroupNorm (+ SiLU, + residual) in two passes over spans of each (sample, group) row."
+    return mc.header(FAMILY_NAME, doc, k) + "\n" + consts + _KERNEL + _LAUNCHER
 
 
 def _valid(k: Mapping[str, Any]) -> bool:
