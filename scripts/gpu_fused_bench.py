@@ -2,7 +2,7 @@
 the reference and torch.compile of the reference, measured in the same process, with the guard's correctness check.
 
     python3 scripts/gpu_fused_bench.py ROOT PROBLEM [PROBLEM ...] [--workloads N] [--max-gb G] [--out FILE]
-        [--family fused.rowblock|scatter_add.sorted|matmul_f32.split|group_norm.split|moe]
+        [--family fused.rowblock|scatter_add.sorted|matmul_f32.split|group_norm.split|moe|dwconv.tiled]
 
 For each problem: the workloads at the smallest, median and largest input size (``--workloads``: how many of
 those, up to 3; inputs over ``--max-gb`` skipped), and for each: the reference, torch.compile of the reference
@@ -70,6 +70,14 @@ POINTS = {
         "tri_n256": {"gemm": "triton", "BLOCK_N": 256, "num_warps": 8},
         "tri_m128": {"gemm": "triton", "BLOCK_M": 128, "num_warps": 8},
         "loop": {"gemm": "loop"},
+    },
+    # depthwise conv1d sites with their slices and pointwise ops (kernelarc.graph.dwconv)
+    "dwconv.tiled": {
+        "start": {},
+        "r8_l1k_w8": {"BLOCK_R": 8, "BLOCK_L": 1024, "NUM_WARPS": 8},
+        "r2_l2k_w4": {"BLOCK_R": 2, "BLOCK_L": 2048, "NUM_WARPS": 4},
+        "r16_l256": {"BLOCK_R": 16, "BLOCK_L": 256, "NUM_WARPS": 4},
+        "graph": {"cuda_graph": True},
     },
 }
 

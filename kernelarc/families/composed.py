@@ -69,6 +69,8 @@ from kernelarc.graph.capture import (
 )
 from kernelarc.graph.catalog import recognize
 from kernelarc.graph.compose import CasePlan, CompositionError, GraphKnobs, SitePlan, check_case, emit_module
+from kernelarc.graph.dwconv import FAMILY as DWCONV_NAME
+from kernelarc.graph.dwconv import render_dwconv
 from kernelarc.graph.fusion import FAMILY as FUSED_NAME
 from kernelarc.graph.fusion import render_fused
 from kernelarc.graph.moe import GEMMS as MOE_GEMMS
@@ -83,7 +85,7 @@ log = logging.getLogger(__name__)
 
 FAMILIES: list[Family] = []
 
-SUBSTITUTABLE = set(FAMILY_TASK) | LIBRARY_KINDS | {Kind.fused}
+SUBSTITUTABLE = set(FAMILY_TASK) | LIBRARY_KINDS | {Kind.fused, Kind.dwconv}
 # kernel families serving a kind besides its built-in task's: float32 GEMM sites on the split-precision family
 EXTRA_TASKS: dict[Kind, tuple[str, ...]] = {Kind.gemm: ("matmul_f32",)}
 
@@ -104,7 +106,7 @@ def takes(fam: Family, site: Site) -> bool:
 
 
 def _per_region(knobs: Mapping[str, Any]) -> str:
-    raise TypeError("fused-region kernels are rendered per region, in a composition (kernelarc.graph.fusion)")
+    raise TypeError("generated kernels (fused regions, depthwise convolutions) are rendered per site, in a composition")
 
 
 # The kernel of fused regions (kernelarc.graph.fusion): generated per region, so it has no built-in task; its
@@ -128,6 +130,26 @@ FUSED_KERNEL = Family(
     render=_per_region,
     language="triton",
 )
+
+# The kernel of depthwise conv1d sites (kernelarc.graph.dwconv): generated per site (its slices and pointwise ops).
+DWCONV_KERNEL = Family(
+    name=DWCONV_NAME,
+    task="",
+    description="a depthwise conv1d with its time window, channel slices and the pointwise ops over them as one "
+    "generated Triton kernel per site (a tile of channel rows by time steps; K shifted loads per slice)",
+    knobs=(
+        Knob("BLOCK_R", (4, 8, 2, 16, 1), "tiling", "channel rows per program"),
+        Knob("BLOCK_L", (512, 1024, 256, 2048, 128), "tiling", "time steps per program"),
+        Knob("NUM_WARPS", (4, 8, 2), "scheduling", "warps per program"),
+    ),
+    start={"BLOCK_R": 4, "BLOCK_L": 512, "NUM_WARPS": 4},
+    render=_per_region,
+    valid=lambda k: k["BLOCK_R"] * k["BLOCK_L"] <= 16384,
+    language="triton",
+)
+# kernels generated per site, by the kind they serve
+GENERATED = {Kind.fused: FUSED_KERNEL, Kind.dwconv: DWCONV_KERNEL}
+GENERATED_KIND = {f.name: k for k, f in GENERATED.items()}
 
 
 @dataclass
@@ -393,7 +415,7 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
     kernel_src = None
     if kernel is not None:
         kernel_knobs = {n.name: knobs[n.name] for n in kernel.knobs}
-        kernel_src = None if kernel is FUSED_KERNEL else kernel.render(kernel_knobs)
+        kernel_src = None if kernel in GENERATED.values() else kernel.render(kernel_knobs)
     plans: list[CasePlan] = []
     for case, sites in zip(rec.capture.cases, rec.sites, strict=True):
         plan = CasePlan(case)
@@ -406,6 +428,9 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
                 pkey: tuple = (kernel.name,)
                 if s.kind is Kind.fused:  # a kernel of its own per region (equal regions share one)
                     src = render_fused(s.params["_region"], kernel_knobs, task.name)
+                    pkey = (kernel.name, src)
+                elif s.kind is Kind.dwconv:
+                    src = render_dwconv(s.params["_plan"], kernel_knobs, task.name)
                     pkey = (kernel.name, src)
                 elif s.kind in (Kind.rmsnorm, Kind.add_rmsnorm):
                     src = patch_eps(kernel_src, float(s.params["eps"]))
@@ -487,8 +512,8 @@ def composed_families(task) -> list[Family]:
         sites = rec.substitutable(kind, Impl.family)
         if not sites:
             continue
-        kernels = [FUSED_KERNEL] if kind is Kind.fused else [f for f in all_families().values()
-                                                              if f.task in kind_tasks(kind)]  # fmt: skip
+        kernels = [GENERATED[kind]] if kind in GENERATED else [f for f in all_families().values()
+                                                               if f.task in kind_tasks(kind)]  # fmt: skip
         for fam in kernels:
             if not any(takes(fam, s) for s in sites):  # sites of the dtypes it does not take keep their other impl
                 log.info(
@@ -512,8 +537,8 @@ def composed_families(task) -> list[Family]:
 # dequantises to an fp32 matmul (tensor-core fp8 instead), kernels that replace what Inductor cannot
 # fuse itself (attention written as matmul-softmax-matmul, fused add + norm) before the memory-bound
 # ones it fuses well, and GEMMs (cuBLAS is the bar) last.
-KIND_PRIORITY = (Kind.fp8_gemm, Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.group_norm, Kind.glu, Kind.rope,
-                 Kind.softmax, Kind.scatter_add, Kind.fused, Kind.gemm)  # fmt: skip
+KIND_PRIORITY = (Kind.fp8_gemm, Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.group_norm, Kind.dwconv, Kind.glu,
+                 Kind.rope, Kind.softmax, Kind.scatter_add, Kind.fused, Kind.gemm)  # fmt: skip
 # float32 GEMMs run on cuBLAS's CUDA-core SGEMM in the reference and under torch.compile, where the split-precision
 # family has the tensor cores: that family goes right after attention, unless the graph has fused regions. On the H200
 # (runs DG-DI) it led and won where the rest of the graph is light (L1/021, L1/054, L1/072, L2/030) and led and lost
@@ -695,7 +720,7 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
             continue
         base = all_families().get(base_name)
         kind = kind_of_task(base.task) if base is not None else None
-        kind = Kind.fused if base_name == FUSED_NAME else kind
+        kind = GENERATED_KIND.get(base_name, kind)
         if kind is not None:
             by_kind.setdefault(kind, []).append(f)
     for fams in by_kind.values():
@@ -773,6 +798,7 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
 # gained nothing: incorrect on L2/030 (98.6% of elements within its tolerance, 99% required) and correct but slower
 # than bf16x3 on L1/072 (3.26 ms against 2.86 ms).
 SECOND_POINT: dict[str, dict[str, Any]] = {FUSED_NAME: {"TILE": 8192, "NUM_WARPS": 8},
+                                           DWCONV_NAME: {"BLOCK_R": 8, "BLOCK_L": 1024, "NUM_WARPS": 8},
                                            F32_NAME: {"PRECISION": "tf32x3"}}  # fmt: skip
 
 

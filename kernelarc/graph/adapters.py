@@ -78,7 +78,7 @@ class Ctx:
 def family_ok(site: Site) -> str | None:
     """Why a family kernel cannot serve ``site`` (None when it can)."""
     p = site.params
-    if site.kind is Kind.fused:
+    if site.kind in (Kind.fused, Kind.dwconv):
         return None  # recognised only in the forms its generated kernel takes
     if site.kind not in FAMILY_TASK:
         return f"no KernelArc family for {site.kind.value}"
@@ -494,6 +494,18 @@ def rope_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) 
     ]
 
 
+def _generated_lines(c: Ctx, call: str, names: list[str]) -> list[str]:
+    """A generated kernel's call (``run`` returns its outputs, or None where it does not serve the inputs) and the
+    site's own ops as the fallback."""
+    return [
+        f"_f = {c.part}{call}",
+        "if _f is not None:",
+        f"    {', '.join(names)}, = _f",
+        "else:",
+        *["    " + ln for ln in c.fallback()],
+    ]
+
+
 def fused_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
     """A fused region (``kernelarc.graph.fusion``): its generated kernel, or its own ops for inputs the kernel
     does not serve (rows wider than it holds, other shapes than traced)."""
@@ -501,16 +513,20 @@ def fused_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str])
         raise AdapterError("fused region: only the generated kernel (the graph's ops otherwise)")
     region = site.params["_region"]
     ins = ", ".join(c.name(a) for a in region.inputs)
-    names = []
-    for i, n in enumerate(region.outputs):
-        names.append(out if n is site.output else extra[f"out{i}"])
-    return [
-        f"_f = {c.part}run({ins})",
-        "if _f is not None:",
-        f"    {', '.join(names)}, = _f",
-        "else:",
-        *["    " + ln for ln in c.fallback()],
-    ]
+    names = [out if n is site.output else extra[f"out{i}"] for i, n in enumerate(region.outputs)]
+    return _generated_lines(c, f"run({ins})", names)
+
+
+def dwconv_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    """A depthwise conv1d site (``kernelarc.graph.dwconv``): its generated kernel, or its own ops for inputs the
+    kernel does not serve (another channel count, filter or dtype than traced)."""
+    if impl is not Impl.family or c.part is None or c.fallback is None:
+        raise AdapterError("dwconv: only the generated kernel (the graph's ops otherwise)")
+    plan = site.params["_plan"]
+    b = site.inputs.get("bias")
+    ins = ", ".join([c.name(site.inputs["x"]), c.name(site.inputs["weight"]), c.name(b) if b is not None else "None"])
+    names = [out if n is site.output else extra[f"out{i}"] for i, n in enumerate(plan.outputs)]
+    return _generated_lines(c, f"run({ins})", names)
 
 
 def scatter_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
@@ -573,6 +589,7 @@ LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] =
     Kind.attention: attention_lines,
     Kind.rope: rope_lines,
     Kind.fused: fused_lines,
+    Kind.dwconv: dwconv_lines,
     Kind.scatter_add: scatter_lines,
     Kind.group_norm: group_norm_lines,
 }

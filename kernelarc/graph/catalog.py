@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.fx
 from torch.fx import Node
 
+from kernelarc.graph.dwconv import dwconv_sites
 from kernelarc.graph.fusion import fused_sites
 from kernelarc.graph.gated import glu_sites
 from kernelarc.graph.groupnorm import group_norm_sites
@@ -41,6 +42,7 @@ def recognize(gm: torch.fx.GraphModule) -> list[Site]:
     add(_rmsnorm_sites(gm))
     add(_layernorm_sites(gm))
     add(group_norm_sites(gm, taken))
+    add(dwconv_sites(gm, taken))
     add(fp8_gemm_sites(gm, taken))  # before the plain GEMMs: the fp32 matmul of dequantised operands
     add(_softmax_sites(gm, taken))
     add(glu_sites(gm, taken))

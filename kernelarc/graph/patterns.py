@@ -35,6 +35,7 @@ class Kind(StrEnum):
     rmsnorm = "rmsnorm"
     add_rmsnorm = "add_rmsnorm"
     layernorm = "layernorm"
+    dwconv = "dwconv"  # a depthwise conv1d with its channel slices and pointwise ops after it (kernelarc.graph.dwconv)
     group_norm = "group_norm"  # GroupNorm with the SiLU and the residual add after it (kernelarc.graph.groupnorm)
     softmax = "softmax"
     glu = "glu"
