@@ -378,10 +378,13 @@ def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
         "    if R == 0 or LO == 0 or x.device != w.device:",
         "        return None",
         *[f"    {o} = torch.empty((B, {plan.width}, LO), dtype={d}, device=x.device)" for o, d in outs],
-        "    grid = (triton.cdiv(R, BLOCK_R), triton.cdiv(LO, BLOCK_L))",
+        "    br, bl = BLOCK_R, BLOCK_L",
+        "    if INTERPRET:  # the interpreter runs a program at a time: few large tiles (the same values)",
+        "        br, bl = max(br, 64), max(bl, min(triton.next_power_of_2(LO), 4096))",
+        "    grid = (triton.cdiv(R, br), triton.cdiv(LO, bl))",
         f"    _dwconv_kernel[grid](x, w, {'b' if plan.has_bias else 'w'}, {', '.join(o for o, _ in outs)}, R, L, LO, "
         "T0, x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(2), "
-        f"{'b.stride(0)' if plan.has_bias else '0'}, BLOCK_R=BLOCK_R, BLOCK_L=BLOCK_L, num_warps=NUM_WARPS)",
+        f"{'b.stride(0)' if plan.has_bias else '0'}, BLOCK_R=br, BLOCK_L=bl, num_warps=NUM_WARPS)",
         f"    return ({', '.join(o for o, _ in outs)},)",
     ]
     head = mc.header(FAMILY, f"{doc}: {plan.describe()}", knobs)
