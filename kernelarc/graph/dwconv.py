@@ -289,7 +289,8 @@ def dwconv_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
 
 
 def _window_lines(plan: DwConv) -> list[str]:
-    """``run``'s lines for the kept window's start ``T0`` and length ``LO`` (the convolution's length ``LOUT``)."""
+    """``run``'s lines for the kept window's length ``LO`` (the convolution's length ``LOUT``; the window starts at
+    ``plan.t0``, a literal of the kernel: its shifted loads at offsets known when it compiles)."""
     lines = [f"LOUT = L + {plan.pad_left + plan.pad_right} - {plan.dilation * (plan.taps - 1)}"]
     t1 = plan.t1
     if t1 is None:
@@ -300,7 +301,7 @@ def _window_lines(plan: DwConv) -> list[str]:
         end = f"max(LOUT + {t1}, 0)"
     else:
         end = f"min({t1}, LOUT)"
-    lines += [f"T0 = min({plan.t0}, LOUT)", f"LO = max({end} - T0, 0)"]
+    lines.append(f"LO = max({end} - {plan.t0}, 0)")
     return lines
 
 
@@ -322,7 +323,7 @@ def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
             f"s{i} = {'tl.load(b_ptr + ch * sb, mask=rm, other=0).to(tl.float32)[:, None] + ' if plan.has_bias else ''}"
             "tl.zeros([BLOCK_R, BLOCK_L], tl.float32)",
             f"for k in tl.static_range({plan.taps}):",
-            f"    t = cols + (T0 + k * {plan.dilation} - {plan.pad_left})",
+            f"    t = cols + ({plan.t0 - plan.pad_left} + k * {plan.dilation})",
             "    tm = m & ((t >= 0) & (t < L))[None, :]",
             "    wk = tl.load(wr + k * swk, mask=rm, other=0).to(tl.float32)[:, None]",
             f"    s{i} += tl.load(x_ptr + xr + t.to(tl.int64)[None, :] * sxt, mask=tm, other=0).to(tl.float32) * wk",
@@ -341,7 +342,7 @@ def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
         stores.append(f"tl.store(o{q} + rows64 * LO + cols64, {f'_cast_out({val}, {LOW[dt]})' if dt in LOW else val}"
                       ", mask=m)")  # fmt: skip
         outs.append((f"o{q}", dt))
-    params = ["x_ptr", "w_ptr", "b_ptr", *[o for o, _ in outs], "R", "L", "LO", "T0", "sxb", "sxc", "sxt", "swc",
+    params = ["x_ptr", "w_ptr", "b_ptr", *[o for o, _ in outs], "R", "L", "LO", "sxb", "sxc", "sxt", "swc",
               "swk", "sb", "BLOCK_R: tl.constexpr", "BLOCK_L: tl.constexpr"]  # fmt: skip
     kernel = [
         "@triton.jit",
@@ -383,7 +384,7 @@ def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
         "        br, bl = max(br, 64), max(bl, min(triton.next_power_of_2(LO), 4096))",
         "    grid = (triton.cdiv(R, br), triton.cdiv(LO, bl))",
         f"    _dwconv_kernel[grid](x, w, {'b' if plan.has_bias else 'w'}, {', '.join(o for o, _ in outs)}, R, L, LO, "
-        "T0, x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(2), "
+        "x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(2), "
         f"{'b.stride(0)' if plan.has_bias else '0'}, BLOCK_R=br, BLOCK_L=bl, num_warps=NUM_WARPS)",
         f"    return ({', '.join(o for o, _ in outs)},)",
     ]

@@ -69,6 +69,16 @@ def run(u, w):
     return F.conv1d(u, w, groups=12) * 0.5
 """
 
+# a window starting past the first step and ending before the last (negative end)
+WINDOW = """
+import torch
+import torch.nn.functional as F
+
+@torch.no_grad()
+def run(u, w, b):
+    return torch.tanh(F.conv1d(u, w, b, padding=2, groups=12)[..., 1:-2])
+"""
+
 # two channels per group: not depthwise
 GROUPED = """
 import torch
@@ -133,7 +143,9 @@ def test_hyena_gate_is_one_site_and_matches(tmp_path, dtype):
     _check(task, f"dw_hyena_{dtype}", dtype)
 
 
-@pytest.mark.parametrize(("name", "ref", "taps"), [("mamba", MAMBA, 4), ("split", SPLIT, 3), ("valid", VALID, 5)])
+@pytest.mark.parametrize(
+    ("name", "ref", "taps"), [("mamba", MAMBA, 4), ("split", SPLIT, 3), ("valid", VALID, 5), ("window", WINDOW, 3)]
+)
 def test_padding_forms_and_epilogues_match(tmp_path, name, ref, taps):
     task = _task(tmp_path, f"dw_{name}", ref, "float32", taps=taps)
     (s, *_) = _sites(task)
@@ -143,6 +155,8 @@ def test_padding_forms_and_epilogues_match(tmp_path, name, ref, taps):
         assert len(plan.outputs) == 2
     if name == "valid":
         assert not plan.has_bias and plan.pad_left == 0
+    if name == "window":
+        assert (plan.t0, plan.t1) == (1, -2)
     _check(task, f"dw_{name}", "float32")
 
 
@@ -194,11 +208,11 @@ def test_the_kernel_compiles_for_sm90a(tmp_path):
     items = []
     for k in (DWCONV_KERNEL.start, {"BLOCK_R": 8, "BLOCK_L": 1024, "NUM_WARPS": 8}):
         sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "b_ptr": "*fp32", "o0": "*fp32", "o1": "*fp32", "o2": "*fp32",
-               "R": "i32", "L": "i32", "LO": "i32", "T0": "i32", "sxb": "i32", "sxc": "i32", "sxt": "i32",
+               "R": "i32", "L": "i32", "LO": "i32", "sxb": "i32", "sxc": "i32", "sxt": "i32",
                "swc": "i32", "swk": "i32", "sb": "i32", "BLOCK_R": "constexpr", "BLOCK_L": "constexpr"}  # fmt: skip
         consts = {"BLOCK_R": k["BLOCK_R"], "BLOCK_L": k["BLOCK_L"], "sxt": 1, "sb": 1}
         sig.update({"sxt": "constexpr", "sb": "constexpr"})
-        attrs = {(0,): d16, (3,): d16, (4,): d16, (5,): d16}
+        attrs = {(0,): d16, (3,): d16, (4,): d16, (5,): d16, (9,): d16, (10,): d16}
         jobs = [dict(kernel="_dwconv_kernel", signature=sig, constexprs=consts, attrs=attrs,
                      options={"num_warps": k["NUM_WARPS"]})]  # fmt: skip
         items.append((f"dw_{k['BLOCK_L']}", render_dwconv(s.params["_plan"], dict(k), "t"), jobs))
