@@ -309,7 +309,8 @@ class SearchAgent:
         # ``library``: registered champions' kernel knobs (kernelarc.registry.kernel_library)
         composed = hasattr(task, "path")
         self._seeds: list[tuple[Family, dict[str, Any]]] = start_points(task, fams, library) if composed else []
-        self._seed_ids: dict[int, tuple[str, dict[str, Any] | None, str]] = {}  # _seed_variants' renders
+        self._seed_ids: dict[int, list[tuple[dict[str, Any], str, str]]] = {}  # _seed_variants' renders
+        self._eager_only = False  # an emulated composition failed too: repairs run the rest eager
         m = re.match(r"agent(\d+)", name)
         self.rank = rank if rank is not None else int(m.group(1)) if m else 0
 
@@ -436,7 +437,8 @@ class SearchAgent:
         for c, v in ctx.history:
             if c.knobs:
                 results[c.id] = (c.knobs, v.status)
-        compiled = [st for knobs, st in results.values() if knobs.get("rest") == "inductor"]
+        compiled = [st for knobs, st in results.values()
+                    if knobs.get("rest") == "inductor" and not knobs.get("emulate_casts")]  # fmt: skip
         eager_bad = any(knobs.get("rest") == "eager" and st is Status.incorrect for knobs, st in results.values())
         bad = sum(st is Status.incorrect for st in compiled)
         # an incorrect eager composition says the kernels fail too (L2/069's attention sites): Inductor is then
@@ -446,16 +448,56 @@ class SearchAgent:
         return None
 
     @staticmethod
-    def _eager_rest(fam: Family, point: dict[str, Any]) -> dict[str, Any] | None:
+    def emulation_fails(ctx: AgentContext) -> bool:
+        """A composition whose Inductor rest rounds as eager does (``emulate_casts``) was judged incorrect and none
+        was correct: the repair goes on to the rest eager."""
+        seen: dict[str, Status] = {}
+        for f in shared_findings(ctx):
+            if f.knobs and f.knobs.get("rest") == "inductor" and f.knobs.get("emulate_casts"):
+                seen[f.candidate_id] = f.status
+        for c, v in ctx.history:
+            if c.knobs and c.knobs.get("rest") == "inductor" and c.knobs.get("emulate_casts"):
+                seen[c.id] = v.status
+        return any(st is Status.incorrect for st in seen.values()) and not any(st.correct for st in seen.values())
+
+    @staticmethod
+    def _moved(fam: Family, point: dict[str, Any], change: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            new = fam.check_point({**point, **change})
+        except ValueError:
+            return None
+        return new if fam.valid(new) else None
+
+    @classmethod
+    def _eager_rest(cls, fam: Family, point: dict[str, Any]) -> dict[str, Any] | None:
         """``point`` with the rest of the graph eager, where it had it under Inductor (else None)."""
         rest = next((k for k in fam.knobs if k.name == "rest"), None)
         if point.get("rest") != "inductor" or rest is None or "eager" not in rest.values:
             return None
-        try:
-            eager = fam.check_point({**point, "rest": "eager"})
-        except ValueError:
+        return cls._moved(fam, point, {"rest": "eager"})
+
+    @classmethod
+    def _emulated(cls, fam: Family, point: dict[str, Any]) -> dict[str, Any] | None:
+        """``point`` with its Inductor rest rounding each fused op as eager does, where it compiled the rest with
+        Inductor's own numerics and the family has the knob (else None)."""
+        if point.get("rest") != "inductor" or point.get("emulate_casts"):
             return None
-        return eager if fam.valid(eager) else None
+        if not any(k.name == "emulate_casts" for k in fam.knobs):
+            return None
+        return cls._moved(fam, point, {"emulate_casts": True})
+
+    def _repaired(self, fam: Family, point: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+        """``point`` moved off Inductor's fused numerics once Inductor is the suspect, and a note: its rest rounding
+        as eager does, or the rest eager where an emulated composition failed too (``emulation_fails``) or the
+        family has no such knob; None where ``point`` needs no move."""
+        if not self._eager_only:
+            emulated = self._emulated(fam, point)
+            if emulated is not None:
+                return emulated, "Inductor rounding as eager"
+            if point.get("emulate_casts"):
+                return None
+        eager = self._eager_rest(fam, point)
+        return (eager, "rest eager") if eager is not None else None
 
     def _seed_candidates(self, ctx: AgentContext, n: int, seen: set[str], why_eager: str | None = None
                          ) -> list[Candidate]:  # fmt: skip
@@ -474,9 +516,9 @@ class SearchAgent:
         for j, (fam, point) in enumerate(mine):
             if len(out) >= n:
                 break
-            eager = self._eager_rest(fam, point) if why_eager else None
-            note = f" (rest=eager: {why_eager})" if eager is not None else f" (rest={point.get('rest', '-')})"
-            point = eager if eager is not None else point
+            moved = self._repaired(fam, point) if why_eager else None
+            note = f" ({moved[1]}: {why_eager})" if moved is not None else f" (rest={point.get('rest', '-')})"
+            point = moved[0] if moved is not None else point
             cand = Candidate(source=fam.render(point), language=fam.language, agent=self.name, strategy=self.strategy,
                              family=fam.name, knobs=dict(point),
                              rationale=f"{self.strategy}: start point {j + 1} of {fam.name}{note}"[:300])  # fmt: skip
@@ -498,28 +540,36 @@ class SearchAgent:
         wrong |= {c.id for c, v in ctx.history if v.status is Status.incorrect}
         todo: list[tuple[int, Family, dict[str, Any], str]] = []
         for j, (fam, point) in enumerate(self._seeds):
-            compiled_id, eager, eager_id = self._seed_variants(j, fam, point)
-            if eager is not None and compiled_id in wrong and eager_id not in seen:
-                todo.append((j, fam, eager, eager_id))
+            # each variant is judged once the one before it failed: compiled, then Inductor rounding as eager
+            # (unless an emulated composition already failed), then the rest eager
+            chain = [v for v in self._seed_variants(j, fam, point) if not (self._eager_only and v[2] == "emulated")]
+            for (_, prev_id, _), (var, var_id, how) in zip(chain, chain[1:], strict=False):
+                if prev_id in wrong and var_id not in seen:
+                    todo.append((j, fam, var, how))
+                    break
         pick = 0 if self.strategy == "generalist" else self.rank
         if pick >= len(todo):
             return []
-        j, fam, eager, eager_id = todo[pick]
-        cand = Candidate(source=fam.render(eager), language=fam.language, agent=self.name, strategy=self.strategy,
-                         family=fam.name, knobs=dict(eager),
-                         rationale=f"{self.strategy}: start point {j + 1} of {fam.name} again with the rest eager "
+        j, fam, point, how = todo[pick]
+        label = "with Inductor rounding as eager" if how == "emulated" else "with the rest eager"
+        cand = Candidate(source=fam.render(point), language=fam.language, agent=self.name, strategy=self.strategy,
+                         family=fam.name, knobs=dict(point),
+                         rationale=f"{self.strategy}: start point {j + 1} of {fam.name} again {label} "
                                    f"({why_eager})"[:300])  # fmt: skip
         seen.add(cand.id)
         self._parents[cand.id] = (None, None)
         return [cand]
 
-    def _seed_variants(self, j: int, fam: Family, point: dict[str, Any]) -> tuple[str, dict[str, Any] | None, str]:
-        """Start point ``j``'s candidate id, its point with the rest eager (None where it has no Inductor rest) and
-        that point's id: rendered once per session, not at every proposal."""
+    def _seed_variants(self, j: int, fam: Family, point: dict[str, Any]) -> list[tuple[dict[str, Any], str, str]]:
+        """Start point ``j`` and its repairs, each (point, candidate id, how): the point itself ("compiled"), with its
+        Inductor rest rounding as eager ("emulated") and with the rest eager ("eager"), those that apply: rendered
+        once per session, not at every proposal."""
         if j not in self._seed_ids:
-            eager = self._eager_rest(fam, point)
-            ids = (self._render_id(fam, point), eager, self._render_id(fam, eager) if eager is not None else "")
-            self._seed_ids[j] = ids
+            out = [(point, self._render_id(fam, point), "compiled")]
+            for how, var in (("emulated", self._emulated(fam, point)), ("eager", self._eager_rest(fam, point))):
+                if var is not None:
+                    out.append((var, self._render_id(fam, var), how))
+            self._seed_ids[j] = out
         return self._seed_ids[j]
 
     def _best_point(self, info: _Info) -> tuple[Family, dict[str, Any], str | None, str]:
@@ -752,10 +802,10 @@ class SearchAgent:
             if not notes or not fam.valid(new):
                 continue
             new = fam.check_point(new)
-            eager = self._eager_rest(fam, new) if why_eager else None
-            if eager is not None:
-                new = eager
-                notes.append(f"rest eager ({why_eager})")
+            moved = self._repaired(fam, new) if why_eager else None
+            if moved is not None:
+                new = moved[0]
+                notes.append(f"{moved[1]} ({why_eager})")
             if info is not None and info.near_duplicate(fam.name, new):
                 continue
             note = f"continuing the step that gained {gain:+.0%}: " + ", ".join(notes)
@@ -783,6 +833,7 @@ class SearchAgent:
         models: dict[str, Surrogate] = {}
         redirect = ctx.plateau
         why_eager = self.inductor_fails(ctx)
+        self._eager_only = bool(why_eager) and self.emulation_fails(ctx)
         if redirect is None:
             out += self._seed_candidates(ctx, n, seen, why_eager)
             if why_eager and len(out) < n:
@@ -816,9 +867,9 @@ class SearchAgent:
                     continue
                 if not fam.valid(point):
                     continue
-                eager = self._eager_rest(fam, point) if why_eager else None
-                if eager is not None:
-                    point, note = eager, f"{note}; rest eager ({why_eager})"
+                moved = self._repaired(fam, point) if why_eager else None
+                if moved is not None:
+                    point, note = moved[0], f"{note}; {moved[1]} ({why_eager})"
                 if attempt < 45 and info.near_duplicate(fam.name, point):
                     continue  # the evidence says it times like a measured point; late attempts take it anyway
                 label = f"{self.strategy}/{op.value}" if self.strategy == "generalist" else self.strategy

@@ -61,6 +61,9 @@ class GraphKnobs:
     # rest under Inductor: family kernel calls stay outside the compiled graphs (torch.compiler.disable,
     # a graph break around each) or dynamo traces them (user-defined Triton kernels inside the graph)
     trace_kernels: bool = False
+    # rest under Inductor: round every fused op's result to its bf16 / fp16 dtype as eager does (Inductor's
+    # emulate_precision_casts) instead of carrying fp32 through the fused chain
+    emulate_casts: bool = False
 
 
 # Inputs up to this size are copied into a graph's static buffers per call; larger ones are read in place by one
@@ -383,6 +386,8 @@ def _compile_wrap(fname: str, k: GraphKnobs) -> str:
         "coordinate_descent_tuning": k.coordinate_descent,
         "epilogue_fusion": k.epilogue_fusion,
     }
+    if k.emulate_casts:
+        opts["emulate_precision_casts"] = True
     return f"{fname}_fn = torch.compile({fname}, dynamic=None, options={opts!r})"
 
 

@@ -259,10 +259,12 @@ def _mlp_task(tmp_path):
                      [{"T": 4, "H": 64, "F": 32}, {"T": 6, "H": 64, "F": 32}])  # fmt: skip
 
 
-def test_an_incorrect_torch_compile_moves_compositions_to_an_eager_rest(tmp_path):
+def test_an_incorrect_torch_compile_moves_compositions_off_inductors_numerics(tmp_path):
     """Where torch.compile of the reference is judged incorrect (Inductor's fused numerics outside the
     problem's tolerance: L2/015, L2/041, L2/069 on the H200), compositions that compile the rest of the
-    graph fail the same way: the team's start points and later proposals run the rest eager instead."""
+    graph fail the same way: the team's start points and later proposals compile it rounding every fused
+    bf16 op as eager does (``emulate_casts``), or run it eager where the family has no such knob; once an
+    emulated composition fails too and none is correct, they run the rest eager."""
     from kernelarc.models import Status
 
     task = _mlp_task(tmp_path)
@@ -282,8 +284,19 @@ def test_an_incorrect_torch_compile_moves_compositions_to_an_eager_rest(tmp_path
                 props.append(c)
     composed = [c for c in props if "rest" in c.knobs]
     assert len(composed) >= 8
-    assert all(c.knobs["rest"] == "eager" for c in composed), [(c.family, c.knobs["rest"]) for c in composed]
+    off = [c.knobs["rest"] == "eager" or c.knobs.get("emulate_casts") for c in composed]
+    assert all(off), [(c.family, c.knobs["rest"], c.knobs.get("emulate_casts")) for c in composed]
+    assert any(c.knobs.get("emulate_casts") for c in composed)
     assert any("torch.compile of the reference is incorrect" in c.rationale for c in composed)
+    # an emulated composition judged incorrect, none correct: the rest eager from then on
+    from kernelarc.models import Verdict
+
+    emu = next(c for c in composed if c.knobs.get("emulate_casts"))
+    hist = [(emu, Verdict(candidate_id=emu.id, status=Status.incorrect, errors=["97% within"]))]
+    ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[], history=hist,
+                       seen=frozenset(seen), baselines={"torch.compile": Status.incorrect})  # fmt: skip
+    later = [c for a in agents for c in a.propose(ctx, 2).candidates if "rest" in c.knobs]
+    assert later and all(c.knobs["rest"] == "eager" for c in later), [c.rationale for c in later]
     # the same team without that verdict leads with compiled compositions
     fresh = SearchAgent("agent0-x", names[0], task, seed=0)
     ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[], history=[],
@@ -318,7 +331,8 @@ def test_two_incorrect_compiled_compositions_are_evidence_too(tmp_path):
     why = SearchAgent.inductor_fails(ctx)
     assert why and "2 compositions" in why
     props = agent.propose(ctx, 4).candidates
-    assert props and all(c.knobs.get("rest", "eager") == "eager" for c in props), [c.rationale for c in props]
+    off = [c.knobs.get("rest", "eager") == "eager" or c.knobs.get("emulate_casts") for c in props]
+    assert props and all(off), [c.rationale for c in props]
     # an eager composition incorrect as well: the kernels fail too, and Inductor is no longer the suspect
     f, p = seeds[0]
     e = f.check_point({**p, "rest": "eager"})
@@ -349,10 +363,12 @@ def test_launch_bound_problems_measure_their_cuda_graph_replays_early(problem, b
     assert (early == [True, True]) is bound, [(f.name, p.get("cuda_graph")) for f, p in seeds[:4]]
 
 
-def test_an_incorrect_compiled_start_point_is_judged_again_eager(tmp_path):
+def test_an_incorrect_compiled_start_point_is_judged_again_off_inductors_numerics(tmp_path):
     """On the H200 (run DJ, L2/004) the leading fused add + RMSNorm point and the library point failed with the rest
     under Inductor, later proposals turned eager, and the leading kernel was never judged eager. Once Inductor is the
-    suspect, each agent's next proposal is the first start point that failed compiled, again with the rest eager."""
+    suspect, each agent's next proposal is the first start point that failed compiled, again with Inductor rounding
+    each fused op as eager does; where that fails too, again with the rest eager."""
+    from kernelarc.models import Status, Verdict
 
     task, seeds, hist = _two_incorrect_compiled_seeds(tmp_path)
     agent = SearchAgent("agent0-exploit", "exploit", task, seed=0)
@@ -361,19 +377,25 @@ def test_an_incorrect_compiled_start_point_is_judged_again_eager(tmp_path):
                        seen=frozenset(seen))  # fmt: skip
     first = agent.propose(ctx, 1).candidates[0]
     f0, p0 = seeds[0]
-    assert first.family == f0.name and first.knobs == f0.check_point({**p0, "rest": "eager"}), first.rationale
-    assert "again with the rest eager" in first.rationale
+    assert first.family == f0.name and first.knobs == f0.check_point({**p0, "emulate_casts": True}), first.rationale
+    assert "again with Inductor rounding as eager" in first.rationale
     # the team is asked at once: the next agent takes the next failed start point, not the same one
     second = SearchAgent("agent1-exploit", "exploit", task, seed=0).propose(ctx, 1).candidates[0]
     f1, p1 = seeds[1]
-    assert second.family == f1.name and second.knobs == f1.check_point({**p1, "rest": "eager"}), second.rationale
+    assert second.family == f1.name and second.knobs == f1.check_point({**p1, "emulate_casts": True})
     # the first repair measured (or in flight): the first agent's next one is the next failed start point
     ctx.seen = frozenset(seen | {first.id})
     again = SearchAgent("agent0-exploit", "exploit", task, seed=0).propose(ctx, 1).candidates[0]
     assert again.id == second.id, again.rationale
+    # the emulated repair of the first point failed as well: that point again with the rest eager
+    ctx.history = [*hist, (first, Verdict(candidate_id=first.id, status=Status.incorrect, errors=["97% within"]))]
+    ctx.seen = frozenset(seen | {first.id, second.id})
+    third = SearchAgent("agent0-exploit", "exploit", task, seed=0).propose(ctx, 1).candidates[0]
+    assert third.family == f0.name and third.knobs == f0.check_point({**p0, "rest": "eager"}), third.rationale
+    assert "again with the rest eager" in third.rationale
     # without the evidence against Inductor nothing is repaired: one incorrect composition may be the kernel's own
     ctx.history, ctx.seen = hist[:1], frozenset(seen)
-    assert all("again with the rest eager" not in c.rationale for c in agent.propose(ctx, 2).candidates)
+    assert all("again with" not in c.rationale for c in agent.propose(ctx, 2).candidates)
 
 
 F32_CHAIN = """import torch
@@ -402,3 +424,42 @@ def test_a_family_with_many_sites_in_one_case_starts_with_the_rest_eager(tmp_pat
     seeds = start_points(task, families_for(task))
     assert seeds and seeds[0][0].name.endswith("matmul_f32.split"), [f.name for f, _ in seeds]
     assert seeds[0][1]["rest"] == rest
+
+
+BF16_CHAIN = """import torch
+
+
+def run(x, w):
+    h = torch.tanh((x * w) / 3.0) * 3.0 + x
+    return torch.softmax(h.float(), -1).to(x.dtype) * x
+"""
+
+
+def test_emulated_casts_compile_the_rest_with_eagers_roundings(tmp_path):
+    """``emulate_casts`` (offered where the graph computes in bf16 / fp16) compiles the rest of the graph with
+    Inductor's emulate_precision_casts: each fused op rounded to bf16 as eager rounds it. On the CPU backend this
+    chain then matches the reference bit for bit, where Inductor's own fp32 chain differs in about half the
+    elements; a float32 graph has no such knob."""
+    import torch
+
+    from kernelarc.tasks.inputs import load_module, make_inputs
+
+    task = make_task(tmp_path, "p_emu", BF16_CHAIN, {"x": (["T", 256], "bfloat16"), "w": ([256], "bfloat16")},
+                     {"y": (["T", 256], "bfloat16")}, [{"T": 64}])  # fmt: skip
+    lib = next(f for f in families_for(task) if f.name.endswith(".library"))
+    assert lib.knob("emulate_casts").values == (False, True)
+    args = make_inputs(task, 0, 3, "cpu")
+    want = load_module(task.definition.reference, "ref_p_emu").run(*args)
+    diff = {}
+    for emu in (False, True):
+        torch._dynamo.reset()
+        point = lib.check_point({**lib.start, "rest": "inductor", "emulate_casts": emu, "softmax_impl": "graph"})
+        src = lib.render(point)
+        assert ("'emulate_precision_casts': True" in src) is emu
+        got = load_module(src, f"p_emu_{emu}").run(*args)
+        diff[emu] = (got != want).float().mean().item()
+    assert diff[True] == 0.0 and diff[False] > 0.1, diff
+    f32 = make_task(tmp_path, "p_emu32", BF16_CHAIN, {"x": (["T", 256], "float32"), "w": ([256], "float32")},
+                    {"y": (["T", 256], "float32")}, [{"T": 64}])  # fmt: skip
+    lib32 = next(f for f in families_for(f32) if f.name.endswith(".library"))
+    assert all(k.name != "emulate_casts" for k in lib32.knobs)
