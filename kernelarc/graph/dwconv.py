@@ -53,6 +53,9 @@ class DwConv:
     outputs: list[Node]  # site values read outside it, graph order
     covered: set[Node] = field(default_factory=set)
     dtype: torch.dtype = torch.float32
+    # tensors from outside the site the pointwise ops read: "full" (the slices' shape), "channel" (one value per
+    # channel of a slice), "scalar"; each loaded in the kernel through its strides
+    extras: list[tuple[Node, str]] = field(default_factory=list)
 
     @property
     def has_bias(self) -> bool:
@@ -216,10 +219,54 @@ def _channel_slices(v: Node, channels: int) -> tuple[dict[Node, int], int, set[N
     return starts, widths.pop(), between
 
 
-def _epilogue(slices: dict[Node, int], shape: tuple, taken: set[Node]) -> list[Node]:
-    """Pointwise ops of the slices' shape whose tensor operands are slices or such ops, grown to a fixed point, in
-    graph order."""
+def _fixed(d: Any) -> int | None:
+    """A dimension's value where tracing fixed it (no hint of a free symbol)."""
+    v = static_int(d)
+    return v if v is not None or not isinstance(d, torch.SymInt) else d.node.maybe_as_int()
+
+
+def _extra_role(a: Node, shape: tuple, width: int) -> str | None:
+    """How the pointwise ops read a tensor from outside the site (None: not a way the kernel loads)."""
+    s = node_shape(a)
+    if s is None or node_dtype(a) not in FLOATS or len(s) > 3:
+        return None
+    if _same_shape(s, shape):
+        return "full"
+    pad = (1,) * (3 - len(s)) + tuple(s)
+    if all(_fixed(d) == 1 for d in pad):
+        return "scalar"
+    if _fixed(pad[0]) == 1 and _fixed(pad[2]) == 1 and _fixed(pad[1]) == width:
+        return "channel"
+    return None
+
+
+def _depends_on(a: Node, target: Node, cache: dict[Node, bool]) -> bool:
+    """Whether ``a`` is computed from ``target``'s value."""
+    todo, seen = [a], set()
+    while todo:
+        n = todo.pop()
+        if n is target:
+            return True
+        if n in seen or n.op == "placeholder":
+            continue
+        if n in cache:
+            if cache[n]:
+                return True
+            continue
+        seen.add(n)
+        todo += n.all_input_nodes
+    cache[a] = False
+    return False
+
+
+def _epilogue(slices: dict[Node, int], shape: tuple, width: int, conv: Node, taken: set[Node]
+              ) -> tuple[list[Node], list[tuple[Node, str]]]:  # fmt: skip
+    """Pointwise ops of the slices' shape whose tensor operands are slices, such ops, or tensors from outside the
+    site the kernel can load (``_extra_role``, not computed from the convolution), grown to a fixed point, in graph
+    order; and those outside tensors in first-use order."""
     inside: set[Node] = set(slices)
+    extras: dict[Node, str] = {}
+    cache: dict[Node, bool] = {}
     added = True
     while added:
         added = False
@@ -229,11 +276,27 @@ def _epilogue(slices: dict[Node, int], shape: tuple, taken: set[Node]) -> list[N
                     continue
                 if not _same_shape(node_shape(u), shape):
                     continue
-                if all(a in inside for a in u.all_input_nodes):
+                new: dict[Node, str] = {}
+                for a in u.all_input_nodes:
+                    if a in inside:
+                        continue
+                    role = extras.get(a) or _extra_role(a, shape, width)
+                    if role is None or a in taken or _depends_on(a, conv, cache):
+                        new = {}
+                        break
+                    new[a] = role
+                else:
                     inside.add(u)
+                    extras.update(new)
                     added = True
-    order = {n: i for i, n in enumerate(next(iter(slices)).graph.nodes)}
-    return sorted(inside - set(slices), key=order.__getitem__)
+    order = {n: i for i, n in enumerate(conv.graph.nodes)}
+    nodes = sorted(inside - set(slices), key=order.__getitem__)
+    first = {}
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a in extras and a not in first:
+                first[a] = extras[a]
+    return nodes, list(first.items())
 
 
 def find_dwconv(conv: Node, taken: set[Node]) -> DwConv | None:
@@ -252,7 +315,7 @@ def find_dwconv(conv: Node, taken: set[Node]) -> DwConv | None:
     shape = node_shape(next(iter(slices)))
     if not all(_same_shape(node_shape(s), shape) for s in slices) or any(s in taken for s in slices):
         return None
-    epi = _epilogue(slices, shape, taken)
+    epi, extras = _epilogue(slices, shape, width, conv, taken)
     covered = {conv, v, *between, *slices, *epi}
     order = {n: i for i, n in enumerate(conv.graph.nodes)}
     outputs = sorted((n for n in (*slices, *epi) if any(u not in covered for u in n.users)), key=order.__getitem__)
@@ -261,7 +324,7 @@ def find_dwconv(conv: Node, taken: set[Node]) -> DwConv | None:
     for n in covered - set(outputs):
         if any(u not in covered for u in n.users):
             return None
-    return DwConv(conv, c, k, left, right, d, t0, t1, width, slices, epi, outputs, covered, node_dtype(conv))
+    return DwConv(conv, c, k, left, right, d, t0, t1, width, slices, epi, outputs, covered, node_dtype(conv), extras)
 
 
 def dwconv_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
@@ -275,7 +338,8 @@ def dwconv_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
             continue
         last = plan.outputs[-1]
         extra = {f"out{i}": m for i, m in enumerate(plan.outputs) if m is not last}
-        inputs = {"x": n.args[0], "weight": n.args[1], "bias": arg(n, 2, "bias")}
+        inputs = {"x": n.args[0], "weight": n.args[1], "bias": arg(n, 2, "bias"),
+                  **{f"extra{i}": e for i, (e, _) in enumerate(plan.extras)}}  # fmt: skip
         params = {"channels": plan.channels, "taps": plan.taps, "width": plan.width, "slices": len(set(
                   plan.slices.values())), "ops": len(plan.nodes), "dtype": str(plan.dtype).removeprefix("torch."),
                   "_plan": plan}  # fmt: skip
@@ -306,7 +370,7 @@ def _window_lines(plan: DwConv) -> list[str]:
 
 
 def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
-    """A candidate module part computing the site: ``run(x, weight, bias)`` returns its outputs in
+    """A candidate module part computing the site: ``run(x, weight, bias, *extras)`` returns its outputs in
     ``plan.outputs`` order, or None for inputs the kernel does not serve (the caller then runs the site's own
     ops)."""
     from kernelarc.families import _mem_common as mc
@@ -333,6 +397,28 @@ def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
         for s, o in plan.slices.items():
             if o == off:
                 w.names[s] = f"s{i}"
+    extra_params: list[str] = []
+    extra_args: list[str] = []
+    extra_checks: list[str] = []
+    for i, (e, role) in enumerate(plan.extras):
+        extra_params.append(f"e{i}")
+        w.names[e] = f"e{i}v"
+        if role == "full":
+            extra_params += [f"se{i}a", f"se{i}b", f"se{i}c"]
+            extra_args += [f"e{i}", f"e{i}.stride(0)", f"e{i}.stride(1)", f"e{i}.stride(2)"]
+            extra_checks.append(f"tuple(e{i}.shape) != (B, {plan.width}, LO)")
+            conv_lines.append(f"e{i}v = tl.load(e{i} + bi[:, None] * se{i}a + ci64[:, None] * se{i}b + cols64 * se{i}c"
+                              ", mask=m, other=0).to(tl.float32)")  # fmt: skip
+        elif role == "channel":
+            extra_params.append(f"se{i}")
+            extra_args += [f"e{i}", f"e{i}.reshape({plan.width}).stride(0)"]
+            extra_checks.append(f"e{i}.numel() != {plan.width} or e{i}.dim() > 3")
+            conv_lines.append(f"e{i}v = tl.load(e{i} + ci64 * se{i}, mask=rm, other=0).to(tl.float32)[:, None]")
+        else:
+            extra_args.append(f"e{i}")
+            extra_checks.append(f"e{i}.numel() != 1 or e{i}.dim() > 3")
+            conv_lines.append(f"e{i}v = tl.load(e{i}).to(tl.float32)")
+        extra_checks.append(f"e{i}.dtype != {node_dtype(e)} or e{i}.device != x.device")
     for j, n in enumerate(plan.nodes):
         w.node(j, n)
     stores, outs = [], []
@@ -342,8 +428,8 @@ def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
         stores.append(f"tl.store(o{q} + rows64 * LO + cols64, {f'_cast_out({val}, {LOW[dt]})' if dt in LOW else val}"
                       ", mask=m)")  # fmt: skip
         outs.append((f"o{q}", dt))
-    params = ["x_ptr", "w_ptr", "b_ptr", *[o for o, _ in outs], "R", "L", "LO", "sxb", "sxc", "sxt", "swc",
-              "swk", "sb", "BLOCK_R: tl.constexpr", "BLOCK_L: tl.constexpr"]  # fmt: skip
+    params = ["x_ptr", "w_ptr", "b_ptr", *[o for o, _ in outs], *extra_params, "R", "L", "LO", "sxb", "sxc", "sxt",
+              "swc", "swk", "sb", "BLOCK_R: tl.constexpr", "BLOCK_L: tl.constexpr"]  # fmt: skip
     kernel = [
         "@triton.jit",
         "def _tanh(x):",
@@ -357,7 +443,9 @@ def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
         "    rm = rows < R",
         "    m = rm[:, None] & (cols < LO)[None, :]",
         f"    ci = rows % {plan.width}",
-        f"    xb = (rows // {plan.width}).to(tl.int64) * sxb",
+        "    ci64 = ci.to(tl.int64)",
+        f"    bi = (rows // {plan.width}).to(tl.int64)",
+        "    xb = bi * sxb",
         "    rows64 = rows.to(tl.int64)[:, None]",
         "    cols64 = cols.to(tl.int64)[None, :]",
         *["    " + ln for ln in conv_lines],
@@ -369,7 +457,7 @@ def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
     bias_ok = (f" and b is not None and tuple(b.shape) == ({c},) and b.dtype == {dt}" if plan.has_bias
                else " and b is None")  # fmt: skip
     run = [
-        "def run(x, w, b=None):",
+        f"def run(x, w, b{''.join(f', e{i}' for i in range(len(plan.extras)))}):",
         f"    if not (x.dim() == 3 and x.shape[1] == {c} and tuple(w.shape) == ({c}, 1, {k}) and x.dtype == {dt}"
         f" and w.dtype == {dt}{bias_ok}):",
         "        return None",
@@ -378,12 +466,14 @@ def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
         f"    R = B * {plan.width}",
         "    if R == 0 or LO == 0 or x.device != w.device:",
         "        return None",
+        *[ln for chk in extra_checks for ln in (f"    if {chk}:", "        return None")],
         *[f"    {o} = torch.empty((B, {plan.width}, LO), dtype={d}, device=x.device)" for o, d in outs],
         "    br, bl = BLOCK_R, BLOCK_L",
         "    if INTERPRET:  # the interpreter runs a program at a time: few large tiles (the same values)",
         "        br, bl = max(br, 64), max(bl, min(triton.next_power_of_2(LO), 4096))",
         "    grid = (triton.cdiv(R, br), triton.cdiv(LO, bl))",
-        f"    _dwconv_kernel[grid](x, w, {'b' if plan.has_bias else 'w'}, {', '.join(o for o, _ in outs)}, R, L, LO, "
+        f"    _dwconv_kernel[grid](x, w, {'b' if plan.has_bias else 'w'}, {', '.join(o for o, _ in outs)}, "
+        f"{''.join(a + ', ' for a in extra_args)}R, L, LO, "
         "x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(2), "
         f"{'b.stride(0)' if plan.has_bias else '0'}, BLOCK_R=br, BLOCK_L=bl, num_warps=NUM_WARPS)",
         f"    return ({', '.join(o for o, _ in outs)},)",

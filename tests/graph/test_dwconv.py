@@ -5,6 +5,7 @@ kernel compiled for sm_90a without a GPU."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -79,6 +80,29 @@ def run(u, w, b):
     return torch.tanh(F.conv1d(u, w, b, padding=2, groups=12)[..., 1:-2])
 """
 
+# Mamba's gate: tensors from outside the site (the conv's own input, SiLU of another input, a per-channel vector)
+GATED = """
+import torch
+import torch.nn.functional as F
+
+@torch.no_grad()
+def run(u, w, b, z, d):
+    L = u.shape[-1]
+    y = F.silu(F.conv1d(u, w, b, padding=3, groups=12)[..., :L])
+    return (y * d.view(1, -1, 1) + u) * F.silu(z) * 0.5
+"""
+
+# a product with a value computed from the convolution outside the site (a flip): left to the graph
+FLIPPED = """
+import torch
+import torch.nn.functional as F
+
+@torch.no_grad()
+def run(u, w, b):
+    y = F.conv1d(u, w, b, padding=1, groups=12)
+    return torch.sigmoid(y) * torch.flip(y, [-1])
+"""
+
 # two channels per group: not depthwise
 GROUPED = """
 import torch
@@ -101,6 +125,8 @@ def run(u, w, b):
 
 def _task(tmp_path: Path, name: str, ref: str, dtype: str, taps: int = 3, wshape=None):
     ins = {"u": (["B", 12, "L"], dtype), "w": (wshape or [12, 1, taps], dtype), "b": ([12], dtype)}
+    if "def run(u, w, b, z, d)" in ref:
+        ins |= {"z": (["B", 12, "L"], dtype), "d": ([12], dtype)}
     if "def run(u, w)" in ref:
         del ins["b"]
     return make_task(tmp_path, name, ref, ins, {"y": (["B", 12, "L"], dtype)},
@@ -160,6 +186,25 @@ def test_padding_forms_and_epilogues_match(tmp_path, name, ref, taps):
     _check(task, f"dw_{name}", "float32")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_outside_tensors_in_the_gate_are_loaded_by_the_kernel(tmp_path, dtype):
+    task = _task(tmp_path, f"dw_gated_{dtype}", GATED, dtype, taps=4)
+    (s, *_) = _sites(task)
+    plan = s.params["_plan"]
+    assert sorted(role for _, role in plan.extras) == ["channel", "full", "full"]
+    assert len(plan.outputs) == 1 and len(plan.nodes) >= 5  # silu, the scale, the add, the gate, the half
+    _check(task, f"dw_gated_{dtype}", dtype)
+
+
+def test_a_value_computed_from_the_convolution_stays_outside(tmp_path):
+    task = _task(tmp_path, "dw_flip", FLIPPED, "float32")
+    (s, *_) = _sites(task)
+    plan = s.params["_plan"]
+    # the sigmoid joins the site; the product reads the flip of y, so y and the sigmoid are stored for it
+    assert plan.extras == [] and [n.name for n in plan.outputs] == [plan.conv.name, "sigmoid"]
+    _check(task, "dw_flip", "float32")
+
+
 @pytest.mark.parametrize(("name", "ref", "wshape"), [("grouped", GROUPED, [12, 2, 3]), ("strided", STRIDED, None)])
 def test_other_convolutions_are_not_sites(tmp_path, name, ref, wshape):
     task = _task(tmp_path, f"dw_{name}", ref, "float32", wshape=wshape)
@@ -199,24 +244,43 @@ def test_tiles_edges_and_a_strided_input(tmp_path):
         assert (got.double() - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
 
 
+def _signature(src: str, dt: str) -> dict[str, str]:
+    """The kernel's Triton signature read from its rendered parameters: pointers (``*_ptr``, outputs ``o<i>``, outside
+    tensors ``e<i>``) of ``dt``, ints, the tile constexprs."""
+    params = re.search(r"def _dwconv_kernel\(([^)]*)\)", src).group(1).split(", ")
+    sig = {}
+    for prm in params:
+        name = prm.split(":")[0]
+        sig[name] = "constexpr" if "constexpr" in prm else (f"*{dt}" if re.fullmatch(r"\w+_ptr|o\d+|e\d+", name)
+                                                           else "i32")  # fmt: skip
+    return sig
+
+
 def test_the_kernel_compiles_for_sm90a(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "families"))
     from _aot import aot_compile
 
-    (s, *_) = _hyena_sites(tmp_path)
+    plans = {"hyena": _hyena_sites(tmp_path)[0].params["_plan"]}
+    for dtype, dt in (("float32", "fp32"), ("bfloat16", "bf16")):
+        gated = _sites(_task(tmp_path, f"dw_gated_aot_{dtype}", GATED, dtype, taps=4))[0].params["_plan"]
+        plans[f"gated_{dt}"] = gated
     d16 = [["tt.divisibility", 16]]
     items = []
-    for k in (DWCONV_KERNEL.start, {"BLOCK_R": 8, "BLOCK_L": 1024, "NUM_WARPS": 8}):
-        sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "b_ptr": "*fp32", "o0": "*fp32", "o1": "*fp32", "o2": "*fp32",
-               "R": "i32", "L": "i32", "LO": "i32", "sxb": "i32", "sxc": "i32", "sxt": "i32",
-               "swc": "i32", "swk": "i32", "sb": "i32", "BLOCK_R": "constexpr", "BLOCK_L": "constexpr"}  # fmt: skip
-        consts = {"BLOCK_R": k["BLOCK_R"], "BLOCK_L": k["BLOCK_L"], "sxt": 1, "sb": 1}
-        sig.update({"sxt": "constexpr", "sb": "constexpr"})
-        attrs = {(0,): d16, (3,): d16, (4,): d16, (5,): d16, (9,): d16, (10,): d16}
-        jobs = [dict(kernel="_dwconv_kernel", signature=sig, constexprs=consts, attrs=attrs,
-                     options={"num_warps": k["NUM_WARPS"]})]  # fmt: skip
-        items.append((f"dw_{k['BLOCK_L']}", render_dwconv(s.params["_plan"], dict(k), "t"), jobs))
-    for label, res in aot_compile(items, tmp_path).items():
+    for label, plan in plans.items():
+        dt = "bf16" if label.endswith("bf16") else "fp32"
+        for k in (DWCONV_KERNEL.start, {"BLOCK_R": 8, "BLOCK_L": 1024, "NUM_WARPS": 8}):
+            src = render_dwconv(plan, dict(k), "t")
+            sig = _signature(src, dt)
+            sig.update({"sxt": "constexpr", "sb": "constexpr"})
+            consts = {"BLOCK_R": k["BLOCK_R"], "BLOCK_L": k["BLOCK_L"], "sxt": 1, "sb": 1}
+            names = list(sig)
+            attrs = {(names.index(n),): d16 for n in names if sig[n].startswith("*") or n in ("sxb", "sxc")}
+            jobs = [dict(kernel="_dwconv_kernel", signature=sig, constexprs=consts, attrs=attrs,
+                         options={"num_warps": k["NUM_WARPS"]})]  # fmt: skip
+            items.append((f"dw_{label}_{k['BLOCK_L']}", src, jobs))
+    results = aot_compile(items, tmp_path)
+    assert len(results) == 6
+    for label, res in results.items():
         for r in res:
             assert "error" not in r, (label, r.get("error"))
             assert r["sm90a"], label
