@@ -449,8 +449,9 @@ class SearchAgent:
 
     @staticmethod
     def emulation_fails(ctx: AgentContext) -> bool:
-        """A composition whose Inductor rest rounds as eager does (``emulate_casts``) was judged incorrect and none
-        was correct: the repair goes on to the rest eager."""
+        """A composition whose Inductor rest rounds as eager does (``emulate_casts``) failed (incorrect, or it did not
+        compile or run: Triton 3.6 crashed on some chains of emulated casts, pytorch#173547) and none was correct:
+        the repair goes on to the rest eager."""
         seen: dict[str, Status] = {}
         for f in shared_findings(ctx):
             if f.knobs and f.knobs.get("rest") == "inductor" and f.knobs.get("emulate_casts"):
@@ -458,7 +459,7 @@ class SearchAgent:
         for c, v in ctx.history:
             if c.knobs and c.knobs.get("rest") == "inductor" and c.knobs.get("emulate_casts"):
                 seen[c.id] = v.status
-        return any(st is Status.incorrect for st in seen.values()) and not any(st.correct for st in seen.values())
+        return bool(seen) and not any(st.correct for st in seen.values())
 
     @staticmethod
     def _moved(fam: Family, point: dict[str, Any], change: dict[str, Any]) -> dict[str, Any] | None:
@@ -536,15 +537,18 @@ class SearchAgent:
         (96.8% of elements within the tolerance, as torch.compile itself), later points turned eager, and the
         leading kernel was never judged eager. A team's agents, asked at once, take these repairs by rank (the
         ``rank``-th one still to judge; a lone generalist the first), as they share the start points."""
-        wrong = {f.candidate_id for f in shared_findings(ctx) if f.status is Status.incorrect}
-        wrong |= {c.id for c, v in ctx.history if v.status is Status.incorrect}
+        status = {f.candidate_id: f.status for f in shared_findings(ctx)}
+        status |= {c.id: v.status for c, v in ctx.history}
         todo: list[tuple[int, Family, dict[str, Any], str]] = []
         for j, (fam, point) in enumerate(self._seeds):
-            # each variant is judged once the one before it failed: compiled, then Inductor rounding as eager
-            # (unless an emulated composition already failed), then the rest eager
+            # each variant is judged once the one before it failed: compiled (incorrect), then Inductor rounding as
+            # eager (incorrect, or it did not compile or run; skipped once an emulated composition failed), then the
+            # rest eager
             chain = [v for v in self._seed_variants(j, fam, point) if not (self._eager_only and v[2] == "emulated")]
-            for (_, prev_id, _), (var, var_id, how) in zip(chain, chain[1:], strict=False):
-                if prev_id in wrong and var_id not in seen:
+            for (_, prev_id, prev_how), (var, var_id, how) in zip(chain, chain[1:], strict=False):
+                st = status.get(prev_id)
+                failed = st is Status.incorrect if prev_how == "compiled" else st is not None and not st.correct
+                if failed and var_id not in seen:
                     todo.append((j, fam, var, how))
                     break
         pick = 0 if self.strategy == "generalist" else self.rank

@@ -387,8 +387,11 @@ def test_an_incorrect_compiled_start_point_is_judged_again_off_inductors_numeric
     ctx.seen = frozenset(seen | {first.id})
     again = SearchAgent("agent0-exploit", "exploit", task, seed=0).propose(ctx, 1).candidates[0]
     assert again.id == second.id, again.rationale
-    # the emulated repair of the first point failed as well: that point again with the rest eager
-    ctx.history = [*hist, (first, Verdict(candidate_id=first.id, status=Status.incorrect, errors=["97% within"]))]
+    # the emulated repair of the first point failed as well (here it did not compile: Triton 3.6 crashed on some
+    # chains of emulated casts): that point again with the rest eager
+    failed = Verdict(candidate_id=first.id, status=Status.compile_error, errors=["PassManager::run failed"])
+    ctx.history = [*hist, (first, failed)]
+    assert SearchAgent.emulation_fails(ctx)
     ctx.seen = frozenset(seen | {first.id, second.id})
     third = SearchAgent("agent0-exploit", "exploit", task, seed=0).propose(ctx, 1).candidates[0]
     assert third.family == f0.name and third.knobs == f0.check_point({**p0, "rest": "eager"}), third.rationale
