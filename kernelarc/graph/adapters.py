@@ -524,8 +524,8 @@ def dwconv_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]
         raise AdapterError("dwconv: only the generated kernel (the graph's ops otherwise)")
     plan = site.params["_plan"]
     b = site.inputs.get("bias")
-    ins = ", ".join([c.name(site.inputs["x"]), c.name(site.inputs["weight"]), c.name(b) if b is not None else "None",
-                     *(c.name(e) for e, _ in plan.extras)])
+    args = [c.name(site.inputs["x"]), c.name(site.inputs["weight"]), c.name(b) if b is not None else "None"]
+    ins = ", ".join(args + [c.name(e) for e, _ in plan.extras])
     names = [out if n is site.output else extra[f"out{i}"] for i, n in enumerate(plan.outputs)]
     return _generated_lines(c, f"run({ins})", names)
 
