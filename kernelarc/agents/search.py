@@ -459,7 +459,8 @@ class SearchAgent:
         for c, v in ctx.history:
             if c.knobs and c.knobs.get("rest") == "inductor" and c.knobs.get("emulate_casts"):
                 seen[c.id] = v.status
-        return bool(seen) and not any(st.correct for st in seen.values())
+        failed = (Status.incorrect, Status.compile_error, Status.runtime_error)
+        return any(st in failed for st in seen.values()) and not any(st.correct for st in seen.values())
 
     @staticmethod
     def _moved(fam: Family, point: dict[str, Any], change: dict[str, Any]) -> dict[str, Any] | None:
@@ -544,13 +545,15 @@ class SearchAgent:
             # each variant is judged once the one before it failed: compiled (incorrect), then Inductor rounding as
             # eager (incorrect, or it did not compile or run; skipped once an emulated composition failed), then the
             # rest eager
-            chain = [v for v in self._seed_variants(j, fam, point) if not (self._eager_only and v[2] == "emulated")]
-            for (_, prev_id, prev_how), (var, var_id, how) in zip(chain, chain[1:], strict=False):
-                st = status.get(prev_id)
-                failed = st is Status.incorrect if prev_how == "compiled" else st is not None and not st.correct
-                if failed and var_id not in seen:
+            failed = False  # the variant before this one failed (a skipped emulated one: it or the one before it)
+            for i, (var, var_id, how) in enumerate(self._seed_variants(j, fam, point)):
+                skip = self._eager_only and how == "emulated"
+                if i and failed and not skip and var_id not in seen:
                     todo.append((j, fam, var, how))
                     break
+                st = status.get(var_id)
+                mine = st is Status.incorrect if how == "compiled" else st is not None and not st.correct
+                failed = (failed or mine) if skip else mine
         pick = 0 if self.strategy == "generalist" else self.rank
         if pick >= len(todo):
             return []

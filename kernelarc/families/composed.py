@@ -144,7 +144,8 @@ DWCONV_KERNEL = Family(
     ),
     start={"BLOCK_R": 4, "BLOCK_L": 512, "NUM_WARPS": 4},
     render=_per_region,
-    valid=lambda k: k["BLOCK_R"] * k["BLOCK_L"] <= 16384,
+    # at most 32 values of a tile per thread: each slice's sum and each outside tensor holds one such tile
+    valid=lambda k: k["BLOCK_R"] * k["BLOCK_L"] <= 32 * 32 * k["NUM_WARPS"],
     language="triton",
 )
 # kernels generated per site, by the kind they serve

@@ -157,7 +157,7 @@ def _time_window(conv: Node) -> tuple[Node, int, int | str | None] | None:
             end = "L"
         elif end is not None and not isinstance(end, int):
             return None
-        elif end is not None and end == _size(node_shape(conv.args[0])[2]):
+        elif end is not None and end == _fixed(node_shape(conv.args[0])[2]):
             end = "L"  # the traced length as a literal: the same kernel for every length (the case holds it)
         return users[0], start, end
     return conv, 0, None
@@ -299,6 +299,26 @@ def _epilogue(slices: dict[Node, int], shape: tuple, width: int, conv: Node, tak
     return nodes, list(first.items())
 
 
+def _mutates(n: Node) -> bool:
+    """An op that writes one of its arguments (an aten overload whose schema is mutable: ``mul_``, ``copy_``...)."""
+    schema = getattr(n.target, "_schema", None)
+    return n.op == "call_function" and schema is not None and schema.is_mutable
+
+
+def _mutation_between(conv: Node, last: Node, covered: set[Node]) -> bool:
+    """An op outside the site between the convolution and its last output writes in place: the site runs at its last
+    output, so it would read the input, filter, bias or an outside tensor after the write (``u.mul_(2)``)."""
+    between = False
+    for n in conv.graph.nodes:
+        if n is conv:
+            between = True
+        elif n is last:
+            return False
+        elif between and n not in covered and _mutates(n):
+            return True
+    return False
+
+
 def find_dwconv(conv: Node, taken: set[Node]) -> DwConv | None:
     geom = _conv(conv)
     if geom is None or conv in taken:
@@ -324,6 +344,8 @@ def find_dwconv(conv: Node, taken: set[Node]) -> DwConv | None:
     for n in covered - set(outputs):
         if any(u not in covered for u in n.users):
             return None
+    if covered & taken or _mutation_between(conv, outputs[-1], covered):
+        return None
     return DwConv(conv, c, k, left, right, d, t0, t1, width, slices, epi, outputs, covered, node_dtype(conv), extras)
 
 
@@ -438,8 +460,10 @@ def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
         "",
         "@triton.jit",
         f"def _dwconv_kernel({', '.join(params)}):",
-        "    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)",
-        "    cols = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)",
+        "    pid = tl.program_id(0)",  # one grid axis (2**31 - 1 programs): rows outer, time tiles inner
+        "    NL = tl.cdiv(LO, BLOCK_L)",
+        "    rows = (pid // NL) * BLOCK_R + tl.arange(0, BLOCK_R)",
+        "    cols = (pid % NL) * BLOCK_L + tl.arange(0, BLOCK_L)",
         "    rm = rows < R",
         "    m = rm[:, None] & (cols < LO)[None, :]",
         f"    ci = rows % {plan.width}",
@@ -464,14 +488,14 @@ def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
         "    B, _, L = x.shape",
         *["    " + ln for ln in _window_lines(plan)],
         f"    R = B * {plan.width}",
-        "    if R == 0 or LO == 0 or x.device != w.device:",
+        f"    if R == 0 or LO == 0 or x.device != w.device{' or b.device != x.device' if plan.has_bias else ''}:",
         "        return None",
         *[ln for chk in extra_checks for ln in (f"    if {chk}:", "        return None")],
         *[f"    {o} = torch.empty((B, {plan.width}, LO), dtype={d}, device=x.device)" for o, d in outs],
         "    br, bl = BLOCK_R, BLOCK_L",
         "    if INTERPRET:  # the interpreter runs a program at a time: few large tiles (the same values)",
         "        br, bl = max(br, 64), max(bl, min(triton.next_power_of_2(LO), 4096))",
-        "    grid = (triton.cdiv(R, br), triton.cdiv(LO, bl))",
+        "    grid = (triton.cdiv(R, br) * triton.cdiv(LO, bl),)",
         f"    _dwconv_kernel[grid](x, w, {'b' if plan.has_bias else 'w'}, {', '.join(o for o, _ in outs)}, "
         f"{''.join(a + ', ' for a in extra_args)}R, L, LO, "
         "x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(2), "

@@ -103,6 +103,28 @@ def run(u, w, b):
     return torch.sigmoid(y) * torch.flip(y, [-1])
 """
 
+# the input written in place after the convolution: the site would run at its output and read the new values
+IN_PLACE = """
+import torch
+import torch.nn.functional as F
+
+@torch.no_grad()
+def run(u, w, b):
+    y = F.conv1d(u, w, b, padding=1, groups=12)
+    u.mul_(2.0)
+    return torch.sigmoid(y) * u
+"""
+
+# a literal trim (37) in a graph traced for lengths 37, 130 and 5: the window is 37 steps, not the input's length
+LITERAL_END = """
+import torch
+import torch.nn.functional as F
+
+@torch.no_grad()
+def run(u, w, b):
+    return F.conv1d(u, w, b, padding=2, groups=12)[..., :37] * 2
+"""
+
 # two channels per group: not depthwise
 GROUPED = """
 import torch
@@ -137,7 +159,9 @@ def _sites(task):
     return [s for case in recognise(task).sites for s in case if s.kind is Kind.dwconv]
 
 
-def _check(task, name: str, dtype: str) -> None:
+def _check(task, name: str, dtype: str, one_part: bool = True) -> None:
+    """The composed candidate against the reference on every workload; ``one_part``: one kernel part serves every
+    case (the spy counts its calls: no fallback)."""
     mod, calls = spied_family_module(task, "dwconv.tiled", {"rest": "eager"}, name=name)
     ref = load_module(task.definition.reference, f"ref_{name}")
     for i in range(len(task.workloads)):
@@ -151,7 +175,7 @@ def _check(task, name: str, dtype: str) -> None:
             # fp32: summation order only; bf16: one rounding step of the largest value
             bound = 1e-5 if dtype == "float32" else 2**-7
             assert (g.double() - w.double()).abs().max().item() <= bound * top, (name, i)
-    assert len(calls) == len(task.workloads)  # the kernel ran, no fallback
+    assert not one_part or len(calls) == len(task.workloads)  # the kernel ran, no fallback
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -203,6 +227,17 @@ def test_a_value_computed_from_the_convolution_stays_outside(tmp_path):
     # the sigmoid joins the site; the product reads the flip of y, so y and the sigmoid are stored for it
     assert plan.extras == [] and [n.name for n in plan.outputs] == [plan.conv.name, "sigmoid"]
     _check(task, "dw_flip", "float32")
+
+
+def test_an_in_place_write_after_the_convolution_keeps_the_graphs_ops(tmp_path):
+    assert _sites(_task(tmp_path, "dw_inplace", IN_PLACE, "float32")) == []
+
+
+def test_a_literal_trim_is_not_taken_for_the_inputs_length(tmp_path):
+    task = _task(tmp_path, "dw_literal", LITERAL_END, "float32")
+    # one case per length: the trim is the input's length at 37 only (37 steps of 130 at L=130, all 7 at L=5)
+    assert [s.params["_plan"].t1 for s in _sites(task)] == ["L", 37, None]
+    _check(task, "dw_literal", "float32", one_part=False)
 
 
 @pytest.mark.parametrize(("name", "ref", "wshape"), [("grouped", GROUPED, [12, 2, 3]), ("strided", STRIDED, None)])

@@ -297,11 +297,34 @@ def test_an_incorrect_torch_compile_moves_compositions_off_inductors_numerics(tm
                        seen=frozenset(seen), baselines={"torch.compile": Status.incorrect})  # fmt: skip
     later = [c for a in agents for c in a.propose(ctx, 2).candidates if "rest" in c.knobs]
     assert later and all(c.knobs["rest"] == "eager" for c in later), [c.rationale for c in later]
+
     # the same team without that verdict leads with compiled compositions
     fresh = SearchAgent("agent0-x", names[0], task, seed=0)
     ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[], history=[],
                        seen=frozenset())  # fmt: skip
     assert fresh.propose(ctx, 1).candidates[0].knobs["rest"] == "inductor"
+
+
+def test_a_failed_emulated_start_point_is_judged_again_eager(tmp_path):
+    """torch.compile of the reference incorrect from the first round: the start points go out emulated, and their
+    compiled forms are never judged. An emulated start point judged incorrect is proposed next with the rest eager."""
+    from kernelarc.models import Status, Verdict
+
+    task = _mlp_task(tmp_path)
+    bad = {"torch.compile": Status.incorrect}
+    agent = SearchAgent("agent0-tiling", "tiling", task, seed=0)
+    ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[], history=[],
+                       seen=frozenset(), baselines=bad)  # fmt: skip
+    first = agent.propose(ctx, 2).candidates
+    emu = [c for c in first if c.knobs.get("emulate_casts")]
+    assert emu and all("start point" in c.rationale for c in emu)
+    hist = [(c, Verdict(candidate_id=c.id, status=Status.incorrect, errors=["97% within"])) for c in emu]
+    ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[], history=hist,
+                       seen=frozenset(c.id for c in first), baselines=bad)  # fmt: skip
+    nxt = agent.propose(ctx, 1).candidates[0]
+    fam = agent.families[emu[0].family]
+    assert nxt.knobs == fam.check_point({**emu[0].knobs, "rest": "eager", "emulate_casts": False}), nxt.rationale
+    assert "again with the rest eager" in nxt.rationale
 
 
 def _two_incorrect_compiled_seeds(tmp_path):
