@@ -423,13 +423,9 @@ class SearchAgent:
         return fams or list(self.families.values())
 
     @staticmethod
-    def inductor_fails(ctx: AgentContext) -> str | None:
-        """Why a composition should run the rest of its graph eager here, or None: torch.compile of the
-        reference was judged incorrect (Inductor's fused numerics leave the problem's tolerance: on the
-        H200, L2/015, L2/041 and L2/069 failed the same way compiled, 95-98% of elements within it), or
-        two compositions with the rest under Inductor were incorrect and none was correct."""
-        if ctx.baselines.get("torch.compile") is Status.incorrect:
-            return "torch.compile of the reference is incorrect here"
+    def _judged(ctx: AgentContext) -> dict[str, tuple[Mapping[str, Any], Status]]:
+        """Candidate id -> (knobs, status) of every judged candidate with knobs: the team's findings, then this
+        agent's own history."""
         results: dict[str, tuple[Mapping[str, Any], Status]] = {}
         for f in shared_findings(ctx):
             if f.knobs:
@@ -437,6 +433,17 @@ class SearchAgent:
         for c, v in ctx.history:
             if c.knobs:
                 results[c.id] = (c.knobs, v.status)
+        return results
+
+    @staticmethod
+    def inductor_fails(ctx: AgentContext) -> str | None:
+        """Why a composition should run the rest of its graph eager here, or None: torch.compile of the
+        reference was judged incorrect (Inductor's fused numerics leave the problem's tolerance: on the
+        H200, L2/015, L2/041 and L2/069 failed the same way compiled, 95-98% of elements within it), or
+        two compositions with the rest under Inductor were incorrect and none was correct."""
+        if ctx.baselines.get("torch.compile") is Status.incorrect:
+            return "torch.compile of the reference is incorrect here"
+        results = SearchAgent._judged(ctx)
         compiled = [st for knobs, st in results.values()
                     if knobs.get("rest") == "inductor" and not knobs.get("emulate_casts")]  # fmt: skip
         eager_bad = any(knobs.get("rest") == "eager" and st is Status.incorrect for knobs, st in results.values())
@@ -452,15 +459,10 @@ class SearchAgent:
         """A composition whose Inductor rest rounds as eager does (``emulate_casts``) failed (incorrect, or it did not
         compile or run: Triton 3.6 crashed on some chains of emulated casts, pytorch#173547) and none was correct:
         the repair goes on to the rest eager."""
-        seen: dict[str, Status] = {}
-        for f in shared_findings(ctx):
-            if f.knobs and f.knobs.get("rest") == "inductor" and f.knobs.get("emulate_casts"):
-                seen[f.candidate_id] = f.status
-        for c, v in ctx.history:
-            if c.knobs and c.knobs.get("rest") == "inductor" and c.knobs.get("emulate_casts"):
-                seen[c.id] = v.status
+        emulated = [st for knobs, st in SearchAgent._judged(ctx).values()
+                    if knobs.get("rest") == "inductor" and knobs.get("emulate_casts")]  # fmt: skip
         failed = (Status.incorrect, Status.compile_error, Status.runtime_error)
-        return any(st in failed for st in seen.values()) and not any(st.correct for st in seen.values())
+        return any(st in failed for st in emulated) and not any(st.correct for st in emulated)
 
     @staticmethod
     def _moved(fam: Family, point: dict[str, Any], change: dict[str, Any]) -> dict[str, Any] | None:

@@ -105,7 +105,7 @@ def takes(fam: Family, site: Site) -> bool:
     return not fam.dtypes or dt is None or str(dt) in fam.dtypes
 
 
-def _per_region(knobs: Mapping[str, Any]) -> str:
+def _per_site(knobs: Mapping[str, Any]) -> str:
     raise TypeError("generated kernels (fused regions, depthwise convolutions) are rendered per site, in a composition")
 
 
@@ -127,7 +127,7 @@ FUSED_KERNEL = Family(
         ),
     ),
     start={"TILE": 4096, "NUM_WARPS": 4, "WAVES": 8},
-    render=_per_region,
+    render=_per_site,
     language="triton",
 )
 
@@ -143,7 +143,7 @@ DWCONV_KERNEL = Family(
         Knob("NUM_WARPS", (4, 8, 2), "scheduling", "warps per program"),
     ),
     start={"BLOCK_R": 4, "BLOCK_L": 512, "NUM_WARPS": 4},
-    render=_per_region,
+    render=_per_site,
     # at most 32 values of a tile per thread: each slice's sum and each outside tensor holds one such tile
     valid=lambda k: k["BLOCK_R"] * k["BLOCK_L"] <= 32 * 32 * k["NUM_WARPS"],
     language="triton",
@@ -151,6 +151,13 @@ DWCONV_KERNEL = Family(
 # kernels generated per site, by the kind they serve
 GENERATED = {Kind.fused: FUSED_KERNEL, Kind.dwconv: DWCONV_KERNEL}
 GENERATED_KIND = {f.name: k for k, f in GENERATED.items()}
+
+
+def _render_generated(site: Site, knobs: Mapping[str, Any], doc: str) -> str:
+    """The generated kernel module of a fused region or a depthwise convolution site."""
+    if site.kind is Kind.fused:
+        return render_fused(site.params["_region"], dict(knobs), doc)
+    return render_dwconv(site.params["_plan"], dict(knobs), doc)
 
 
 @dataclass
@@ -450,11 +457,8 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
             if s.kind is kernel_kind and Impl.family in impls and kernel is not None and takes(kernel, s):
                 src = kernel_src
                 pkey: tuple = (kernel.name,)
-                if s.kind is Kind.fused:  # a kernel of its own per region (equal regions share one)
-                    src = render_fused(s.params["_region"], kernel_knobs, task.name)
-                    pkey = (kernel.name, src)
-                elif s.kind is Kind.dwconv:
-                    src = render_dwconv(s.params["_plan"], kernel_knobs, task.name)
+                if s.kind in GENERATED:  # a kernel of its own per site (equal sites share one)
+                    src = _render_generated(s, kernel_knobs, task.name)
                     pkey = (kernel.name, src)
                 elif s.kind in (Kind.rmsnorm, Kind.add_rmsnorm):
                     src = patch_eps(kernel_src, float(s.params["eps"]))

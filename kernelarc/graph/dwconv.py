@@ -27,10 +27,11 @@ import torch.fx
 from torch.fx import Node
 
 from kernelarc.graph.capture import node_dtype, node_shape, static_int
-from kernelarc.graph.fusion import FLOATS, LOW, Region, Role, _pointwise_ok, _same, _Writer
+from kernelarc.graph.fusion import FLOATS, LOW, TANH_JIT, Region, Role, _pointwise_ok, _same, _Writer, stored
 from kernelarc.graph.patterns import Kind, Site, arg, op
 
 FAMILY = "dwconv.tiled"
+_SPLITS = ("split", "split_with_sizes", "chunk")  # channel cuts with items (getitem) besides ``slice``
 MAX_K = 64  # filter taps unrolled in the kernel
 
 
@@ -76,14 +77,18 @@ def _ints(v: Any, n: int = 1) -> list[int] | None:
     return vals
 
 
+def _fixed(d: Any) -> int | None:
+    """A dimension's value where tracing fixed it (no hint of a free symbol)."""
+    v = static_int(d)
+    return v if v is not None or not isinstance(d, torch.SymInt) else d.node.maybe_as_int()
+
+
 def _size(x: Any) -> int | None:
     """A dimension's value: fixed by tracing, else the traced example's (``run`` checks the shape it was generated
     for, and declines any other)."""
-    v = static_int(x)
-    if v is None and isinstance(x, torch.SymInt):
-        v = x.node.maybe_as_int()
-        if v is None and x.node.has_hint():
-            v = int(x.node.hint)
+    v = _fixed(x)
+    if v is None and isinstance(x, torch.SymInt) and x.node.has_hint():
+        v = int(x.node.hint)
     return v
 
 
@@ -182,10 +187,9 @@ def _channel_slices(v: Node, channels: int) -> tuple[dict[Node, int], int, set[N
     reader of ``v`` a ``slice`` of dim 1, or a ``split`` / ``split_with_sizes`` / ``chunk`` along dim 1 and its
     items; ``v`` itself (width ``channels``) when no reader slices it."""
     users = list(v.users)
-    cuts = ("slice", "split", "split_with_sizes", "chunk")
     if not users:
         return None
-    if not any(op(u) in cuts for u in users):  # read whole: by pointwise ops, or outside
+    if not any(op(u) == "slice" or op(u) in _SPLITS for u in users):  # read whole: by pointwise ops, or outside
         return {v: 0}, channels, set()
     starts: dict[Node, int] = {}
     widths: set[int] = set()
@@ -202,7 +206,7 @@ def _channel_slices(v: Node, channels: int) -> tuple[dict[Node, int], int, set[N
                 return None
             starts[u] = start
             widths.add(min(end, channels) - start)
-        elif name in ("split", "split_with_sizes", "chunk"):
+        elif name in _SPLITS:
             sizes = _split_sizes(u, channels)
             if sizes is None:
                 return None
@@ -217,12 +221,6 @@ def _channel_slices(v: Node, channels: int) -> tuple[dict[Node, int], int, set[N
     if len(widths) != 1:
         return None
     return starts, widths.pop(), between
-
-
-def _fixed(d: Any) -> int | None:
-    """A dimension's value where tracing fixed it (no hint of a free symbol)."""
-    v = static_int(d)
-    return v if v is not None or not isinstance(d, torch.SymInt) else d.node.maybe_as_int()
 
 
 def _extra_role(a: Node, shape: tuple, width: int) -> str | None:
@@ -259,8 +257,8 @@ def _depends_on(a: Node, target: Node, cache: dict[Node, bool]) -> bool:
     return False
 
 
-def _epilogue(slices: dict[Node, int], shape: tuple, width: int, conv: Node, taken: set[Node]
-              ) -> tuple[list[Node], list[tuple[Node, str]]]:  # fmt: skip
+def _epilogue(slices: dict[Node, int], shape: tuple, width: int, conv: Node, taken: set[Node],
+              order: dict[Node, int]) -> tuple[list[Node], list[tuple[Node, str]]]:  # fmt: skip
     """Pointwise ops of the slices' shape whose tensor operands are slices, such ops, or tensors from outside the
     site the kernel can load (``_extra_role``, not computed from the convolution), grown to a fixed point, in graph
     order; and those outside tensors in first-use order."""
@@ -289,7 +287,6 @@ def _epilogue(slices: dict[Node, int], shape: tuple, width: int, conv: Node, tak
                     inside.add(u)
                     extras.update(new)
                     added = True
-    order = {n: i for i, n in enumerate(conv.graph.nodes)}
     nodes = sorted(inside - set(slices), key=order.__getitem__)
     first = {}
     for n in nodes:
@@ -335,9 +332,9 @@ def find_dwconv(conv: Node, taken: set[Node]) -> DwConv | None:
     shape = node_shape(next(iter(slices)))
     if not all(_same_shape(node_shape(s), shape) for s in slices) or any(s in taken for s in slices):
         return None
-    epi, extras = _epilogue(slices, shape, width, conv, taken)
-    covered = {conv, v, *between, *slices, *epi}
     order = {n: i for i, n in enumerate(conv.graph.nodes)}
+    epi, extras = _epilogue(slices, shape, width, conv, taken, order)
+    covered = {conv, v, *between, *slices, *epi}
     outputs = sorted((n for n in (*slices, *epi) if any(u not in covered for u in n.users)), key=order.__getitem__)
     if not outputs or any(node_dtype(n) not in FLOATS for n in outputs):
         return None
@@ -443,19 +440,13 @@ def render_dwconv(plan: DwConv, knobs: dict[str, Any], doc: str) -> str:
         extra_checks.append(f"e{i}.dtype != {node_dtype(e)} or e{i}.device != x.device")
     for j, n in enumerate(plan.nodes):
         w.node(j, n)
-    stores, outs = [], []
-    for q, n in enumerate(plan.outputs):
-        dt = node_dtype(n)
-        val = w.names[n]
-        stores.append(f"tl.store(o{q} + rows64 * LO + cols64, {f'_cast_out({val}, {LOW[dt]})' if dt in LOW else val}"
-                      ", mask=m)")  # fmt: skip
-        outs.append((f"o{q}", dt))
+    stores = [f"tl.store(o{q} + rows64 * LO + cols64, {stored(n, w.names[n])}, mask=m)"
+              for q, n in enumerate(plan.outputs)]  # fmt: skip
+    outs = [(f"o{q}", node_dtype(n)) for q, n in enumerate(plan.outputs)]
     params = ["x_ptr", "w_ptr", "b_ptr", *[o for o, _ in outs], *extra_params, "R", "L", "LO", "sxb", "sxc", "sxt",
               "swc", "swk", "sb", "BLOCK_R: tl.constexpr", "BLOCK_L: tl.constexpr"]  # fmt: skip
     kernel = [
-        "@triton.jit",
-        "def _tanh(x):",
-        "    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)",
+        *TANH_JIT,
         "",
         "",
         "@triton.jit",

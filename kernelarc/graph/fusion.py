@@ -593,6 +593,21 @@ def _row_stat_lines(name: str, v: str, src: str, corr: float) -> list[str]:
     return lines
 
 
+# the jitted helper the ``tanh`` form calls, at the head of every generated kernel module
+TANH_JIT = [
+    "@triton.jit",
+    "def _tanh(x):",
+    "    # tanh from exp: 1 - 2 / (exp(2x) + 1), exact at both saturations",
+    "    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)",
+]
+
+
+def stored(n: Node, val: str) -> str:
+    """The value ``val`` of node ``n`` as stored: rounded to its bf16 / fp16 dtype, as is for fp32."""
+    dt = node_dtype(n)
+    return f"_cast_out({val}, {LOW[dt]})" if dt in LOW else val
+
+
 def render_fused(region: Region, knobs: dict[str, Any], doc: str) -> str:
     """A candidate module part computing ``region``: ``run(*inputs)`` returns its outputs in
     ``region.outputs`` order, or None for inputs the kernel does not serve (the caller then runs the region's
@@ -609,9 +624,7 @@ def render_fused(region: Region, knobs: dict[str, Any], doc: str) -> str:
     for n in region.outputs:
         j = idx[n]
         role = region.roles[n]
-        val = w.names[n]
-        dt = node_dtype(n)
-        expr = f"_cast_out({val}, {LOW[dt]})" if dt in LOW else val
+        expr = stored(n, w.names[n])
         if role is Role.full:
             w.param(f"o{j}")
             stores.append(f"tl.store(o{j} + rows64 * H + cols64, {expr}, mask=m)")
@@ -621,10 +634,7 @@ def render_fused(region: Region, knobs: dict[str, Any], doc: str) -> str:
     kernel_params = ", ".join([*w.params, "R", "H", "TILE_R: tl.constexpr", "BLOCK_H: tl.constexpr"])
     ind = "        "
     kernel = [
-        "@triton.jit",
-        "def _tanh(x):",
-        "    # tanh from exp: 1 - 2 / (exp(2x) + 1), exact at both saturations",
-        "    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)",
+        *TANH_JIT,
         "",
         "",
         "@triton.jit",
