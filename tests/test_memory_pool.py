@@ -147,6 +147,23 @@ def test_the_need_read_from_a_refusal_is_a_cap_the_plan_accepts(tmp_path):
     assert cap_needed_gb("the task's reference failed in the guard (timeout)") is None
 
 
+def test_inputs_and_outputs_over_the_cap_name_a_lower_bound_that_leads_to_a_runnable_cap(tmp_path):
+    """On the H200 (L2/024, an 11 GB share): "its inputs and outputs alone take 12.03 GB, above the cap" named no
+    need, so the suite's pool never ran it again. The refusal now names one input set's need without the
+    reference's working memory (it never ran); a plan with that cap runs the reference and names the whole need
+    where the bound fell short, and the suite's retries follow the needs up."""
+    t = load_task(_memory_problem(tmp_path, sizes=(16, 4096)))
+    run = load_module(t.definition.reference, "memory_probe").run
+    refused = plan_memory(t, [1], "cpu", memory_gb=0.02, run=run)  # workload 1 moves 32 MB
+    assert "alone take" in refused.verdicts[1] and "the guard needs" in refused.verdicts[1]
+    caps = [0.02]
+    while need := cap_needed_gb("; ".join(plan_memory(t, [1], "cpu", memory_gb=caps[-1], run=run).errors())):
+        assert need > caps[-1]
+        caps.append(need)
+        assert len(caps) <= 3  # suite.MEMORY_RETRIES runs after the first
+    assert plan_memory(t, [1], "cpu", memory_gb=caps[-1], run=run).runnable == [1]
+
+
 @pytest.mark.parametrize("isolation", ["inline", "process"])
 def test_a_problem_refused_for_memory_runs_again_with_the_cap_it_needs(tmp_path, isolation):
     """A 0.004 GB share is too small for one input set of a 128 x 4096 rmsnorm; with a 2 GB pool the suite runs it

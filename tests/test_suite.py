@@ -91,6 +91,22 @@ def test_the_table_says_how_far_the_timings_could_be_trusted():
     assert "timing: 2 of 9 verdicts void" in text and "3 workload timings done again" in text
 
 
+def test_the_table_says_which_built_champions_are_behind_torch_compile():
+    """On the H200 (L1/085, L1/087): a KernelArc kernel crowned while torch.compile was still compiling, then
+    torch.compile measured after the budget 1.01x and 1.16x faster. The row's status is baseline and the
+    built count says how many such champions it holds."""
+    from kernelarc.suite import render_table, result_from_summary
+
+    ahead = {"status": "finished", "champion_agent": "fusion", "champion_family": "composed.x.fused.rowblock",
+             "speedup_vs_compile": 1.4}  # fmt: skip
+    behind = dict(ahead, speedup_vs_compile=1.08, speedup_vs_compile_drift_corrected=0.86)
+    rows = [result_from_summary("L1/001_a", ahead, [0]), result_from_summary("L1/002_b", behind, [0])]
+    assert [r.status.value for r in rows] == ["improved", "baseline"]
+    text = render_table(rows)
+    assert "a KernelArc-built champion on 2 of 2 (1 of them behind torch.compile)" in text
+    assert "behind" not in render_table(rows[:1])
+
+
 def test_bad_suite_usage_is_exit_2(tmp_path):
     r = _suite(tmp_path, tmp_path / "missing")
     assert r.returncode == 2 and "not a folder" in r.stderr

@@ -55,6 +55,7 @@ class Footprint:
     peak_bytes: int  # one reference call's allocations above its inputs (outputs included)
     measured: bool = False  # peak from a dry run on the device (else: the output bytes)
     error: str | None = None  # the dry run failed (out of memory, ...)
+    unrun: bool = False  # its inputs and outputs alone are above the cap: not run (peak_bytes: the outputs only)
 
     @property
     def hp_output_bytes(self) -> int:
@@ -146,6 +147,7 @@ def dry_run(task: Task, index: int, device: str, run: Callable[..., Any], cap_by
         fp.error = (
             f"its inputs and outputs alone take {(in_b + out_b) / GB:.2f} GB, above the cap {cap_bytes / GB:.2f} GB"
         )
+        fp.unrun = True
         return fp
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -238,12 +240,17 @@ def plan_memory(
                 footprints[i] = dry_run(task, i, device, run, usable)
     plan = MemoryPlan(device, cap, dict(footprints))
     for i, f in footprints.items():
+        contexts = max(prestart, 0) * (CUDA_CONTEXT_BYTES if cuda else 0)
+        need = _worker_bytes([f], 1, cuda, flush) + _judge_fixed([f], False) + _entry(f, False) + contexts
         if f.error:
             log.warning("%s: workload %d: %s", getattr(task, "name", "task"), i, f.error)
             plan.verdicts[i] = f"{f.error} (memory cap {cap / GB:.2f} GB on {device})"
+            if f.unrun:
+                # what one input set needs with the reference's working memory left out (it was not run): a
+                # lower bound that a suite's memory pool can run it again with (cap_needed_gb); that run
+                # measures the reference and names the whole need if the bound falls short
+                plan.verdicts[i] += f"; the guard needs {need / GB:.2f} GB for one input set at least"
             continue
-        contexts = max(prestart, 0) * (CUDA_CONTEXT_BYTES if cuda else 0)
-        need = _worker_bytes([f], 1, cuda, flush) + _judge_fixed([f], False) + _entry(f, False) + contexts
         if need > usable:
             plan.verdicts[i] = (
                 f"the reference fits ({(f.peak_bytes + f.input_bytes) / GB:.2f} GB) but the guard needs "
