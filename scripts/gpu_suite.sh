@@ -175,12 +175,15 @@ EOF
 python3 - "$OUT" <<'EOF3'
 import json, pathlib, sys
 out = {}
+# an error's head and its tail: a Triton CompilationError names the failing line at the end (run DN: L1/002's
+# group_norm point under Inductor kept only "at 16:17: ..." and the kernel's first lines)
+cut = lambda e: e if len(e) <= 1000 else e[:300] + " [...] " + e[-700:]
 for f in sorted(pathlib.Path(".kernelarc").glob("*/*/*/evaluations.jsonl")):
     recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
     crowned = [r for r in recs if r["verdict"]["status"] == "champion" and r["kind"] != "final"]
     brief = lambda r: {"kind": r["kind"], "family": r["candidate"].get("family") or r["candidate"].get("strategy"),
                        "knobs": r["candidate"].get("knobs"), "status": r["verdict"]["status"],
-                       "ms": r["verdict"].get("latency_ms"), "error": (r["verdict"].get("errors") or [""])[0][:200],
+                       "ms": r["verdict"].get("latency_ms"), "error": cut((r["verdict"].get("errors") or [""])[0]),
                        "vs_champion": r["verdict"].get("speedup_vs_champion"),
                        "warning": next((w[:200] for w in r["verdict"].get("warnings") or [] if "inconsistent" in w), ""),
                        "warnings": [w[:200] for w in (r["verdict"].get("warnings") or [])[:6]],
