@@ -2,7 +2,8 @@
 the reference and torch.compile of the reference, measured in the same process, with the guard's correctness check.
 
     python3 scripts/gpu_fused_bench.py ROOT PROBLEM [PROBLEM ...] [--workloads N] [--max-gb G] [--out FILE]
-        [--family fused.rowblock|scatter_add.sorted|matmul_f32.split|group_norm.split|moe|dwconv.tiled]
+        [--family fused.rowblock|scatter_add.sorted|matmul_f32.split|group_norm.split|moe|dwconv.tiled|
+         counting_sort.blocked]
 
 For each problem: the workloads at the smallest, median and largest input size (``--workloads``: how many of
 those, up to 3; inputs over ``--max-gb`` skipped), and for each: the reference, torch.compile of the reference
@@ -78,6 +79,15 @@ POINTS = {
         "r2_l2k_w4": {"BLOCK_R": 2, "BLOCK_L": 2048, "NUM_WARPS": 4},
         "r16_l256": {"BLOCK_R": 16, "BLOCK_L": 256, "NUM_WARPS": 4},
         "graph": {"cuda_graph": True},
+    },
+    # stable sorts of bounded keys with their histogram (kernelarc.graph.sorting)
+    "counting_sort.blocked": {
+        "start": {},
+        "eager": {"rest": "eager"},
+        "b256_w4": {"rest": "eager", "BLOCK": 256},
+        "b2k_w8": {"rest": "eager", "BLOCK": 2048, "num_warps": 8},
+        "graph": {"rest": "eager", "cuda_graph": True},
+        "graph_ind": {"cuda_graph": True},
     },
 }
 

@@ -566,7 +566,7 @@ def composed_families(task) -> list[Family]:
 # fuse itself (attention written as matmul-softmax-matmul, fused add + norm) before the memory-bound
 # ones it fuses well, and GEMMs (cuBLAS is the bar) last.
 KIND_PRIORITY = (Kind.fp8_gemm, Kind.attention, Kind.add_rmsnorm, Kind.rmsnorm, Kind.group_norm, Kind.dwconv, Kind.glu,
-                 Kind.rope, Kind.softmax, Kind.scatter_add, Kind.fused, Kind.gemm)  # fmt: skip
+                 Kind.rope, Kind.softmax, Kind.scatter_add, Kind.counting_sort, Kind.fused, Kind.gemm)  # fmt: skip
 # float32 GEMMs run on cuBLAS's CUDA-core SGEMM in the reference and under torch.compile, where the split-precision
 # family has the tensor cores: that family goes right after attention, unless the graph has fused regions. On the H200
 # (runs DG-DI) it led and won where the rest of the graph is light (L1/021, L1/054, L1/072, L2/030) and led and lost

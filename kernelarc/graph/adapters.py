@@ -54,6 +54,7 @@ FAMILY_TASK: dict[Kind, str] = {
     Kind.rope: "rope",
     Kind.scatter_add: "scatter_add",
     Kind.group_norm: "group_norm",
+    Kind.counting_sort: "counting_sort",
 }
 LIBRARY_KINDS = {Kind.rmsnorm, Kind.add_rmsnorm, Kind.layernorm, Kind.gemm, Kind.attention, Kind.softmax}
 
@@ -579,6 +580,30 @@ def group_norm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, 
     ]
 
 
+def counting_sort_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
+    """The counting sort family for 1-D int32 / int64 keys (``kernelarc.graph.sorting``); the site's own ops
+    otherwise (the family declines other inputs too: the graph's ops then run)."""
+    if impl is not Impl.family or c.part is None or c.fallback is None:
+        raise AdapterError("counting_sort: only the family implementation (the graph's own ops otherwise)")
+    from kernelarc.graph.sorting import ROLES, describe_roles
+
+    p = site.params
+    keys = c.name(site.inputs["keys"])
+    names = {role: out if node is site.output else extra[role] for role, node in describe_roles(site)}
+    asked = ", ".join(repr(bool(p[r])) for r in ROLES)
+    unpack = ", ".join(names.get(r, "_") for r in ROLES)
+    # the keys' bound: a constant, or the size of the dimension they index (topk's input) read when it runs
+    of = site.inputs.get("bins_of")
+    bins = f"{c.name(of)}.shape[{int(p['bins_dim'])}]" if of is not None else str(int(p["bins"]))
+    return [
+        f"_f = {c.part}run({keys}, {bins}, {asked}) if {keys}.dim() == 1 else None",
+        "if _f is not None:",
+        f"    {unpack} = _f",
+        "else:",
+        *["    " + ln for ln in c.fallback()],
+    ]
+
+
 LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] = {
     Kind.rmsnorm: rmsnorm_lines,
     Kind.add_rmsnorm: rmsnorm_lines,
@@ -593,6 +618,7 @@ LINES: dict[Kind, Callable[[Site, Impl, Ctx, str, dict[str, str]], list[str]]] =
     Kind.dwconv: dwconv_lines,
     Kind.scatter_add: scatter_lines,
     Kind.group_norm: group_norm_lines,
+    Kind.counting_sort: counting_sort_lines,
 }
 
 

@@ -18,9 +18,11 @@ unrecognised and only the generic families apply.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -192,23 +194,175 @@ def trace(fn, args: Sequence[Any], symbolic: bool) -> torch.fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     mode = "symbolic" if symbolic else "real"
-    _precount(fn, args)
+    with pinned_bincount():
+        _precount(fn, args)
 
-    @functools.wraps(fn)  # make_fx names the graph's placeholders after fn's parameters
-    def bounded(*a):
-        with _CallBudget(CALLS_PER_NODE_BOUND * MAX_GRAPH_NODES):
-            return fn(*a)
+        @functools.wraps(fn)  # make_fx names the graph's placeholders after fn's parameters
+        def bounded(*a):
+            with _CallBudget(CALLS_PER_NODE_BOUND * MAX_GRAPH_NODES):
+                return fn(*a)
 
-    try:
-        gm = make_fx(bounded, tracing_mode=mode, pre_dispatch=True)(*args)
-    except GraphTooLarge:
-        raise
-    except Exception as e:  # noqa: BLE001 - tracing fails in many ways; the caller falls back
-        raise CaptureError(f"{mode} tracing failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+        try:
+            gm = make_fx(bounded, tracing_mode=mode, pre_dispatch=True)(*args)
+        except GraphTooLarge:
+            raise
+        except Exception as e:  # noqa: BLE001 - tracing fails in many ways; the caller falls back
+            raise CaptureError(f"{mode} tracing failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
     n = len(gm.graph.nodes)
     if n > MAX_GRAPH_NODES:
         raise GraphTooLarge(f"{mode} trace has {n} nodes (over {MAX_GRAPH_NODES}: a Python loop unrolled per step)")
+    for node in gm.graph.nodes:
+        if _is_bincount(node) and not bincount_pinned(node):
+            raise CaptureError(f"{mode} tracing failed: bincount's length depends on its values (no fake kernel): "
+                               f"nothing in the graph holds it at minlength={bincount_bins(node)}")  # fmt: skip
     return _strip(gm)
+
+
+# ------------------------------------------------------------------------------------------
+# bincount: a length that depends on the values, traced where the reference itself pins it
+#
+# ``torch.bincount(x, minlength=E)`` has no fake kernel: its length is ``max(E, x.max() + 1)``. A histogram of MoE
+# expert ids is written ``offsets[1:] = torch.bincount(ids, minlength=E).cumsum(0)`` (L1/058): the reference only
+# runs when the length is E (the copy into E slots accepts no other), which also says that every id lies in [0, E).
+# Tracing gives bincount the length E (a meta kernel, registered for the trace only); a graph in which nothing pins
+# it there is refused as before, so no traced shape ever assumes what the reference does not check itself.
+
+
+def _is_bincount(n: Any) -> bool:
+    return isinstance(n, torch.fx.Node) and n.op == "call_function" and n.target is torch.ops.aten.bincount.default
+
+
+def bincount_bins(n: torch.fx.Node) -> int:
+    """The ``minlength`` of a bincount node."""
+    v = n.args[2] if len(n.args) > 2 else n.kwargs.get("minlength", 0)
+    return v if isinstance(v, int) else 0
+
+
+@contextlib.contextmanager
+def pinned_bincount():
+    """aten::bincount on meta tensors for the duration of a trace: a 1-D result of ``minlength`` entries (refused
+    without one); nothing registered where torch has a kernel of its own."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::bincount", "Meta"):
+        yield
+        return
+
+    def meta(x, weights=None, minlength=0):
+        if not isinstance(minlength, int) or minlength < 2:
+            raise NotImplementedError("aten::bincount without a minlength of 2 or more: its length is data-dependent")
+        if x.dim() != 1:
+            raise RuntimeError("bincount only supports 1-d non-negative integral inputs")
+        dtype = torch.int64 if weights is None else torch.promote_types(weights.dtype, torch.float64)
+        return x.new_empty((minlength,), dtype=dtype)
+
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - registered for the trace, destroyed after it
+    try:
+        lib.impl("bincount", meta, "Meta")
+        yield
+    finally:
+        lib._destroy()
+
+
+# ops after which a 1-D value has the length it had (dtype casts, copies, views of the whole, running sums)
+_SAME_LENGTH = {"to", "_to_copy", "clone", "contiguous", "view", "reshape", "_unsafe_view", "flatten", "alias",
+                "cumsum", "neg", "abs"}  # fmt: skip
+_BROADCASTS = {"add", "sub", "mul", "div", "add_", "sub_", "mul_", "div_", "eq", "ne", "lt", "le", "gt", "ge",
+               "minimum", "maximum", "where"}  # fmt: skip
+
+
+def _last_dim(n: Any) -> int | None:
+    shape = node_shape(n)
+    return static_int(shape[-1]) if shape else None
+
+
+def bincount_pinned(b: torch.fx.Node) -> bool:
+    """The reference only runs where bincount ``b``'s result has exactly ``minlength`` entries: it (or a value of
+    the same length computed from it) is copied into, expanded to, or combined elementwise with a tensor whose last
+    dimension is ``minlength`` (a length of ``minlength`` or more broadcasts against that only when equal)."""
+    e = bincount_bins(b)
+    if e < 2 or arg_or(b, 1, "weights") is not None:
+        return False
+    bound = index_bound(b.args[0])
+    if bound is not None and bound <= e:
+        return True  # its values are indices into a dimension of at most ``minlength``
+    todo, seen = [b], set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for u in n.users:
+            name = _aten_name(u)
+            if name in _SAME_LENGTH and u.args and u.args[0] is n and node_rank(u) == 1:
+                todo.append(u)
+            elif _pins(name, u, n, e):
+                return True
+    return False
+
+
+def _pins(name: str | None, u: torch.fx.Node, n: torch.fx.Node, e: int) -> bool:
+    """``u`` runs only where ``n`` (1-D, at least ``e`` entries) has exactly ``e``: it expands ``n`` to ``e``,
+    copies it into ``e`` slots, or broadcasts it against a tensor whose last dimension is ``e``."""
+    if name == "expand":
+        return u.args[0] is n and _last_dim(u) == e
+    if name == "copy_":
+        return len(u.args) > 1 and u.args[1] is n and _last_dim(u.args[0]) == e
+    return name in _BROADCASTS and any(isinstance(a, torch.fx.Node) and a is not n and bool(node_rank(a))
+                                       and _last_dim(a) == e for a in u.args)  # fmt: skip
+
+
+# ops whose result holds the values of their first argument (a view of the whole, a copy, a widening integer cast)
+_SAME_VALUES = {"clone", "contiguous", "view", "reshape", "_unsafe_view", "flatten", "alias"}
+_INT_WIDTH = {torch.uint8: 8, torch.int8: 8, torch.int16: 16, torch.int32: 32, torch.int64: 64}
+
+
+def value_root(n: Any) -> Any:
+    """The value ``n``'s elements are those of (in some order): through views of the whole, copies and integer
+    casts that keep every value (to a type at least as wide)."""
+    while isinstance(n, torch.fx.Node) and n.op == "call_function" and n.args and isinstance(n.args[0], torch.fx.Node):
+        name, src = _aten_name(n), n.args[0]
+        if name in _SAME_VALUES:
+            n = src
+        elif name in ("to", "_to_copy") and _INT_WIDTH.get(node_dtype(n), 0) >= _INT_WIDTH.get(node_dtype(src), 99):
+            if any(isinstance(a, torch.device) for a in (*n.args[1:], *n.kwargs.values())):
+                break
+            n = src
+        else:
+            break
+    return n
+
+
+def index_source(n: Any) -> tuple[torch.fx.Node, int] | None:
+    """(tensor, dim) where ``n``'s values are indices into that dimension of that tensor: the indices ``topk``
+    returns (through ``value_root``); None otherwise."""
+    r = value_root(n)
+    if not (isinstance(r, torch.fx.Node) and r.op == "call_function" and r.target is operator.getitem):
+        return None
+    if r.args[1] != 1 or not isinstance(r.args[0], torch.fx.Node) or _aten_name(r.args[0]) != "topk":
+        return None
+    t = r.args[0]
+    shape = node_shape(t.args[0])
+    dim = arg_or(t, 2, "dim")
+    dim = -1 if dim is None else dim
+    if not shape or not isinstance(dim, int) or not -len(shape) <= dim < len(shape):
+        return None
+    return t.args[0], dim
+
+
+def index_bound(n: Any) -> int | None:
+    """E where ``n``'s values are provably in [0, E) for every input of the graph: indices into a dimension whose
+    size tracing fixed (``index_source``); None otherwise (a symbolic size among them)."""
+    src = index_source(n)
+    return static_int(node_shape(src[0])[src[1]]) if src is not None else None
+
+
+def arg_or(n: torch.fx.Node, i: int, name: str) -> Any:
+    return n.args[i] if len(n.args) > i else n.kwargs.get(name)
+
+
+def _aten_name(n: torch.fx.Node) -> str | None:
+    t = n.target if n.op == "call_function" else None
+    packet = getattr(t, "overloadpacket", None)
+    return packet.__name__ if packet is not None else None
 
 
 MAX_BAKED_INT_NUMEL = 1 << 16  # host-read integer inputs (segment offsets) are small
@@ -345,7 +499,8 @@ def _replays(gm: torch.fx.GraphModule, task: Task, index: int) -> bool:
     """The symbolic graph runs on workload ``index``'s meta inputs and gives the definition's output shapes."""
     try:
         args = example_inputs(task, index)
-        out = gm(*args)
+        with pinned_bincount():
+            out = gm(*args)
     except Exception:  # noqa: BLE001 - a baked size that does not fit this workload
         return False
     outs = out if isinstance(out, list | tuple) else [out]

@@ -21,6 +21,7 @@ from kernelarc.graph.patterns import (
 from kernelarc.graph.quant import fp8_gemm_sites
 from kernelarc.graph.rotary import rope_sites
 from kernelarc.graph.scatter import scatter_sites
+from kernelarc.graph.sorting import sort_sites
 from kernelarc.graph.varlen import varlen_sites
 
 
@@ -48,6 +49,7 @@ def recognize(gm: torch.fx.GraphModule) -> list[Site]:
     add(glu_sites(gm, taken))
     add(rope_sites(gm, taken))
     add(scatter_sites(gm, taken))  # before the fused regions: the cast after the scatter is its store
+    add(sort_sites(gm, taken))  # before the fused regions: a cumsum of the histogram is its output
     add(_gemm_sites(gm, taken))
     add(fused_sites(gm, taken))  # what is left of elementwise ops and reductions, as generated kernels
     add(_leftover_sites(gm, taken))

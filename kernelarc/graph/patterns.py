@@ -41,6 +41,7 @@ class Kind(StrEnum):
     glu = "glu"
     rope = "rope"
     scatter_add = "scatter_add"  # index_add into a fresh buffer, its cast included (kernelarc.graph.scatter)
+    counting_sort = "counting_sort"  # stable sort / histogram of keys in [0, E) (kernelarc.graph.sorting)
     fused = "fused"  # elementwise ops with row / column reductions as one generated kernel (kernelarc.graph.fusion)
     elementwise = "elementwise"
     reduction = "reduction"

@@ -88,3 +88,10 @@ def test_interleaved_rope_on_the_rope_kernels(tmp_path, family):
         [{"B": 2, "S": 1024, "H": 32, "D": 128, "D2": 64}, {"B": 1, "S": 333, "H": 8, "D": 64, "D2": 32}],
     )  # fmt: skip
     _check(task, family, {"rest": "eager", "halves": "join"})
+
+
+@pytest.mark.parametrize("knobs", [{"rest": "eager"}, {"rest": "eager", "BLOCK": 256, "num_warps": 8},
+                                   {"rest": "eager", "cuda_graph": True}])  # fmt: skip
+def test_the_expert_sort_on_the_counting_sort(knobs):
+    # L1/058: the stable sort and the histogram's running sum as one counting sort (exact: a permutation, counts)
+    _check(load_task(SOL / "L1/058_moe_expert_token_radix_sort_with_prefix_sum"), "counting_sort.blocked", knobs)

@@ -1,0 +1,199 @@
+"""Sort sites (a stable sort of integer keys in [0, E) with their histogram) on the ``counting_sort.blocked``
+family: bincount traced where the reference pins its length, the site recognised only where the keys' bound is
+proven, composed, and equal to the reference in interpreted Triton on the CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelarc.families import families_for, get_family
+from kernelarc.families.composed import recognise, start_points
+from kernelarc.graph.capture import CaptureError, pinned_bincount, trace
+from kernelarc.graph.patterns import Kind
+from kernelarc.guard.static import check_source
+from kernelarc.tasks.inputs import load_module, make_inputs
+from kernelarc.tasks.loader import load_task
+
+INPUTS = """
+import torch
+
+
+def get_inputs(axes, device):
+    T, K, E = axes["T"], axes["K"], axes["E"]
+    return {"ids": torch.randint(0, E, (T, K), dtype=torch.int32, device=device),
+            "logits": torch.randn(T, E, device=device)}
+"""
+
+
+def reference(body: str) -> str:
+    return INPUTS + "\n\n@torch.no_grad()\ndef run(ids, logits):\n" + body
+
+
+# L1/058's form: a stable sort for the permutation, the histogram's running sum into E + 1 offsets
+ROUTE = reference("""\
+    flat = ids.reshape(-1)
+    _, order = flat.sort(stable=True)
+    offsets = torch.zeros(9, dtype=torch.int32, device=flat.device)
+    offsets[1:] = torch.bincount(flat.long(), minlength=8).cumsum(0).to(torch.int32)
+    return order.to(torch.int32), offsets
+""")
+# argsort of topk indices (bounded by the logits' width), the sorted keys read too, the counts without a cumsum
+TOPK = reference("""\
+    top = torch.topk(logits, 2, dim=-1).indices.flatten()
+    keys, order = torch.sort(top, stable=True)
+    counts = torch.bincount(top, minlength=8)
+    return order, keys * 1, counts + 0
+""")
+ARGSORT = reference("""\
+    top = torch.topk(logits, 2, dim=-1).indices.reshape(-1)
+    return torch.argsort(top, stable=True), logits.sum(0)
+""")
+# not provably bounded: the ids could be anything (no histogram, no topk)
+UNBOUNDED = reference("""\
+    _, order = ids.reshape(-1).sort(stable=True)
+    return order, logits.sum(0)
+""")
+# a sort that is not stable: equal keys' order is the implementation's
+UNSTABLE = TOPK.replace("torch.sort(top, stable=True)", "torch.sort(top)")
+# a bincount whose length nothing holds at minlength: its length depends on the values, no graph
+LOOSE = reference("""\
+    return torch.bincount(ids.reshape(-1).long(), minlength=8).float().sum() * logits
+""")
+# held there by a broadcast against the logits' last dimension (8), and by being counts of topk indices into 8
+BROADCAST = LOOSE.replace(".float().sum() * logits", ".float() * logits")
+OF_TOPK = reference("""\
+    top = torch.topk(logits, 2, dim=-1).indices.flatten()
+    return torch.bincount(top, minlength=8).sum() * logits
+""")
+
+
+def _task(root: Path, name: str, ref: str, outputs: dict) -> object:
+    folder = root / name
+    folder.mkdir(parents=True)
+    defn = {
+        "name": name,
+        "axes": {"T": {"type": "var"}, "K": {"type": "const", "value": 2}, "E": {"type": "const", "value": 8},
+                 "TK": {"type": "expr", "expression": "T * K"}, "E1": {"type": "expr", "expression": "E + 1"}},
+        "custom_inputs_entrypoint": "get_inputs",
+        "inputs": {"ids": {"shape": ["T", "K"], "dtype": "int32"}, "logits": {"shape": ["T", "E"], "dtype": "float32"}},
+        "outputs": outputs,
+        "reference": ref,
+    }  # fmt: skip
+    (folder / "definition.json").write_text(json.dumps(defn))
+    custom = {"type": "custom"}
+    lines = [json.dumps({"uuid": f"w{i}", "axes": {"T": t}, "inputs": {"ids": custom, "logits": custom}})
+             for i, t in enumerate((300, 37))]  # fmt: skip
+    (folder / "workload.jsonl").write_text("\n".join(lines) + "\n")
+    return load_task(folder)
+
+
+OUT_ROUTE = {"order": {"shape": ["TK"], "dtype": "int32"}, "offsets": {"shape": ["E1"], "dtype": "int32"}}
+OUT_TOPK = {"order": {"shape": ["TK"], "dtype": "int64"}, "keys": {"shape": ["TK"], "dtype": "int64"},
+            "counts": {"shape": ["E"], "dtype": "int64"}}  # fmt: skip
+OUT_SORT = {"order": {"shape": ["TK"], "dtype": "int64"}, "s": {"shape": ["E"], "dtype": "float32"}}
+
+
+@pytest.mark.parametrize(
+    ("name", "ref", "outputs", "roles"),
+    [
+        ("s_route", ROUTE, OUT_ROUTE, {"perm", "offsets"}),
+        ("s_topk", TOPK, OUT_TOPK, {"perm", "values", "counts"}),
+        ("s_argsort", ARGSORT, OUT_SORT, {"perm"}),
+    ],
+    ids=["route", "topk", "argsort"],
+)
+def test_a_bounded_stable_sort_runs_on_the_counting_sort_and_matches_the_reference(tmp_path, name, ref, outputs,
+                                                                                   roles):  # fmt: skip
+    task = _task(tmp_path, name, ref, outputs)
+    rec = recognise(task)
+    assert rec.capture is not None, rec.error
+    sites = [s for s in rec.sites[0] if s.kind is Kind.counting_sort]
+    assert len(sites) == 1 and sites[0].params["bins"] == 8
+    assert {r for r in ("perm", "values", "counts", "offsets") if sites[0].params[r]} == roles
+    fams = families_for(task)
+    fam = next(f for f in fams if f.name.endswith(".counting_sort.blocked"))
+    assert start_points(task, fams)[0][0] is fam
+    src = fam.render(fam.check_point({"rest": "eager"}))
+    assert check_source(src).ok
+    mod = load_module(src, f"sort_{name}")
+    calls: list[int] = []
+    real = mod._k0_run
+    mod._k0_run = lambda *a: calls.append(1) or real(*a)
+    want_mod = load_module(task.definition.reference, f"sort_ref_{name}")
+    for i in (0, 1):
+        args = make_inputs(task, i, 7, "cpu")
+        got, want = mod.run(*args), want_mod.run(*args)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            assert torch.equal(g, w)  # a permutation, counts: exact (stable: equal keys keep their input order)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "ref", "outputs"),
+    [("s_unbounded", UNBOUNDED, OUT_SORT), ("s_unstable", UNSTABLE, OUT_TOPK)],
+    ids=["unbounded", "unstable"],
+)
+def test_a_sort_without_a_proven_bound_or_not_stable_is_not_a_site(tmp_path, name, ref, outputs):
+    task = _task(tmp_path, name, ref, outputs)
+    rec = recognise(task)
+    assert rec.capture is not None, rec.error
+    sites = [s for s in rec.sites[0] if s.kind is Kind.counting_sort]
+    if name == "s_unstable":  # the histogram alone is still a site (its bound is the topk's)
+        assert len(sites) == 1 and not sites[0].params["perm"] and sites[0].params["counts"]
+    else:
+        assert not sites
+
+
+def test_bincount_traces_only_where_the_graph_pins_its_length():
+    """bincount has no fake kernel: tracing gives it ``minlength`` entries for the trace only, and a graph where
+    nothing holds its length there is refused (its length depends on the values)."""
+    ns: dict = {}
+    exec(ROUTE, ns)  # noqa: S102 - the test's own reference
+    ids = torch.empty(30, 2, dtype=torch.int32, device="meta")
+    gm = trace(ns["run"], [ids, torch.empty(30, 8, device="meta")], symbolic=False)
+    assert any(n.target is torch.ops.aten.bincount.default for n in gm.graph.nodes)
+    for pinned in (BROADCAST, OF_TOPK):
+        exec(pinned, ns)  # noqa: S102
+        trace(ns["run"], [ids, torch.empty(30, 8, device="meta")], symbolic=False)
+    exec(LOOSE, ns)  # noqa: S102
+    with pytest.raises(CaptureError, match="bincount's length depends on its values"):
+        trace(ns["run"], [ids, torch.empty(30, 8, device="meta")], symbolic=False)
+    exec(OF_TOPK.replace("minlength=8", "minlength=6"), ns)  # noqa: S102 - indices into 8: up to 8 entries
+    with pytest.raises(CaptureError, match="bincount's length depends on its values"):
+        trace(ns["run"], [ids, torch.empty(30, 8, device="meta")], symbolic=False)
+    # the meta kernel lives for the trace only
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::bincount", "Meta")
+    with pinned_bincount():
+        assert torch.bincount(torch.empty(5, dtype=torch.int64, device="meta"), minlength=4).shape == (4,)
+    with pytest.raises(NotImplementedError):
+        torch.bincount(torch.empty(5, dtype=torch.int64, device="meta"), minlength=4)
+
+
+@pytest.mark.parametrize("block", [256, 1024])
+def test_the_kernel_against_torch_on_edge_cases(block):
+    """Empty and one-key inputs, int64 keys, a single bin, several blocks, keys outside [0, bins) (neither counted
+    nor placed: the keys in range come out in stable order)."""
+    fam = get_family("counting_sort.blocked")
+    mod = load_module(fam.render(fam.check_point({"BLOCK": block, "num_warps": 2})), f"csort_{block}")
+    g = torch.Generator().manual_seed(3)
+    for n, e, dt in ((0, 4, torch.int32), (1, 4, torch.int64), (700, 1, torch.int32), (1500, 5, torch.int64)):
+        k = torch.randint(0, e, (n,), generator=g, dtype=dt)
+        perm, vals, hist, offs = mod.run(k, e, True, True, True, True)
+        v, p = k.sort(stable=True)
+        h = torch.bincount(k.long(), minlength=e)
+        assert torch.equal(perm, p) and torch.equal(vals, v) and vals.dtype == dt
+        assert torch.equal(hist, h) and torch.equal(offs, h.cumsum(0))
+    k = torch.randint(-3, 9, (900,), generator=g)
+    perm, vals, hist, offs = mod.run(k, 6, True, False, True, False)
+    assert vals is None and offs is None
+    ok = (k >= 0) & (k < 6)
+    assert torch.equal(hist, torch.bincount(k[ok], minlength=6))
+    inside = torch.nonzero(ok).flatten()
+    assert torch.equal(perm[: inside.numel()], inside[k[ok].sort(stable=True).indices])
+    assert mod.run(k.view(30, 30), 6) is None and mod.run(k.float(), 6) is None  # not what it takes
