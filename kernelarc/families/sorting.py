@@ -98,7 +98,7 @@ def run(keys, bins, sort=True, values=False, counts=False, offsets=False):
         return None
     n = keys.shape[0]
     blk = max(BLOCK, min(MAX_BLOCK, triton.next_power_of_2(triton.cdiv(max(n, 1), MAX_BLOCKS))))
-    if bins < 1 or n >= 2**31 - blk or (bins + 1) * blk >= 2**31:
+    if not 1 <= bins <= MAX_BINS or n >= 2**31 - blk or (bins + 1) * blk >= 2**31:
         return None
     dev = keys.device
     perm = torch.empty(n, dtype=torch.int64, device=dev) if sort else None
@@ -109,6 +109,8 @@ def run(keys, bins, sort=True, values=False, counts=False, offsets=False):
         return perm, vals, hist, offs
     nbins = triton.next_power_of_2(bins)
     nb = triton.cdiv(n, blk)
+    if nb * nbins >= 2**31:  # the counts' int32 offsets
+        return None
     cnt = torch.empty((nb, nbins), dtype=torch.int32, device=dev)
     adj = torch.empty((nb, nbins), dtype=torch.int32, device=dev) if sort else cnt
     _block_counts[(nb,)](keys, cnt, n, bins, BLOCK=blk, BINS=nbins, num_warps=NUM_WARPS)
@@ -125,7 +127,10 @@ def run(keys, bins, sort=True, values=False, counts=False, offsets=False):
 
 
 def render(k: Mapping[str, Any]) -> str:
-    consts = f"BLOCK = {k['BLOCK']!r}\nNUM_WARPS = {k['num_warps']!r}\n"
+    from kernelarc.graph.sorting import MAX_BINS
+
+    # bins held per program: its histogram in shared memory, a few vectors of bins in registers
+    consts = f"BLOCK = {k['BLOCK']!r}\nNUM_WARPS = {k['num_warps']!r}\nMAX_BINS = {MAX_BINS}\n"
     return _header(FAMILY_NAME, k) + "\n" + consts + _KERNEL + _LAUNCHER
 
 

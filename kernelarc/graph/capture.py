@@ -23,6 +23,7 @@ import functools
 import logging
 import math
 import operator
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -238,28 +239,38 @@ def bincount_bins(n: torch.fx.Node) -> int:
     return v if isinstance(v, int) else 0
 
 
+_PIN_LOCK = threading.Lock()
+_PIN: dict[str, Any] = {"users": 0, "lib": None}
+
+
+def _meta_bincount(x, weights=None, minlength=0):
+    if not isinstance(minlength, int) or minlength < 2:
+        raise NotImplementedError("aten::bincount without a minlength of 2 or more: its length is data-dependent")
+    if x.dim() != 1:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs")
+    dtype = torch.int64 if weights is None else torch.promote_types(weights.dtype, torch.float64)
+    return x.new_empty((minlength,), dtype=dtype)
+
+
 @contextlib.contextmanager
 def pinned_bincount():
-    """aten::bincount on meta tensors for the duration of a trace: a 1-D result of ``minlength`` entries (refused
-    without one); nothing registered where torch has a kernel of its own."""
-    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::bincount", "Meta"):
-        yield
-        return
-
-    def meta(x, weights=None, minlength=0):
-        if not isinstance(minlength, int) or minlength < 2:
-            raise NotImplementedError("aten::bincount without a minlength of 2 or more: its length is data-dependent")
-        if x.dim() != 1:
-            raise RuntimeError("bincount only supports 1-d non-negative integral inputs")
-        dtype = torch.int64 if weights is None else torch.promote_types(weights.dtype, torch.float64)
-        return x.new_empty((minlength,), dtype=dtype)
-
-    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - registered for the trace, destroyed after it
+    """aten::bincount on meta tensors while any trace of this process runs: a 1-D result of ``minlength`` entries
+    (refused without one); registered by the first trace to start, removed when the last one ends (traces in other
+    threads share it), and never where torch has a Meta kernel of its own."""
+    with _PIN_LOCK:
+        if _PIN["users"] == 0 and not torch._C._dispatch_has_kernel_for_dispatch_key("aten::bincount", "Meta"):
+            lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - for the traces only, destroyed after them
+            lib.impl("bincount", _meta_bincount, "Meta")
+            _PIN["lib"] = lib
+        _PIN["users"] += 1
     try:
-        lib.impl("bincount", meta, "Meta")
         yield
     finally:
-        lib._destroy()
+        with _PIN_LOCK:
+            _PIN["users"] -= 1
+            if _PIN["users"] == 0 and _PIN["lib"] is not None:
+                _PIN["lib"]._destroy()
+                _PIN["lib"] = None
 
 
 # ops after which a 1-D value has the length it had (dtype casts, copies, views of the whole, running sums)
@@ -294,25 +305,55 @@ def bincount_pinned(b: torch.fx.Node) -> bool:
             name = _aten_name(u)
             if name in _SAME_LENGTH and u.args and u.args[0] is n and node_rank(u) == 1:
                 todo.append(u)
-            elif _pins(name, u, n, e):
+            elif _pins(name, u, n, b, e):
                 return True
     return False
 
 
-def _pins(name: str | None, u: torch.fx.Node, n: torch.fx.Node, e: int) -> bool:
-    """``u`` runs only where ``n`` (1-D, at least ``e`` entries) has exactly ``e``: it expands ``n`` to ``e``,
-    copies it into ``e`` slots, or broadcasts it against a tensor whose last dimension is ``e``."""
+def _pins(name: str | None, u: torch.fx.Node, n: torch.fx.Node, b: torch.fx.Node, e: int) -> bool:
+    """``u`` runs only where ``n`` (1-D, at least ``e`` entries, computed from bincount ``b``) has exactly ``e``: it
+    expands ``n`` to a literal last size ``e`` (not ``-1``, which keeps any length), copies it into ``e`` slots, or
+    broadcasts it against a tensor whose last dimension is ``e``. Such a partner must not be computed from ``b``:
+    its traced shape would only repeat the length tracing gave ``b`` (``c.cumsum(0) - c``, ``empty_like(c)``)."""
     if name == "expand":
-        return u.args[0] is n and _last_dim(u) == e
+        sizes = u.args[1] if len(u.args) > 1 else None
+        return u.args[0] is n and isinstance(sizes, list | tuple) and bool(sizes) and sizes[-1] == e
     if name == "copy_":
-        return len(u.args) > 1 and u.args[1] is n and _last_dim(u.args[0]) == e
+        dst = u.args[0]
+        return len(u.args) > 1 and u.args[1] is n and _last_dim(dst) == e and not _computed_from(dst, b)
     return name in _BROADCASTS and any(isinstance(a, torch.fx.Node) and a is not n and bool(node_rank(a))
-                                       and _last_dim(a) == e for a in u.args)  # fmt: skip
+                                       and _last_dim(a) == e and not _computed_from(a, b) for a in u.args)  # fmt: skip
+
+
+def _computed_from(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    """Whether ``a``'s value or shape comes from ``b`` (``b`` among its ancestors, ``a`` included)."""
+    todo, seen = [a], set()
+    while todo:
+        n = todo.pop()
+        if n is b:
+            return True
+        if n in seen:
+            continue
+        seen.add(n)
+        todo += n.all_input_nodes
+    return False
 
 
 # ops whose result holds the values of their first argument (a view of the whole, a copy, a widening integer cast)
 _SAME_VALUES = {"clone", "contiguous", "view", "reshape", "_unsafe_view", "flatten", "alias"}
-_INT_WIDTH = {torch.uint8: 8, torch.int8: 8, torch.int16: 16, torch.int32: 32, torch.int64: 64}
+_SIGNED = {torch.int8: 8, torch.int16: 16, torch.int32: 32, torch.int64: 64}
+_UNSIGNED = {getattr(torch, f"uint{w}"): w for w in (8, 16, 32, 64) if hasattr(torch, f"uint{w}")}
+
+
+def _keeps_values(src: torch.dtype | None, dst: torch.dtype | None) -> bool:
+    """An integer cast from ``src`` to ``dst`` keeps every value: signed to a signed type at least as wide,
+    unsigned to an unsigned one at least as wide or to a wider signed one."""
+    if src in _SIGNED:
+        return dst in _SIGNED and _SIGNED[dst] >= _SIGNED[src]
+    if src in _UNSIGNED:
+        wider_unsigned = dst in _UNSIGNED and _UNSIGNED[dst] >= _UNSIGNED[src]
+        return wider_unsigned or (dst in _SIGNED and _SIGNED[dst] > _UNSIGNED[src])
+    return False
 
 
 def value_root(n: Any) -> Any:
@@ -320,9 +361,9 @@ def value_root(n: Any) -> Any:
     casts that keep every value (to a type at least as wide)."""
     while isinstance(n, torch.fx.Node) and n.op == "call_function" and n.args and isinstance(n.args[0], torch.fx.Node):
         name, src = _aten_name(n), n.args[0]
-        if name in _SAME_VALUES:
+        if name in _SAME_VALUES and node_dtype(n) == node_dtype(src):  # not ``view(dtype)``: other values
             n = src
-        elif name in ("to", "_to_copy") and _INT_WIDTH.get(node_dtype(n), 0) >= _INT_WIDTH.get(node_dtype(src), 99):
+        elif name in ("to", "_to_copy") and _keeps_values(node_dtype(src), node_dtype(n)):
             if any(isinstance(a, torch.device) for a in (*n.args[1:], *n.kwargs.values())):
                 break
             n = src

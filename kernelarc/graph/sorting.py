@@ -33,9 +33,11 @@ from kernelarc.graph.capture import (
     static_int,
     value_root,
 )
+from kernelarc.graph.dwconv import _mutation_between
 from kernelarc.graph.patterns import Kind, Site, arg, op
 
 KEY_DTYPES = (torch.int32, torch.int64)
+MAX_BINS = 4096  # bins the kernel holds (its histogram in shared memory, a few vectors of bins per program)
 ROLES = ("perm", "values", "counts", "offsets")  # the site's outputs, in the kernel's order
 
 
@@ -94,9 +96,13 @@ def _site_for(sort: Node | None, b: Node | None, taken: set[Node]) -> Site | Non
     inputs: dict[str, Any] = {"keys": keys}
     if b is not None:
         covered.add(b)
-        src = b.args[0]
-        if src is not keys and len(src.users) == 1 and value_root(src) is keys:
-            covered.add(src)  # the widening cast bincount asks for: the kernel reads the keys as they are
+        src, root = b.args[0], value_root(keys)
+        # the casts and views bincount reads the keys through, where nothing else reads them: the kernel reads the
+        # keys as they are, and those nodes would be dead work
+        while src is not keys and src is not root and isinstance(src, Node) and len(src.users) == 1 \
+                and value_root(src) is root and src.args:  # fmt: skip
+            covered.add(src)
+            src = src.args[0]
         node, offs = _counts(b, covered)
         outs["offsets" if offs is not None else "counts"] = node
         bins = bincount_bins(b)
@@ -107,10 +113,14 @@ def _site_for(sort: Node | None, b: Node | None, taken: set[Node]) -> Site | Non
         if bins is None and isinstance(size, torch.SymInt) and size.node.has_hint():
             # a symbolic size: the kernel reads it from that tensor when it runs (the traced example's for show)
             inputs["bins_of"], bins = src[0], int(size.node.hint)
-    if bins is None or bins < 1 or covered & taken:
+    if bins is None or not 1 <= bins <= MAX_BINS or covered & taken:
         return None
     order = {n: i for i, n in enumerate(keys.graph.nodes)}
     last = max(outs.values(), key=order.__getitem__)
+    # the site runs at its last output: a write in place before that (into the keys or a view of them) would be
+    # read by the kernel where the reference's sort read the keys as they were
+    if _mutation_between(min(covered, key=order.__getitem__), last, covered):
+        return None
     for n in covered:  # what the site computes is read outside it only through its outputs, after the last one
         for u in n.users:
             if u not in covered and (n not in outs.values() or order[u] < order[last]):

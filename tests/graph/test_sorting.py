@@ -197,3 +197,76 @@ def test_the_kernel_against_torch_on_edge_cases(block):
     inside = torch.nonzero(ok).flatten()
     assert torch.equal(perm[: inside.numel()], inside[k[ok].sort(stable=True).indices])
     assert mod.run(k.view(30, 30), 6) is None and mod.run(k.float(), 6) is None  # not what it takes
+
+
+def _meta(*shape, dtype=torch.int32):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _pinned_loose(ids, logits):
+    c = torch.bincount(ids.reshape(-1).long(), minlength=8)
+    return c.cumsum(0) - c  # its partner has the traced length because it is computed from it: nothing pinned
+
+
+def _copied_into_its_like(ids, logits):
+    c = torch.bincount(ids.reshape(-1).long(), minlength=8)
+    out = torch.empty_like(c)
+    out.copy_(c)
+    return out
+
+
+def _expanded_keeping_length(ids, logits):
+    return torch.bincount(ids.reshape(-1).long(), minlength=8).expand(2, -1)
+
+
+@pytest.mark.parametrize("fn", [_pinned_loose, _copied_into_its_like, _expanded_keeping_length])
+def test_a_partner_that_repeats_the_traced_length_pins_nothing(fn):
+    """Eager runs these for ids of 8 and more (a longer histogram): tracing them would bake in the 8 entries."""
+    with pytest.raises(CaptureError, match="bincount's length depends on its values"):
+        trace(fn, [_meta(30, 2), _meta(30, 8, dtype=torch.float32)], symbolic=False)
+
+
+def _dtype_view(top_ids, w):
+    keys = top_ids.view(torch.int32)  # another dtype's view: twice as many values, not the same ones
+    _, order = torch.sort(keys, stable=True)
+    return order, torch.bincount(top_ids, minlength=8) + w
+
+
+def _sign_cast(x, w):
+    _, order = torch.sort(x.to(torch.int32), stable=True)
+    return order, torch.bincount(x.to(torch.uint8), minlength=256) + w  # uint8 wraps int8's negatives
+
+
+def _written_between(ids, w):
+    flat = ids.reshape(-1).long()
+    alias = flat.view(-1)
+    _, order = flat.sort(stable=True)
+    alias.mul_(3).remainder_(8)  # the sort read the keys before this: a kernel run after it would not
+    return order, torch.bincount(flat, minlength=8) + w
+
+
+@pytest.mark.parametrize(
+    ("fn", "args"),
+    [(_dtype_view, [_meta(60, dtype=torch.int64), _meta(8, dtype=torch.int64)]),
+     (_sign_cast, [_meta(60, dtype=torch.int8), _meta(256, dtype=torch.int64)]),
+     (_written_between, [_meta(30, 2, dtype=torch.int64), _meta(8, dtype=torch.int64)])],
+    ids=["dtype_view", "sign_cast", "written_between"],
+)  # fmt: skip
+def test_a_sort_is_not_joined_to_a_histogram_of_other_values_or_across_a_write(fn, args):
+    from kernelarc.graph.sorting import sort_sites
+
+    gm = trace(fn, args, symbolic=False)
+    sites = sort_sites(gm, set())
+    assert not any(s.params["perm"] for s in sites)  # no sort site: only a histogram of its own (or nothing)
+    if fn is _dtype_view:  # the histogram alone still is one (its keys are int64: what the kernel reads)
+        assert len(sites) == 1 and sites[0].params["counts"]
+
+
+def test_the_kernel_declines_more_bins_than_it_holds():
+    from kernelarc.graph.sorting import MAX_BINS
+
+    mod = load_module(get_family("counting_sort.blocked").render({"BLOCK": 1024, "num_warps": 4}), "csort_bins")
+    assert mod.MAX_BINS == MAX_BINS
+    keys = torch.randint(0, 10, (50,))
+    assert mod.run(keys, MAX_BINS + 1, True, False, True, False) is None
+    assert mod.run(keys, 0) is None
