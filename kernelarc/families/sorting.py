@@ -103,10 +103,12 @@ def run(keys, bins, sort=True, values=False, counts=False, offsets=False):
     dev = keys.device
     perm = torch.empty(n, dtype=torch.int64, device=dev) if sort else None
     vals = torch.empty(n, dtype=keys.dtype, device=dev) if sort and values else None
-    hist = torch.zeros(bins, dtype=torch.int64, device=dev) if counts else None
-    offs = torch.zeros(bins, dtype=torch.int64, device=dev) if offsets else None
     if n == 0:
-        return perm, vals, hist, offs
+        zeros = torch.zeros(bins, dtype=torch.int64, device=dev)
+        return perm, vals, zeros if counts else None, zeros.clone() if offsets else None
+    # every bin is written by the second launch's first program: no fill launched for them
+    hist = torch.empty(bins, dtype=torch.int64, device=dev) if counts else None
+    offs = torch.empty(bins, dtype=torch.int64, device=dev) if offsets else None
     nbins = triton.next_power_of_2(bins)
     nb = triton.cdiv(n, blk)
     if nb * nbins >= 2**31:  # the counts' int32 offsets
