@@ -183,6 +183,9 @@ def attn_fwd_kernel(q_src, k_src, v_src, r_ptr, o_ptr, qk_scale, seq_len, H, HKV
                     M_REVERSE: tl.constexpr, HEADS_FASTEST: tl.constexpr,
                     TMA: tl.constexpr, SCALE_Q: tl.constexpr, RESIDUAL: tl.constexpr,
                     UPCAST: tl.constexpr):
+    # a Python float argument is an fp32 scalar when Triton launches the kernel, fp64 when Inductor calls it from
+    # a compiled graph (trace_kernels): fp64 would promote every score and change the loop-carried types
+    qk_scale = tl.full([], qk_scale, tl.float32)
     if HEADS_FASTEST:
         pid_m = tl.program_id(1)
         off_bh = tl.program_id(0)

@@ -65,6 +65,9 @@ def _gn_stats(x_ptr, part_ptr, L, CHUNK, S, BLOCK: tl.constexpr):
 def _gn_apply(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, part_ptr, L, HW, CG, G, CHUNK, S, eps,
               HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_R: tl.constexpr, SILU: tl.constexpr,
               ROUND: tl.constexpr, S_POW: tl.constexpr, BLOCK: tl.constexpr):
+    # fp32 as Triton passes a Python float; Inductor passes it as fp64 from a compiled graph (trace_kernels), and
+    # tl.sqrt_rn takes fp32 only (the CompilationError of run DN's L1/002 trace_kernels point)
+    eps = tl.full([], eps, tl.float32)
     row = tl.program_id(0).to(tl.int64)
     sp = tl.program_id(1)
     base = row * L

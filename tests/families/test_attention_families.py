@@ -115,10 +115,15 @@ def aot_points(tmp_path_factory):
     fam = get_family("attention.flash")
     point = fam.check_point(STRONG_POINT)
     items.append(("strong", fam.render(point), ac.aot_jobs(fam, point, head_dim=128, causal=False)))
+    # the scale as Inductor passes a Python float from a compiled graph (composed rests with trace_kernels): fp64
+    jobs = ac.aot_jobs(fam, fam.start, head_dim=128, causal=True)
+    for job in jobs:
+        job["signature"] = {**job["signature"], "qk_scale": "fp64"}
+    items.append(("fp64_scale", fam.render(fam.start), jobs))
     return aot_compile(items, tmp)
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", [*sorted(FAMILIES), "fp64_scale"])
 def test_aot_compiles_for_sm90a_with_wgmma(name, aot_points):
     (res,) = aot_points[name]
     assert "error" not in res, res.get("error")

@@ -135,7 +135,8 @@ def test_both_kernels_compile_for_sm90a(tmp_path):
 
     d16 = [["tt.divisibility", 16]]
     items = []
-    for dt in ("fp32", "bf16"):
+    # eps as Triton passes a Python float (fp32) and as Inductor does from a compiled graph (fp64: trace_kernels)
+    for dt, eps in (("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "fp64")):
         for k in (SPLIT.start, {**SPLIT.start, "BLOCK": 8192, "num_warps": 16}):
             stats = {
                 "x_ptr": f"*{dt}",
@@ -147,7 +148,7 @@ def test_both_kernels_compile_for_sm90a(tmp_path):
             }
             apply = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": f"*{dt}", "r_ptr": f"*{dt}", "y_ptr": f"*{dt}",
                      "part_ptr": "*fp32", "L": "i32", "HW": "i32", "CG": "i32", "G": "i32", "CHUNK": "i32", "S": "i32",
-                     "eps": "fp32"}  # fmt: skip
+                     "eps": eps}  # fmt: skip
             consts = {"HAS_W": True, "HAS_B": True, "HAS_R": True, "SILU": True, "ROUND": dt != "fp32", "S_POW": 8,
                       "BLOCK": k["BLOCK"]}  # fmt: skip
             apply.update({n: "constexpr" for n in consts})
@@ -156,7 +157,7 @@ def test_both_kernels_compile_for_sm90a(tmp_path):
                          attrs={(0,): d16, (1,): d16, (2,): d16}, options=opts),
                     dict(kernel="_gn_apply", signature=apply, constexprs=consts,
                          attrs={(0,): d16, (4,): d16, (6,): d16}, options=opts)]  # fmt: skip
-            items.append((f"{dt}_{k['BLOCK']}", SPLIT.render(k), jobs))
+            items.append((f"{dt}_{eps}_{k['BLOCK']}", SPLIT.render(k), jobs))
     results = aot_compile(items, tmp_path)
     for label, res in results.items():
         for r in res:

@@ -270,3 +270,32 @@ def test_the_kernel_declines_more_bins_than_it_holds():
     keys = torch.randint(0, 10, (50,))
     assert mod.run(keys, MAX_BINS + 1, True, False, True, False) is None
     assert mod.run(keys, 0) is None
+
+
+def test_both_kernels_compile_for_sm90a(tmp_path):
+    """tl.histogram and tl.sort as Triton lowers them for Hopper (the interpreter runs neither through that)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "families"))
+    from _aot import aot_compile
+
+    fam = get_family("counting_sort.blocked")
+    d16 = [["tt.divisibility", 16]]
+    items = []
+    for kdt, block, warps in (("i32", 1024, 4), ("i64", 4096, 8), ("i32", 256, 2)):
+        counts = {"keys_ptr": f"*{kdt}", "cnt_ptr": "*i32", "N": "i32", "E": "i32", "BLOCK": "constexpr",
+                  "BINS": "constexpr"}  # fmt: skip
+        consts = {"BLOCK": block, "BINS": 256, "RB": 16, "SORT": True, "VALUES": True, "COUNTS": True, "OFFSETS": True}
+        place = {"keys_ptr": f"*{kdt}", "cnt_ptr": "*i32", "adj_ptr": "*i32", "perm_ptr": "*i64",
+                 "vals_ptr": f"*{kdt}", "counts_ptr": "*i64", "offs_ptr": "*i64", "N": "i32", "NB": "i32", "E": "i32",
+                 **{n: "constexpr" for n in consts}}  # fmt: skip
+        opts = {"num_warps": warps}
+        jobs = [dict(kernel="_block_counts", signature=counts, constexprs={"BLOCK": block, "BINS": 256},
+                     attrs={(0,): d16, (1,): d16}, options=opts),
+                dict(kernel="_place", signature=place, constexprs=consts, attrs={(0,): d16, (1,): d16},
+                     options=opts)]  # fmt: skip
+        items.append((f"{kdt}_{block}", fam.render({"BLOCK": block, "num_warps": warps}), jobs))
+    for label, res in aot_compile(items, tmp_path).items():
+        for r in res:
+            assert "error" not in r, (label, r.get("error"))
+            assert r["sm90a"], label
