@@ -282,19 +282,20 @@ def test_both_kernels_compile_for_sm90a(tmp_path):
     fam = get_family("counting_sort.blocked")
     d16 = [["tt.divisibility", 16]]
     items = []
-    for kdt, block, warps in (("i32", 1024, 4), ("i64", 4096, 8), ("i32", 256, 2)):
-        counts = {"keys_ptr": f"*{kdt}", "cnt_ptr": "*i32", "N": "i32", "E": "i32", "BLOCK": "constexpr",
+    # sizes as i32 (Triton's launch) and as i64 (how Inductor may pass them from a compiled graph: trace_kernels)
+    for kdt, block, warps, ix in (("i32", 1024, 4, "i32"), ("i64", 4096, 8, "i32"), ("i32", 256, 2, "i64")):
+        counts = {"keys_ptr": f"*{kdt}", "cnt_ptr": "*i32", "N": ix, "E": ix, "BLOCK": "constexpr",
                   "BINS": "constexpr"}  # fmt: skip
         consts = {"BLOCK": block, "BINS": 256, "RB": 16, "SORT": True, "VALUES": True, "COUNTS": True, "OFFSETS": True}
         place = {"keys_ptr": f"*{kdt}", "cnt_ptr": "*i32", "adj_ptr": "*i32", "perm_ptr": "*i64",
-                 "vals_ptr": f"*{kdt}", "counts_ptr": "*i64", "offs_ptr": "*i64", "N": "i32", "NB": "i32", "E": "i32",
+                 "vals_ptr": f"*{kdt}", "counts_ptr": "*i64", "offs_ptr": "*i64", "N": ix, "NB": ix, "E": ix,
                  **{n: "constexpr" for n in consts}}  # fmt: skip
         opts = {"num_warps": warps}
         jobs = [dict(kernel="_block_counts", signature=counts, constexprs={"BLOCK": block, "BINS": 256},
                      attrs={(0,): d16, (1,): d16}, options=opts),
                 dict(kernel="_place", signature=place, constexprs=consts, attrs={(0,): d16, (1,): d16},
                      options=opts)]  # fmt: skip
-        items.append((f"{kdt}_{block}", fam.render({"BLOCK": block, "num_warps": warps}), jobs))
+        items.append((f"{kdt}_{block}_{ix}", fam.render({"BLOCK": block, "num_warps": warps}), jobs))
     for label, res in aot_compile(items, tmp_path).items():
         for r in res:
             assert "error" not in r, (label, r.get("error"))
