@@ -290,7 +290,7 @@ def bincount_pinned(b: torch.fx.Node) -> bool:
     the same length computed from it) is copied into, expanded to, or combined elementwise with a tensor whose last
     dimension is ``minlength`` (a length of ``minlength`` or more broadcasts against that only when equal)."""
     e = bincount_bins(b)
-    if e < 2 or arg_or(b, 1, "weights") is not None:
+    if e < 2 or arg(b, 1, "weights") is not None:
         return False
     bound = index_bound(b.args[0])
     if bound is not None and bound <= e:
@@ -302,7 +302,7 @@ def bincount_pinned(b: torch.fx.Node) -> bool:
             continue
         seen.add(n)
         for u in n.users:
-            name = _aten_name(u)
+            name = op(u)
             if name in _SAME_LENGTH and u.args and u.args[0] is n and node_rank(u) == 1:
                 todo.append(u)
             elif _pins(name, u, n, b, e):
@@ -320,23 +320,9 @@ def _pins(name: str | None, u: torch.fx.Node, n: torch.fx.Node, b: torch.fx.Node
         return u.args[0] is n and isinstance(sizes, list | tuple) and bool(sizes) and sizes[-1] == e
     if name == "copy_":
         dst = u.args[0]
-        return len(u.args) > 1 and u.args[1] is n and _last_dim(dst) == e and not _computed_from(dst, b)
+        return len(u.args) > 1 and u.args[1] is n and _last_dim(dst) == e and not depends_on(dst, b)
     return name in _BROADCASTS and any(isinstance(a, torch.fx.Node) and a is not n and bool(node_rank(a))
-                                       and _last_dim(a) == e and not _computed_from(a, b) for a in u.args)  # fmt: skip
-
-
-def _computed_from(a: torch.fx.Node, b: torch.fx.Node) -> bool:
-    """Whether ``a``'s value or shape comes from ``b`` (``b`` among its ancestors, ``a`` included)."""
-    todo, seen = [a], set()
-    while todo:
-        n = todo.pop()
-        if n is b:
-            return True
-        if n in seen:
-            continue
-        seen.add(n)
-        todo += n.all_input_nodes
-    return False
+                                       and _last_dim(a) == e and not depends_on(a, b) for a in u.args)  # fmt: skip
 
 
 # ops whose result holds the values of their first argument (a view of the whole, a copy, a widening integer cast)
@@ -360,7 +346,7 @@ def value_root(n: Any) -> Any:
     """The value ``n``'s elements are those of (in some order): through views of the whole, copies and integer
     casts that keep every value (to a type at least as wide)."""
     while isinstance(n, torch.fx.Node) and n.op == "call_function" and n.args and isinstance(n.args[0], torch.fx.Node):
-        name, src = _aten_name(n), n.args[0]
+        name, src = op(n), n.args[0]
         if name in _SAME_VALUES and node_dtype(n) == node_dtype(src):  # not ``view(dtype)``: other values
             n = src
         elif name in ("to", "_to_copy") and _keeps_values(node_dtype(src), node_dtype(n)):
@@ -378,11 +364,11 @@ def index_source(n: Any) -> tuple[torch.fx.Node, int] | None:
     r = value_root(n)
     if not (isinstance(r, torch.fx.Node) and r.op == "call_function" and r.target is operator.getitem):
         return None
-    if r.args[1] != 1 or not isinstance(r.args[0], torch.fx.Node) or _aten_name(r.args[0]) != "topk":
+    if r.args[1] != 1 or not isinstance(r.args[0], torch.fx.Node) or op(r.args[0]) != "topk":
         return None
     t = r.args[0]
     shape = node_shape(t.args[0])
-    dim = arg_or(t, 2, "dim")
+    dim = arg(t, 2, "dim")
     dim = -1 if dim is None else dim
     if not shape or not isinstance(dim, int) or not -len(shape) <= dim < len(shape):
         return None
@@ -396,14 +382,42 @@ def index_bound(n: Any) -> int | None:
     return static_int(node_shape(src[0])[src[1]]) if src is not None else None
 
 
-def arg_or(n: torch.fx.Node, i: int, name: str) -> Any:
-    return n.args[i] if len(n.args) > i else n.kwargs.get(name)
-
-
-def _aten_name(n: torch.fx.Node) -> str | None:
-    t = n.target if n.op == "call_function" else None
+def op(node: Any) -> str | None:
+    """The aten op packet name of a call (``mm``, ``linear``, ...), None for anything else."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return None
+    t = node.target
     packet = getattr(t, "overloadpacket", None)
-    return packet.__name__ if packet is not None else None
+    if packet is not None and getattr(t, "namespace", "aten") == "aten":
+        return packet.__name__
+    return None
+
+
+def arg(node: torch.fx.Node, i: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+def depends_on(a: torch.fx.Node, target: torch.fx.Node, cache: dict[torch.fx.Node, bool] | None = None) -> bool:
+    """Whether ``a`` is computed from ``target``'s value (``target`` among its ancestors, ``a`` included); ``cache``
+    keeps the nodes found not to be, for a caller asking about many nodes."""
+    cache = {} if cache is None else cache
+    todo, seen = [a], set()
+    while todo:
+        n = todo.pop()
+        if n is target:
+            return True
+        if n in seen or n.op == "placeholder":
+            continue
+        if n in cache:
+            if cache[n]:
+                return True
+            continue
+        seen.add(n)
+        todo += n.all_input_nodes
+    cache[a] = False
+    return False
 
 
 MAX_BAKED_INT_NUMEL = 1 << 16  # host-read integer inputs (segment offsets) are small

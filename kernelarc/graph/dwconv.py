@@ -26,9 +26,9 @@ import torch
 import torch.fx
 from torch.fx import Node
 
-from kernelarc.graph.capture import node_dtype, node_shape, static_int
+from kernelarc.graph.capture import depends_on, node_dtype, node_shape, static_int
 from kernelarc.graph.fusion import FLOATS, LOW, TANH_JIT, Region, Role, _pointwise_ok, _same, _Writer, stored
-from kernelarc.graph.patterns import Kind, Site, arg, op
+from kernelarc.graph.patterns import Kind, Site, arg, mutation_between, op
 
 FAMILY = "dwconv.tiled"
 _SPLITS = ("split", "split_with_sizes", "chunk")  # channel cuts with items (getitem) besides ``slice``
@@ -238,25 +238,6 @@ def _extra_role(a: Node, shape: tuple, width: int) -> str | None:
     return None
 
 
-def _depends_on(a: Node, target: Node, cache: dict[Node, bool]) -> bool:
-    """Whether ``a`` is computed from ``target``'s value."""
-    todo, seen = [a], set()
-    while todo:
-        n = todo.pop()
-        if n is target:
-            return True
-        if n in seen or n.op == "placeholder":
-            continue
-        if n in cache:
-            if cache[n]:
-                return True
-            continue
-        seen.add(n)
-        todo += n.all_input_nodes
-    cache[a] = False
-    return False
-
-
 def _epilogue(slices: dict[Node, int], shape: tuple, width: int, conv: Node, taken: set[Node],
               order: dict[Node, int]) -> tuple[list[Node], list[tuple[Node, str]]]:  # fmt: skip
     """Pointwise ops of the slices' shape whose tensor operands are slices, such ops, or tensors from outside the
@@ -279,7 +260,7 @@ def _epilogue(slices: dict[Node, int], shape: tuple, width: int, conv: Node, tak
                     if a in inside:
                         continue
                     role = extras.get(a) or _extra_role(a, shape, width)
-                    if role is None or a in taken or _depends_on(a, conv, cache):
+                    if role is None or a in taken or depends_on(a, conv, cache):
                         new = {}
                         break
                     new[a] = role
@@ -294,26 +275,6 @@ def _epilogue(slices: dict[Node, int], shape: tuple, width: int, conv: Node, tak
             if a in extras and a not in first:
                 first[a] = extras[a]
     return nodes, list(first.items())
-
-
-def _mutates(n: Node) -> bool:
-    """An op that writes one of its arguments (an aten overload whose schema is mutable: ``mul_``, ``copy_``...)."""
-    schema = getattr(n.target, "_schema", None)
-    return n.op == "call_function" and schema is not None and schema.is_mutable
-
-
-def _mutation_between(conv: Node, last: Node, covered: set[Node]) -> bool:
-    """An op outside the site between the convolution and its last output writes in place: the site runs at its last
-    output, so it would read the input, filter, bias or an outside tensor after the write (``u.mul_(2)``)."""
-    between = False
-    for n in conv.graph.nodes:
-        if n is conv:
-            between = True
-        elif n is last:
-            return False
-        elif between and n not in covered and _mutates(n):
-            return True
-    return False
 
 
 def find_dwconv(conv: Node, taken: set[Node]) -> DwConv | None:
@@ -341,7 +302,7 @@ def find_dwconv(conv: Node, taken: set[Node]) -> DwConv | None:
     for n in covered - set(outputs):
         if any(u not in covered for u in n.users):
             return None
-    if covered & taken or _mutation_between(conv, outputs[-1], covered):
+    if covered & taken or mutation_between(conv, outputs[-1], covered):
         return None
     return DwConv(conv, c, k, left, right, d, t0, t1, width, slices, epi, outputs, covered, node_dtype(conv), extras)
 

@@ -25,7 +25,7 @@ import torch
 import torch.fx
 from torch.fx import Node
 
-from kernelarc.graph.capture import node_dtype, node_rank, node_shape
+from kernelarc.graph.capture import arg, node_dtype, node_rank, node_shape, op
 
 
 class Kind(StrEnum):
@@ -71,21 +71,25 @@ REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "var", "std", "prod",
               "logsumexp", "argmax", "argmin", "cumsum", "any", "all"}  # fmt: skip
 
 
-def op(node: Any) -> str | None:
-    """The aten op packet name of a call (``mm``, ``linear``, ...), None for anything else."""
-    if not isinstance(node, Node) or node.op != "call_function":
-        return None
-    t = node.target
-    packet = getattr(t, "overloadpacket", None)
-    if packet is not None and getattr(t, "namespace", "aten") == "aten":
-        return packet.__name__
-    return None
+def mutates(n: Node) -> bool:
+    """An op that writes one of its arguments (an aten overload whose schema is mutable: ``mul_``, ``copy_``...)."""
+    schema = getattr(n.target, "_schema", None)
+    return n.op == "call_function" and schema is not None and schema.is_mutable
 
 
-def arg(node: Node, i: int, name: str, default: Any = None) -> Any:
-    if len(node.args) > i:
-        return node.args[i]
-    return node.kwargs.get(name, default)
+def mutation_between(first: Node, last: Node, covered: set[Node]) -> bool:
+    """An op outside a site (``covered``) between its first node and its last output writes in place: the site runs
+    at its last output, so it would read its inputs after the write where the reference read them before
+    (``u.mul_(2)``)."""
+    between = False
+    for n in first.graph.nodes:
+        if n is first:
+            between = True
+        elif n is last:
+            return False
+        elif between and n not in covered and mutates(n):
+            return True
+    return False
 
 
 def strip(x: Any) -> Any:

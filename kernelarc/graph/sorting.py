@@ -10,7 +10,7 @@ permutation, ``bincount(ids, minlength=E)`` (and its ``cumsum``) each expert's s
 
 Only where the keys are provably in [0, E): the ``bincount``'s length is pinned at ``minlength`` = E by the graph
 itself (``kernelarc.graph.capture.bincount_pinned``: the reference runs only when every key is below E), or the keys
-are ``topk`` indices along a dimension of size E (``index_bound``). Served by ``counting_sort.blocked``
+are ``topk`` indices along a dimension of size E (``index_source``). Served by ``counting_sort.blocked``
 (``kernelarc.families.sorting``): two launches and no host sync, where eager PyTorch runs a radix sort over all 32 key
 bits and ``bincount`` reads the keys' minimum and maximum on the host."""
 
@@ -33,8 +33,7 @@ from kernelarc.graph.capture import (
     static_int,
     value_root,
 )
-from kernelarc.graph.dwconv import _mutation_between
-from kernelarc.graph.patterns import Kind, Site, arg, op
+from kernelarc.graph.patterns import Kind, Site, arg, mutation_between, op
 
 KEY_DTYPES = (torch.int32, torch.int64)
 MAX_BINS = 4096  # bins the kernel holds (its histogram in shared memory, a few vectors of bins per program)
@@ -119,7 +118,7 @@ def _site_for(sort: Node | None, b: Node | None, taken: set[Node]) -> Site | Non
     last = max(outs.values(), key=order.__getitem__)
     # the site runs at its last output: a write in place before that (into the keys or a view of them) would be
     # read by the kernel where the reference's sort read the keys as they were
-    if _mutation_between(min(covered, key=order.__getitem__), last, covered):
+    if mutation_between(min(covered, key=order.__getitem__), last, covered):
         return None
     for n in covered:  # what the site computes is read outside it only through its outputs, after the last one
         for u in n.users:
@@ -142,8 +141,8 @@ def sort_sites(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Site]:
         root = value_root(keys)
         b = next((c for c in counts if c not in seen and value_root(c.args[0]) is root), None)
         site = _site_for(n, b, seen) if b is not None else None
-        if site is None:  # the sort alone, where its keys' bound holds without the histogram
-            site = _site_for(n, None, seen) if index_source(keys) is not None else None
+        if site is None:  # the sort alone, where its keys' bound holds without the histogram (topk indices)
+            site = _site_for(n, None, seen)
         if site is not None:
             out.append(site)
             seen |= site.nodes
