@@ -3,7 +3,7 @@ the reference and torch.compile of the reference, measured in the same process, 
 
     python3 scripts/gpu_fused_bench.py ROOT PROBLEM [PROBLEM ...] [--workloads N] [--max-gb G] [--out FILE]
         [--family fused.rowblock|scatter_add.sorted|matmul_f32.split|group_norm.split|moe|dwconv.tiled|
-         counting_sort.blocked]
+         counting_sort.blocked] [--point NAME=JSON ...]
 
 For each problem: the workloads at the smallest, median and largest input size (``--workloads``: how many of
 those, up to 3; inputs over ``--max-gb`` skipped), and for each: the reference, torch.compile of the reference
@@ -12,7 +12,8 @@ by default) at a few points (``POINTS``: for the fused family its start point, t
 warps, the CUDA-graph replay). Each candidate's outputs are compared
 with the reference's on the same inputs by the guard's own rule (kernelarc.guard.compare, the workload's
 tolerance; max abs error printed). Times are medians of ``triton.testing.do_bench`` (L2 flushed between
-calls), in ms. A JSON line per row goes to ``--out``.
+calls), in ms. A JSON line per row goes to ``--out``. ``--point NAME=JSON`` (repeatable) adds a point of knobs over
+the family's start, e.g. ``--point w16='{"NUM_WARPS": 16}'``; ``--only-points`` times those alone (with the start).
 """
 
 from __future__ import annotations
@@ -128,7 +129,16 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--family", default="fused.rowblock", choices=sorted(POINTS))
+    ap.add_argument("--point", action="append", default=[], help="NAME=JSON knobs over the start (repeatable)")
+    ap.add_argument("--only-points", action="store_true", help="the start and the --point points only")
     a = ap.parse_args()
+    points = {"start": {}} if a.only_points else dict(POINTS[a.family])
+    for spec in a.point:
+        name, _, knobs = spec.partition("=")
+        try:
+            points[name] = json.loads(knobs)
+        except json.JSONDecodeError as e:
+            ap.error(f"--point {spec!r}: {e}")
     out = open(a.out, "a") if a.out else None  # noqa: SIM115 - appended row by row
     dev = torch.device(a.device)
     table = []
@@ -146,10 +156,11 @@ def main() -> int:
             ref = load_module(task.definition.reference, f"ref_{task.name}")
             comp = torch.compile(ref.run, dynamic=False)
             mods = {}
-            for name, extra in POINTS[a.family].items():
+            for name, extra in points.items():
                 try:
                     knobs = fam.check_point({**fam.start, **extra})
-                except ValueError:  # a knob this problem's family lacks (no cuda_graph over host reads)
+                except ValueError as e:  # a knob this problem's family lacks (no cuda_graph over host reads)
+                    print(f"{p}: point {name} left out: {e}", flush=True)
                     continue
                 mods[name] = load_module(fam.render(knobs), f"fz_{name}_{task.name}")
             for i in pick:
@@ -186,7 +197,7 @@ def main() -> int:
     print(f"\n{'problem':48} {'wl':>3} {'GB':>6} {'ref':>8} {'compile':>8} {'family':>10} {'point':>10} {'x tc':>6} ok")
     for r in table:
         bm = r[f"{r['best']}_ms"] if r["best"] else math.nan
-        oks = "".join(("y" if r[f"{n}_ok"] else "n") for n in POINTS[a.family] if f"{n}_ok" in r)
+        oks = "".join(("y" if r[f"{n}_ok"] else "n") for n in points if f"{n}_ok" in r)
         print(f"{r['problem'][:48]:48} {r['workload']:>3} {r['gb']:>6.3f} {r['ref_ms']:>8.4f} {r['compile_ms']:>8.4f} "
               f"{bm:>10.4f} {r['best'] or '-':>10} {r['x_compile'] or math.nan:>6.2f} {oks}")  # fmt: skip
     return 0
