@@ -13,7 +13,7 @@ warps, the CUDA-graph replay). Each candidate's outputs are compared
 with the reference's on the same inputs by the guard's own rule (kernelarc.guard.compare, the workload's
 tolerance; max abs error printed). Times are medians of ``triton.testing.do_bench`` (L2 flushed between
 calls), in ms. A JSON line per row goes to ``--out``. ``--point NAME=JSON`` (repeatable) adds a point of knobs over
-the family's start, e.g. ``--point w16='{"NUM_WARPS": 16}'``; ``--only-points`` times those alone (with the start).
+the family's start, e.g. ``--point w16='{"NUM_WARPS": 16}'``; ``--only-points`` times those alone.
 """
 
 from __future__ import annotations
@@ -130,9 +130,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--family", default="fused.rowblock", choices=sorted(POINTS))
     ap.add_argument("--point", action="append", default=[], help="NAME=JSON knobs over the start (repeatable)")
-    ap.add_argument("--only-points", action="store_true", help="the start and the --point points only")
+    ap.add_argument("--only-points", action="store_true", help="the --point points only")
     a = ap.parse_args()
-    points = {"start": {}} if a.only_points else dict(POINTS[a.family])
+    points = {} if a.only_points else dict(POINTS[a.family])
     for spec in a.point:
         name, _, knobs = spec.partition("=")
         try:

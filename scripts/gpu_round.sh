@@ -16,6 +16,9 @@
 #   profile  scripts/guard_cost.py --profile on this tree: where the guard's time per candidate goes (judge and
 #            workers under cProfile; PROFILE_ARGS adds arguments)
 #   threads  the GPU-marked tests of NVIDIA's thread-injection rule (tests/guard/test_threads_parity.py)
+#   sort     scripts/gpu_fused_bench.py on L1/058's counting sort (counting_sort.blocked), 3 workloads
+#   trace    scripts/gpu_fused_bench.py: fused-region compositions with the rest under Inductor, with and without
+#            trace_kernels and CUDA-graph replay, and wider warps (TRACE_PROBLEMS, TRACE_WL workloads each)
 # Each step's time limit can be set as <STEP>_S (e.g. ABLATE_S=240).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
@@ -86,6 +89,21 @@ step_profile() {
 step_sites() {
   timeout -k 5 "${SITES_S:-240}" python3 -m pytest -q -m gpu tests/graph/test_new_sites_gpu.py -rA -p no:cacheprovider \
     --tb=short ${SITES_K:+-k "$SITES_K"}
+}
+step_sort() {
+  timeout -k 5 "${SORT_S:-150}" python3 scripts/gpu_fused_bench.py .shared/sol-execbench \
+    L1/058_moe_expert_token_radix_sort_with_prefix_sum --family counting_sort.blocked --workloads 3 \
+    --out "$OUT/steps/sort.jsonl"
+}
+step_trace() {
+  local p ind='"rest": "inductor"' args=()
+  for p in ${TRACE_PROBLEMS:-L1/061 L1/013 L2/057 FlashInfer-Bench/001}; do args+=("$(cd .shared/sol-execbench && ls -d $p*)"); done
+  timeout -k 5 "${TRACE_S:-330}" python3 scripts/gpu_fused_bench.py .shared/sol-execbench "${args[@]}" \
+    --workloads "${TRACE_WL:-2}" --max-gb 6 --only-points --out "$OUT/steps/trace.jsonl" \
+    --point "ind={$ind}" --point "graph={$ind, \"cuda_graph\": true}" \
+    --point "trace={$ind, \"trace_kernels\": true}" --point "trace_graph={$ind, \"trace_kernels\": true, \"cuda_graph\": true}" \
+    --point "trace_graph_w8={$ind, \"trace_kernels\": true, \"cuda_graph\": true, \"NUM_WARPS\": 8}" \
+    --point "trace_graph_w16={$ind, \"trace_kernels\": true, \"cuda_graph\": true, \"NUM_WARPS\": 16}"
 }
 
 summary=()
