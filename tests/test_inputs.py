@@ -239,3 +239,24 @@ def test_a_reference_returning_split_views_of_one_buffer_is_correct(tmp_path):
         same = "import torch\n\ndef run(x):\n    y = x * 2.0\n    return y, y\n"
         v = g.evaluate(Candidate(source=same.replace("return y, y", "return y[:, :16], y[:, :16]"), language="pytorch"))
         assert v.verdict.status is Status.incorrect and "overlaps another output" in " ".join(v.verdict.errors)
+
+
+def test_the_module_folder_is_removed_when_its_process_exits(tmp_path):
+    # every process that loads a candidate makes one folder of module files; a day of sessions left hundreds behind
+    code = (
+        "import os, sys\n"
+        "from kernelarc.tasks.inputs import load_module\n"
+        "m = load_module('X = 1\\n', 'probe')\n"
+        "print(os.path.dirname(m.__file__))\n"
+        "if os.fork() == 0:\n"  # a forked child's exit leaves its parent's folder alone
+        "    sys.exit(0)\n"
+        "os.wait()\n"
+        "print(os.path.isdir(os.path.dirname(m.__file__)))\n"
+    )
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    folder, alive_after_child = proc.stdout.split()
+    assert alive_after_child == "True"
+    assert folder and not Path(folder).exists()

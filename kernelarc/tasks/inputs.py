@@ -26,21 +26,35 @@ INT_HIGH = 64
 _MODULE_DIR: str | None = None
 
 
+def _remove_module_dir(path: str, owner: int) -> None:
+    """At exit, the module folder of the process that made it (a forked child inherits the handler, not the
+    folder: it leaves it to its parent)."""
+    import os
+    import shutil
+
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def load_module(source: str, name: str) -> types.ModuleType:
     """Import Python source as a module from a real file.
 
     Triton's JIT reads kernel source from the defining file and torch.compile looks the
     module up in ``sys.modules``, so the source is written to a private temp folder and
-    imported under a unique name (content hash) registered in ``sys.modules``.
+    imported under a unique name (content hash) registered in ``sys.modules``. The folder is removed when
+    the process exits.
     """
+    import atexit
     import hashlib
     import importlib.util
+    import os
     import sys
     import tempfile
 
     global _MODULE_DIR
     if _MODULE_DIR is None:
         _MODULE_DIR = tempfile.mkdtemp(prefix="kernelarc-modules-")
+        atexit.register(_remove_module_dir, _MODULE_DIR, os.getpid())
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]
     modname = f"kernelarc_{''.join(ch if ch.isalnum() else '_' for ch in name)}_{digest}"
     if modname in sys.modules:
