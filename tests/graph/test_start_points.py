@@ -41,11 +41,13 @@ def test_first_round_measures_kernel_and_library_compositions_in_order(tmp_path)
                      {"h": (["T", "F"], "bfloat16"), "s": (["T", "H"], "bfloat16")},
                      [{"T": 4, "H": 64, "F": 32}, {"T": 6, "H": 64, "F": 32}])  # fmt: skip
     all_seeds = start_points(task, families_for(task))
-    # workloads of a few KB through ten ops: launch-bound, so the CUDA-graph replays of the first point and of the
-    # library family come right after the first point
+    # workloads of a few KB through ten ops: launch-bound, so the CUDA-graph replays of the first point (with the
+    # kernels' calls traced into the rest's graph, then not) and of the library family come right after the first
     assert launch_bound(task, recognise(task))
-    assert [p.get("cuda_graph") for _, p in all_seeds[:3]] == [False, True, True]
-    assert all_seeds[1][0] is all_seeds[0][0] and all_seeds[2][0].name == "composed.p_mlp.library"
+    assert [p.get("cuda_graph") for _, p in all_seeds[:4]] == [False, True, True, True]
+    assert [p.get("trace_kernels") for _, p in all_seeds[:4]] == [False, True, False, None]
+    assert all_seeds[1][0] is all_seeds[0][0] is all_seeds[2][0] and all_seeds[3][0].name == "composed.p_mlp.library"
+    assert {**all_seeds[1][1], "trace_kernels": False} == all_seeds[2][1]
     seeds = [s for s in all_seeds if not s[1].get("cuda_graph")]
     names = [f.name.removeprefix("composed.p_mlp.") for f, _ in seeds]
     # the fused add + RMSNorm kernel family before the GEMM ones (cuBLAS is the bar for those), with the
@@ -76,7 +78,8 @@ def test_real_problems_start_with_their_kernel_family(problem, first_kernel):
     prefix = f"composed.{task.name}."
     fams = [c.family.removeprefix(prefix) for c in props]
     assert fams[0].startswith(first_kernel), fams
-    assert "library" in fams[:3], fams  # second, or third behind the first point's CUDA-graph replay (launch-bound)
+    # second, or fourth behind the first point's two CUDA-graph replays (launch-bound: traced, then not)
+    assert "library" in fams[:4], fams
     assert all(c.family.startswith(prefix) for c in props), fams
     assert all(check_source(c.source).ok for c in props)  # each passes the guard's static checks
     # the rest of the graph is compiled exactly where it has compute left outside the kernel's sites
@@ -158,16 +161,17 @@ def test_the_fp32_gemm_bound_estimate(tmp_path):
 def test_a_problem_of_library_calls_and_fused_regions_starts_with_compositions_not_compile_variants():
     """L1/045 (linear, GELU, GRN, linear in fp32): its GRN's elementwise ops and reductions are fused regions, its
     GEMMs library calls or the split-precision fp32 GEMM family; the first round measures the generated region
-    kernels (the GEMMs' rest under Inductor), their graph replay, then the library family, never a re-run of the
-    reference under compile settings. The fp32 GEMM family does not lead where the graph has fused regions (on the
-    H200 it led here and lost, 0.97x the reference)."""
+    kernels (the GEMMs' rest under Inductor), their graph replays (the kernels' calls traced, then not), then the
+    library family, never a re-run of the reference under compile settings. The fp32 GEMM family does not lead
+    where the graph has fused regions (on the H200 it led here and lost, 0.97x the reference)."""
     task = load_task(SOL / "L1/045_fused_linear_gelu_grn_linear")
     props = first_proposals(task, count=6)[:6]
     prefix = f"composed.{task.name}."
     fams = [c.family.removeprefix(prefix) for c in props]
-    assert fams[:3] == ["fused.rowblock", "fused.rowblock", "library"], fams
+    assert fams[:4] == ["fused.rowblock", "fused.rowblock", "fused.rowblock", "library"], fams
     assert "matmul_f32.split" in fams, fams
-    assert props[0].knobs["rest"] == "inductor" and props[1].knobs["cuda_graph"] is True
+    assert props[0].knobs["rest"] == "inductor" and props[1].knobs["cuda_graph"] is props[2].knobs["cuda_graph"] is True
+    assert props[1].knobs["trace_kernels"] is True and props[2].knobs["trace_kernels"] is False
     assert all(c.family.startswith(prefix) for c in props)
 
 
