@@ -118,7 +118,12 @@ FUSED_KERNEL = Family(
     "(persistent programs over blocks of rows, a row held in registers)",
     knobs=(
         Knob("TILE", (1024, 2048, 4096, 8192, 16384), "tiling", "elements per block of rows (rows = TILE / row width)"),
-        Knob("NUM_WARPS", (4, 8, 2, 16, 1), "scheduling", "warps per program"),
+        Knob(
+            "NUM_WARPS",
+            ("auto", 4, 8, 2, 16, 1),
+            "scheduling",
+            "warps per program ('auto': 4 below 2048 elements per row block, 8 below 8192, else 16)",
+        ),
         Knob(
             "WAVES",
             (8, 4, 16, 2, 32),
@@ -126,7 +131,7 @@ FUSED_KERNEL = Family(
             "regions with column or full sums: persistent programs per SM, one partial sum each",
         ),
     ),
-    start={"TILE": 4096, "NUM_WARPS": 4, "WAVES": 8},
+    start={"TILE": 4096, "NUM_WARPS": "auto", "WAVES": 8},
     render=_per_site,
     language="triton",
 )
@@ -827,13 +832,14 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
 
 
 # A kernel family's second point where the problem moves data rather than launches (a CUDA-graph replay gains nothing
-# there): the fused kernel with twice the elements per block and twice the warps (a wide row wants more threads).
+# there): the fused kernel with twice the elements per block (and, its warps 'auto', twice the warps: a wide row
+# wants more threads).
 # The split-precision GEMM's second point: the more accurate TF32 split after the start's bf16x3 (on the H200, bf16x3
 # was the fastest split and kept 99.5% of a 1024 x 1024 x 16384 weight gradient within L1/072's 2.2e-4 + 1e-3 |C|;
 # a tighter tolerance or a longer K can need tf32x3). One TF32 product as the second point was measured in run DJ and
 # gained nothing: incorrect on L2/030 (98.6% of elements within its tolerance, 99% required) and correct but slower
 # than bf16x3 on L1/072 (3.26 ms against 2.86 ms).
-SECOND_POINT: dict[str, dict[str, Any]] = {FUSED_NAME: {"TILE": 8192, "NUM_WARPS": 8},
+SECOND_POINT: dict[str, dict[str, Any]] = {FUSED_NAME: {"TILE": 8192},
                                            DWCONV_NAME: {"BLOCK_R": 8, "BLOCK_L": 1024, "NUM_WARPS": 8},
                                            F32_NAME: {"PRECISION": "tf32x3"}}  # fmt: skip
 

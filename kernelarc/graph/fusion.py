@@ -693,6 +693,10 @@ def _run_source(region: Region, w: _Writer, idx: dict[Node, int]) -> str:
     body += [
         "BLOCK_H = triton.next_power_of_2(H)",
         "TILE_R = max(1, min(TILE // BLOCK_H, triton.next_power_of_2(R)))",
+        # 'auto' warps: at most 16 elements of a row block per thread up to 16384 (the start's former 4 warps on 4096
+        # elements held 32 each: 167-255 registers on L1/013, L1/087, L2/001 and L2/055 at sm_90a, and L2/001 spilled)
+        "E = TILE_R * BLOCK_H",
+        "W = NUM_WARPS if NUM_WARPS != 'auto' else (4 if E < 2048 else 8 if E < 8192 else 16)",
         # one program per block of rows; with column or full sums, at most WAVES per SM, each walking blocks and
         # keeping one partial (their count is what the sums after the kernel read)
         "P = triton.cdiv(R, TILE_R)"
@@ -715,7 +719,7 @@ def _run_source(region: Region, w: _Writer, idx: dict[Node, int]) -> str:
             outs[n] = f"o{j}"
     for j, allred in w.partials.items():
         body.append(f"q{j} = torch.empty({'(P,)' if allred else '(P, BLOCK_H)'}, dtype=torch.float32, device=dev)")
-    body.append(f"_fused_kernel[(P,)]({', '.join(w.args)}, R, H, TILE_R=TILE_R, BLOCK_H=BLOCK_H, num_warps=NUM_WARPS)")
+    body.append(f"_fused_kernel[(P,)]({', '.join(w.args)}, R, H, TILE_R=TILE_R, BLOCK_H=BLOCK_H, num_warps=W)")
     for n in region.outputs:
         j = idx[n]
         role = region.roles[n]

@@ -247,3 +247,36 @@ def test_row_statistics_variance_std_logsumexp_and_norm(tmp_path):
             assert o.shape == w.shape and o.dtype == w.dtype
             torch.testing.assert_close(o.float(), w.float(), rtol=1e-5, atol=1e-5 if w.dtype == F32 else 1e-2)
     assert len(calls) == 2  # the first region's kernel (_k0_), once per workload
+
+
+def test_auto_warps_hold_at_most_16_elements_of_a_row_block_per_thread(tmp_path):
+    """The start's warps ('auto') follow the row block's size: 4 below 2048 elements, 8 below 8192, else 16 (the
+    former fixed 4 warps held 32 elements of a 4096-element block per thread: 167-255 registers at sm_90a on
+    L1/013, L1/087, L2/001 and L2/055, and a spill on L2/001); a number given is used as it is."""
+    from kernelarc.families.composed import FUSED_KERNEL
+    from kernelarc.tasks.inputs import load_module
+
+    assert FUSED_KERNEL.start["NUM_WARPS"] == "auto"
+
+    def f(x, w):
+        return torch.sigmoid(x * w).to(torch.bfloat16)
+
+    launched = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append((kw["TILE_R"] * kw["BLOCK_H"], kw["num_warps"]))
+
+    for (rows, width), warps, want in [
+        ((64, 4096), "auto", (4096, 8)),
+        ((8, 5120), "auto", (8192, 16)),  # a row of 5120 in a block of 8192
+        ((2, 96), "auto", (256, 4)),  # two rows of 128: the block is as large as the rows there are
+        ((1000, 96), "auto", (4096, 8)),  # 32 rows of 128
+        ((64, 4096), 2, (4096, 2)),
+    ]:
+        gm, regions = _regions(f, ((rows, width), F32), ((width,), F32))
+        src = fusion.render_fused(regions[0], {"TILE": 4096, "NUM_WARPS": warps, "WAVES": 8}, "auto warps")
+        mod = load_module(src, f"auto_warps_{rows}_{width}_{warps}")
+        mod._fused_kernel = Spy()
+        mod.run(torch.randn(rows, width), torch.randn(width))
+        assert launched.pop() == want, (rows, width, warps)
