@@ -18,7 +18,7 @@
 #   threads  the GPU-marked tests of NVIDIA's thread-injection rule (tests/guard/test_threads_parity.py)
 #   sort     scripts/gpu_fused_bench.py on L1/058's counting sort (counting_sort.blocked), 3 workloads
 #   trace    scripts/gpu_fused_bench.py: fused-region compositions with the rest under Inductor, with and without
-#            trace_kernels and CUDA-graph replay, and wider warps (TRACE_PROBLEMS, TRACE_WL workloads each)
+#            trace_kernels and CUDA-graph replay, warps auto (the start), 4 and 16 (TRACE_PROBLEMS, TRACE_WL workloads)
 # Each step's time limit can be set as <STEP>_S (e.g. ABLATE_S=240).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
@@ -102,7 +102,7 @@ step_trace() {
     --workloads "${TRACE_WL:-2}" --max-gb 6 --only-points --out "$OUT/steps/trace.jsonl" \
     --point "ind={$ind}" --point "graph={$ind, \"cuda_graph\": true}" \
     --point "trace={$ind, \"trace_kernels\": true}" --point "trace_graph={$ind, \"trace_kernels\": true, \"cuda_graph\": true}" \
-    --point "trace_graph_w8={$ind, \"trace_kernels\": true, \"cuda_graph\": true, \"NUM_WARPS\": 8}" \
+    --point "trace_graph_w4={$ind, \"trace_kernels\": true, \"cuda_graph\": true, \"NUM_WARPS\": 4}" \
     --point "trace_graph_w16={$ind, \"trace_kernels\": true, \"cuda_graph\": true, \"NUM_WARPS\": 16}"
 }
 
