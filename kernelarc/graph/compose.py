@@ -455,6 +455,8 @@ def emit_module(
         bodies += ["", f"# ---- part {prefix}" + "-" * 40, "", part.body]
     # library calls are written fully qualified (torch.nn.functional.*), so no alias can clash with a part's
     base = ["import math", "import torch", "import torch.nn.attention", "import torch.nn.functional"]
+    traced = k.rest != "eager" and k.trace_kernels and bool(parts)
+    base += ["import os"] if traced else []  # the interpreter check of traced calls (below)
     for b in base:
         names = [b.split(" as ")[-1]] if " as " in b else [x.strip() for x in b.split("import")[-1].split(",")]
         for n in names:
@@ -476,6 +478,11 @@ def emit_module(
         out.append(f"torch.set_float32_matmul_precision({k.matmul_precision!r})")
     if k.rest != "eager" and not k.trace_kernels:
         out += [f"{prefix}run = torch.compiler.disable({prefix}run)" for prefix in parts]
+    elif traced:
+        # traced calls need compiled Triton kernels: under Triton's interpreter (the CPU) dynamo would trace into
+        # the interpreter and fail, so there the kernels' calls stay outside the graph as untraced
+        out.append('if os.environ.get("TRITON_INTERPRET") == "1":')
+        out += [f"    {prefix}run = torch.compiler.disable({prefix}run)" for prefix in parts]
     for i, plan in enumerate(plans):
         out += ["", ""] + emit_case(f"_case{i}", plan, {**knobs_doc, "sdpa_backend": k.sdpa_backend,
                                                           "attn_precision": k.attn_precision})  # fmt: skip

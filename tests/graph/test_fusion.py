@@ -280,3 +280,16 @@ def test_auto_warps_hold_at_most_16_elements_of_a_row_block_per_thread(tmp_path)
         mod._fused_kernel = Spy()
         mod.run(torch.randn(rows, width), torch.randn(width))
         assert launched.pop() == want, (rows, width, warps)
+
+
+def test_traced_kernel_calls_stay_outside_the_graph_under_the_interpreter(tmp_path):
+    """``trace_kernels`` (dynamo traces the kernels' calls into the rest's compiled graph) needs compiled Triton
+    kernels: under Triton's interpreter (the CPU) dynamo traced into the interpreter and the candidate failed
+    (InterpreterError on L2/043). There the calls stay outside the graph and the candidate gives the reference's
+    outputs; the check is in the module, which passes the guard's static checks."""
+    task = _task(tmp_path, "gated_traced", GATED,
+                 {"g": (["b", 64], "bfloat16"), "gate": ([], "bfloat16"), "h": (["b", 64], "bfloat16"),
+                  "mask": (["b", 1], "bfloat16")},
+                 {"dr": (["b", 64], "bfloat16"), "dh": (["b", 64], "bfloat16"), "dgate": ([], "bfloat16")},
+                 [{"b": 5}])  # fmt: skip
+    _check(task, knobs={"rest": "inductor", "trace_kernels": True, "cuda_graph": True}, exact=False)

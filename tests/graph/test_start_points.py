@@ -223,7 +223,10 @@ def test_inductor_only_knobs_are_no_source_change_when_the_rest_runs_eager(tmp_p
     assert len(eager) == 1  # one source, one candidate id: the search does not re-measure it
     opaque = fam.render(fam.check_point({"rest": "inductor"}))
     traced = fam.render(fam.check_point({"rest": "inductor", "trace_kernels": True}))
-    assert "_k0_run = torch.compiler.disable(_k0_run)" in opaque and "torch.compiler.disable" not in traced
+    assert "\n_k0_run = torch.compiler.disable(_k0_run)" in opaque
+    # traced: the calls stay in the graph, except under Triton's interpreter (the CPU), where dynamo cannot trace them
+    assert "\n_k0_run = torch.compiler.disable" not in traced
+    assert 'if os.environ.get("TRITON_INTERPRET") == "1":\n    _k0_run = torch.compiler.disable(_k0_run)' in traced
     assert check_source(opaque).ok and check_source(traced).ok
 
 
