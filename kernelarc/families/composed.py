@@ -810,6 +810,8 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
         order = order[:1] + graphed + order[1:]
     elif firsts and firsts[0].name.removeprefix(prefix) in SECOND_POINT:  # data-bound: the kernel's next design first
         step = SECOND_POINT[firsts[0].name.removeprefix(prefix)]
+        if firsts[0].name.removeprefix(prefix) == FUSED_NAME and _widest_fused_row(rec) > 4096:
+            step = WIDE_ROWS_SECOND_POINT  # a row wider than 4096 fills both tiles' blocks alone: the same kernel
         order = order[:1] + [at(firsts[0], first_rest, extra=step)] + order[1:]
     order += graphed
     order += [at(library, "eager" if rest == "inductor" else "inductor")] if lib_sites and rest == "inductor" else []
@@ -839,9 +841,18 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
 # a tighter tolerance or a longer K can need tf32x3). One TF32 product as the second point was measured in run DJ and
 # gained nothing: incorrect on L2/030 (98.6% of elements within its tolerance, 99% required) and correct but slower
 # than bf16x3 on L1/072 (3.26 ms against 2.86 ms).
+# Rows wider than 4096 are one row per block at either tile (TILE 4096 and 8192 run the same kernel there, auto warps
+# 16): the second point halves the warps instead.
+WIDE_ROWS_SECOND_POINT: dict[str, Any] = {"NUM_WARPS": 8}
 SECOND_POINT: dict[str, dict[str, Any]] = {FUSED_NAME: {"TILE": 8192},
                                            DWCONV_NAME: {"BLOCK_R": 8, "BLOCK_L": 1024, "NUM_WARPS": 8},
                                            F32_NAME: {"PRECISION": "tf32x3"}}  # fmt: skip
+
+
+def _widest_fused_row(rec: Recognition) -> int:
+    """The widest row (as traced) of the fused regions of the first graph case (0 without one)."""
+    regions = [s.params["_region"] for s in (rec.sites[0] if rec.sites else []) if s.kind is Kind.fused]
+    return max((r.H for r in regions if r.H is not None), default=0)
 
 
 def _registry_index(registry: list[str], name: str) -> int:

@@ -496,3 +496,34 @@ def test_emulated_casts_compile_the_rest_with_eagers_roundings(tmp_path):
                     {"y": (["T", 256], "float32")}, [{"T": 64}])  # fmt: skip
     lib32 = next(f for f in families_for(f32) if f.name.endswith(".library"))
     assert all(k.name != "emulate_casts" for k in lib32.knobs)
+
+
+GATED_BACKWARD = """
+import torch
+
+@torch.no_grad()
+def run(g, gate, h, mask):
+    t = torch.tanh(gate.to(torch.float32))
+    dh = g * t * mask
+    dgate = torch.sum(g.to(torch.float32) * (h * mask).to(torch.float32)) * (1.0 - t * t)
+    return g.clone(), dh.to(torch.bfloat16), dgate.to(torch.bfloat16)
+"""
+
+
+@pytest.mark.parametrize(
+    ("width", "second"), [(1024, {"TILE": 8192}), (4096, {"TILE": 8192}), (5120, {"NUM_WARPS": 8})]
+)
+def test_a_data_bound_fused_region_second_point_differs_from_its_start(tmp_path, width, second):
+    """Data-bound (hundreds of MB per call), the fused kernel's second point is twice the tile; but a row wider than
+    4096 is one row per block at either tile (the same kernel at auto warps), so there it is half the warps."""
+    task = make_task(tmp_path, f"p_gated_{width}", GATED_BACKWARD,
+                     {"g": (["b", width], "bfloat16"), "gate": ([], "bfloat16"), "h": (["b", width], "bfloat16"),
+                      "mask": (["b", 1], "bfloat16")},
+                     {"dr": (["b", width], "bfloat16"), "dh": (["b", width], "bfloat16"), "dgate": ([], "bfloat16")},
+                     [{"b": 2**27 // width}])  # fmt: skip
+    rec = recognise(task)
+    assert not launch_bound(task, rec)
+    pts = start_points(task, families_for(task))
+    (f0, p0), (f1, p1) = pts[:2]
+    assert f0 is f1 and f0.name.endswith("fused.rowblock") and p0["NUM_WARPS"] == "auto" and p0["TILE"] == 4096
+    assert {k: v for k, v in p1.items() if p0[k] != v} == second
