@@ -543,6 +543,7 @@ class SearchAgent:
         status = {f.candidate_id: f.status for f in shared_findings(ctx)}
         status |= {c.id: v.status for c, v in ctx.history}
         todo: list[tuple[int, Family, dict[str, Any], str]] = []
+        queued: set[str] = set()  # two start points can share a repair (the traced and untraced replays, eager)
         for j, (fam, point) in enumerate(self._seeds):
             # each variant is judged once the one before it failed: compiled (incorrect), then Inductor rounding as
             # eager (incorrect, or it did not compile or run; skipped once an emulated composition failed), then the
@@ -551,7 +552,9 @@ class SearchAgent:
             for i, (var, var_id, how) in enumerate(self._seed_variants(j, fam, point)):
                 skip = self._eager_only and how == "emulated"
                 if i and failed and not skip and var_id not in seen:
-                    todo.append((j, fam, var, how))
+                    if var_id not in queued:
+                        queued.add(var_id)
+                        todo.append((j, fam, var, how))
                     break
                 st = status.get(var_id)
                 mine = st is Status.incorrect if how == "compiled" else st is not None and not st.correct

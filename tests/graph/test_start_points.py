@@ -527,3 +527,36 @@ def test_a_data_bound_fused_region_second_point_differs_from_its_start(tmp_path,
     (f0, p0), (f1, p1) = pts[:2]
     assert f0 is f1 and f0.name.endswith("fused.rowblock") and p0["NUM_WARPS"] == "auto" and p0["TILE"] == 4096
     assert {k: v for k, v in p1.items() if p0[k] != v} == second
+
+
+def test_the_traced_and_untraced_replays_share_one_eager_repair(tmp_path):
+    """The first point's two CUDA-graph replays (kernels' calls traced, then not) differ only under Inductor: with the
+    rest eager they are one candidate. Both judged incorrect compiled and emulated, the team's agents take distinct
+    repairs: the second agent does not propose the first's candidate again (the session would drop it, and its slot)."""
+    from kernelarc.models import Candidate, Status, Verdict
+
+    task = _mlp_task(tmp_path)
+    agent = SearchAgent("agent0-exploit", "exploit", task, seed=0)
+    seeds = agent._seeds
+    j_tr = next(j for j, (_, p) in enumerate(seeds) if p.get("trace_kernels") and p.get("cuda_graph"))
+    j_un = next(
+        j for j, (f, p) in enumerate(seeds) if f is seeds[j_tr][0] and p == {**seeds[j_tr][1], "trace_kernels": False}
+    )
+    hist, eager_ids = [], []
+    for j in (j_tr, j_un):
+        fam, point = seeds[j]
+        for var, var_id, how in agent._seed_variants(j, fam, point):
+            if how == "eager":
+                eager_ids.append(var_id)
+                continue
+            c = Candidate(source=fam.render(var), language=fam.language, agent="a", strategy="s", family=fam.name,
+                          knobs=var)  # fmt: skip
+            assert c.id == var_id
+            hist.append((c, Verdict(candidate_id=c.id, status=Status.incorrect, errors=["96% within tolerance"])))
+    assert len(eager_ids) == 2 and eager_ids[0] == eager_ids[1]  # one eager candidate for both replays
+    ctx = AgentContext(task=task, target=None, champion=None, champion_verdict=None, findings=[], history=hist,
+                       seen=frozenset(c.id for c, _ in hist))  # fmt: skip
+    assert SearchAgent.inductor_fails(ctx)
+    props = [SearchAgent(f"agent{r}-exploit", "exploit", task, seed=0).propose(ctx, 1).candidates for r in (0, 1)]
+    repairs = [c for cs in props for c in cs if "again with the rest eager" in c.rationale]
+    assert [c.id for c in repairs] == [eager_ids[0]], [c.rationale for cs in props for c in cs]
