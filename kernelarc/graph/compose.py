@@ -16,6 +16,7 @@ see every line):
 
 from __future__ import annotations
 
+import ast
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -436,20 +437,21 @@ def emit_module(
 ) -> str:
     """The candidate source. ``parts`` maps a prefix (``_k0_``) to a rendered family module."""
     from kernelarc.dispatch import CompositionError as DispatchCompositionError
-    from kernelarc.dispatch import rename_part
+    from kernelarc.dispatch import _binds, rename_part
 
     hoisted: list[str] = []
     bodies: list[str] = []
-    bound: dict[str, str] = {}
+    bound: dict[str, tuple[str, str]] = {}  # name -> (what it refers to, the statement binding it)
     try:
         renamed = [(p, rename_part(src, p)) for p, src in list(parts.items()) + [("_ref_", drop_main_guard(reference))]]
     except DispatchCompositionError as e:
         raise CompositionError(str(e)) from e
     for prefix, part in renamed:
-        for text, names in part.imports:
-            for n in names:
-                if bound.setdefault(n, text) != text:
-                    raise CompositionError(f"parts import different things as {n!r}: {bound[n]!r} vs {text!r}")
+        for text, binds in part.imports:
+            for n, target in binds.items():  # what is bound, not how it is spelled (import os, sys binds os too)
+                prev = bound.setdefault(n, (target, text))
+                if prev[0] != target:
+                    raise CompositionError(f"parts import different things as {n!r}: {prev[1]!r} vs {text!r}")
             if text not in hoisted:
                 hoisted.append(text)
         bodies += ["", f"# ---- part {prefix}" + "-" * 40, "", part.body]
@@ -458,10 +460,9 @@ def emit_module(
     traced = k.rest != "eager" and k.trace_kernels and bool(parts)
     base += ["import os"] if traced else []  # the interpreter check of traced calls (below)
     for b in base:
-        names = [b.split(" as ")[-1]] if " as " in b else [x.strip() for x in b.split("import")[-1].split(",")]
-        for n in names:
-            if n in bound and bound[n] != b and n != "torch":
-                raise CompositionError(f"a part binds {n!r} as {bound[n]!r}, the composition needs {b!r}")
+        for n, target in _binds(ast.parse(b).body[0]).items():
+            if n in bound and bound[n][0] != target:
+                raise CompositionError(f"a part binds {n!r} as {bound[n][1]!r}, the composition needs {b!r}")
     imports = [b for b in base if b not in hoisted] + hoisted
     imports.sort(key=lambda t: not t.startswith("from __future__"))
     knob_lines = "\n".join(f"    {n} = {v!r}" for n, v in sorted(knobs_doc.items()))

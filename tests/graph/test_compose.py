@@ -357,3 +357,30 @@ def test_large_inputs_replay_one_cuda_graph_per_buffer_set_read_in_place(tmp_pat
     call(args)
     with pytest.raises(RuntimeError, match="capturing"):
         mod.run(*args)
+
+
+def test_imports_agree_by_what_they_bind_not_by_their_spelling(tmp_path, caplog):
+    """A traced composition imports os (its interpreter check); a reference importing ``os, math`` on one line binds
+    the same modules, and composes. A reference binding os to something else clashes with the kernel's own import:
+    the family is not offered, and the log says why."""
+    gated = """import os, math
+import torch
+
+@torch.no_grad()
+def run(g, gate, h, mask):
+    t = torch.tanh(gate.to(torch.float32))
+    dh = g * t * mask
+    dgate = torch.sum(g.to(torch.float32) * (h * mask).to(torch.float32)) * (1.0 - t * t)
+    return g.clone(), dh.to(torch.bfloat16), dgate.to(torch.bfloat16)
+"""
+    ins = {"g": (["b", 64], "bfloat16"), "gate": ([], "bfloat16"), "h": (["b", 64], "bfloat16"),
+           "mask": (["b", 1], "bfloat16")}  # fmt: skip
+    outs = {"dr": (["b", 64], "bfloat16"), "dh": (["b", 64], "bfloat16"), "dgate": ([], "bfloat16")}
+    task = make_task(tmp_path, "imports_ok", gated, ins, outs, [{"b": 3}])
+    fam = next(f for f in families_for(task) if f.name.endswith("fused.rowblock"))
+    src = fam.render(fam.check_point({"rest": "inductor", "trace_kernels": True}))
+    assert "\nimport os\n" in src and "\nimport os, math\n" in src and check_source(src).ok
+    clash = make_task(tmp_path, "imports_clash", gated.replace("import os, math", "import numpy as os"), ins, outs,
+                      [{"b": 3}])  # fmt: skip
+    assert not [f for f in families_for(clash) if f.name.endswith("fused.rowblock")]
+    assert "parts import different things as 'os': 'import os' vs 'import numpy as os'" in caplog.text
