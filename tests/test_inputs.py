@@ -260,3 +260,31 @@ def test_the_module_folder_is_removed_when_its_process_exits(tmp_path):
     folder, alive_after_child = proc.stdout.split()
     assert alive_after_child == "True"
     assert folder and not Path(folder).exists()
+
+
+def test_a_killed_process_module_folder_is_swept_by_a_later_one(tmp_path):
+    """A process killed before its exit handler leaves its folder; the next process that makes one removes such
+    folders whose owner is dead and that are older than STALE_MODULE_DIR_S, and keeps the rest."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from kernelarc.tasks.inputs import STALE_MODULE_DIR_S, _sweep_module_dirs
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+    old = time.time() - STALE_MODULE_DIR_S - 60
+    folders = {
+        "dead_old": tmp_path / f"kernelarc-modules-{dead}-abc",
+        "dead_new": tmp_path / f"kernelarc-modules-{dead}-def",
+        "alive_old": tmp_path / f"kernelarc-modules-{os.getpid()}-ghi",
+        "unnamed_old": tmp_path / "kernelarc-modules-xyz_1",  # the former names, without a pid: left alone
+    }
+    for key, f in folders.items():
+        f.mkdir()
+        (f / "m.py").write_text("X = 1\n")
+        if key.endswith("old"):
+            os.utime(f, (old, old))
+    _sweep_module_dirs(str(tmp_path))
+    assert {k for k, f in folders.items() if f.exists()} == {"dead_new", "alive_old", "unnamed_old"}

@@ -26,6 +26,32 @@ INT_HIGH = 64
 _MODULE_DIR: str | None = None
 
 
+STALE_MODULE_DIR_S = 6 * 3600  # a dead process's folder older than this is swept by the next process that makes one
+
+
+def _sweep_module_dirs(tmp: str) -> None:
+    """Remove folders of processes that died without their exit handler (killed), untouched for STALE_MODULE_DIR_S:
+    their names carry the owner's pid; a pid that is alive (or not ours to signal) keeps its folder."""
+    import os
+    import shutil
+    import time
+
+    for entry in Path(tmp).glob("kernelarc-modules-*-*"):
+        pid = entry.name.split("-")[2]
+        try:
+            fresh = time.time() - entry.stat().st_mtime < STALE_MODULE_DIR_S
+        except OSError:  # removed meanwhile by another sweep
+            continue
+        if not pid.isdigit() or fresh:
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry, ignore_errors=True)
+        except OSError:  # alive, another user's
+            continue
+
+
 def _remove_module_dir(path: str, owner: int) -> None:
     """At exit, the module folder of the process that made it (a forked child inherits the handler, not the
     folder: it leaves it to its parent)."""
@@ -42,9 +68,10 @@ def load_module(source: str, name: str) -> types.ModuleType:
     Triton's JIT reads kernel source from the defining file and torch.compile looks the
     module up in ``sys.modules``, so the source is written to a private temp folder and
     imported under a unique name (content hash) registered in ``sys.modules``. The folder is removed when
-    the process exits.
+    the process exits (and, for a process killed before that, by a later process: ``_sweep_module_dirs``).
     """
     import atexit
+    import contextlib
     import hashlib
     import importlib.util
     import os
@@ -53,7 +80,9 @@ def load_module(source: str, name: str) -> types.ModuleType:
 
     global _MODULE_DIR
     if _MODULE_DIR is None:
-        _MODULE_DIR = tempfile.mkdtemp(prefix="kernelarc-modules-")
+        with contextlib.suppress(OSError):  # a sweep that cannot read the temp folder leaves it as it is
+            _sweep_module_dirs(tempfile.gettempdir())
+        _MODULE_DIR = tempfile.mkdtemp(prefix=f"kernelarc-modules-{os.getpid()}-")
         atexit.register(_remove_module_dir, _MODULE_DIR, os.getpid())
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]
     modname = f"kernelarc_{''.join(ch if ch.isalnum() else '_' for ch in name)}_{digest}"
