@@ -33,7 +33,19 @@ for label, path, jobs in json.load(sys.stdin):
             res.append({"kernel": job["kernel"], "error": f"{type(e).__name__}: {e}"[-2000:]})
             continue
         ptx = c.asm["ptx"]
-        res.append({"kernel": job["kernel"], "sm90a": ".target sm_90a" in ptx,
+        regs = spill = None
+        try:  # the ptxas bundled with Triton: registers per thread and bytes spilled
+            import os, re, subprocess, tempfile
+            ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+            with tempfile.TemporaryDirectory() as d:
+                open(os.path.join(d, "k.ptx"), "w").write(ptx)
+                err = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", os.path.join(d, "k.ptx"), "-o",
+                                      os.path.join(d, "k.cubin")], capture_output=True, text=True).stderr
+            m, s = re.search(r"Used (\d+) registers", err), re.search(r"(\d+) bytes spill stores", err)
+            regs, spill = (int(m.group(1)) if m else None), (int(s.group(1)) if s else None)
+        except OSError:
+            pass
+        res.append({"kernel": job["kernel"], "sm90a": ".target sm_90a" in ptx, "regs": regs, "spill": spill,
                     "wgmma": "wgmma.mma_async" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
                     "setmaxnreg": "setmaxnreg" in ptx, "shared": c.metadata.shared})
     out[label] = res
@@ -61,7 +73,11 @@ def aot_compile(items, tmp_dir):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if os.environ.get("KERNELARC_AOT_REPORT"):  # registers and spills of every kernel compiled, one JSON line each
+        with open(os.environ["KERNELARC_AOT_REPORT"], "a") as f:
+            f.write(json.dumps(out) + "\n")
+    return out
 
 
 def load_source(src: str, tmp_dir, interpret: bool = True):
