@@ -48,6 +48,18 @@ def run(x, res, w, wg, wu):
     return h, s
 """
 
+# a tanh-gated residual's backward (L1/061's form): a scalar gate, a row mask, a full sum
+GATED = """
+import torch
+
+@torch.no_grad()
+def run(g, gate, h, mask):
+    t = torch.tanh(gate.to(torch.float32))
+    dh = g * t * mask
+    dgate = torch.sum(g.to(torch.float32) * (h * mask).to(torch.float32)) * (1.0 - t * t)
+    return g.clone(), dh.to(torch.bfloat16), dgate.to(torch.bfloat16)
+"""
+
 
 def make_task(
     root: Path,

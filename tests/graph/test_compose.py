@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _problems import ADD_RMS_MLP, make_task
+from _problems import ADD_RMS_MLP, GATED, make_task
 from shared_dirs import SKIP_REASON, shared_path
 
 from kernelarc.families import families_for
@@ -363,16 +363,7 @@ def test_imports_agree_by_what_they_bind_not_by_their_spelling(tmp_path, caplog)
     """A traced composition imports os (its interpreter check); a reference importing ``os, math`` on one line binds
     the same modules, and composes. A reference binding os to something else clashes with the kernel's own import:
     the family is not offered, and the log says why."""
-    gated = """import os, math
-import torch
-
-@torch.no_grad()
-def run(g, gate, h, mask):
-    t = torch.tanh(gate.to(torch.float32))
-    dh = g * t * mask
-    dgate = torch.sum(g.to(torch.float32) * (h * mask).to(torch.float32)) * (1.0 - t * t)
-    return g.clone(), dh.to(torch.bfloat16), dgate.to(torch.bfloat16)
-"""
+    gated = "import os, math" + GATED
     ins = {"g": (["b", 64], "bfloat16"), "gate": ([], "bfloat16"), "h": (["b", 64], "bfloat16"),
            "mask": (["b", 1], "bfloat16")}  # fmt: skip
     outs = {"dr": (["b", 64], "bfloat16"), "dh": (["b", 64], "bfloat16"), "dgate": ([], "bfloat16")}

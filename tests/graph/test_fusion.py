@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from _problems import make_task, spied_family_module
+from _problems import GATED, make_task, spied_family_module
 from shared_dirs import SKIP_REASON, shared_path
 
 from kernelarc.graph import fusion
@@ -35,17 +35,6 @@ def run(g, n, rstd, w):
     dx = rstd * (gn - (gn * n).mean(dim=-1, keepdim=True) * n)
     dxb = dx.to(torch.bfloat16)
     return dxb, dxb.clone(), dw
-"""
-
-GATED = """
-import torch
-
-@torch.no_grad()
-def run(g, gate, h, mask):
-    t = torch.tanh(gate.to(torch.float32))
-    dh = g * t * mask
-    dgate = torch.sum(g.to(torch.float32) * (h * mask).to(torch.float32)) * (1.0 - t * t)
-    return g.clone(), dh.to(torch.bfloat16), dgate.to(torch.bfloat16)
 """
 
 

@@ -5,7 +5,7 @@ under other torch.compile settings."""
 from __future__ import annotations
 
 import pytest
-from _problems import ADD_RMS_MLP, make_task
+from _problems import ADD_RMS_MLP, GATED, make_task
 from shared_dirs import SKIP_REASON, shared_path
 
 from kernelarc.agents.base import AgentContext
@@ -498,25 +498,13 @@ def test_emulated_casts_compile_the_rest_with_eagers_roundings(tmp_path):
     assert all(k.name != "emulate_casts" for k in lib32.knobs)
 
 
-GATED_BACKWARD = """
-import torch
-
-@torch.no_grad()
-def run(g, gate, h, mask):
-    t = torch.tanh(gate.to(torch.float32))
-    dh = g * t * mask
-    dgate = torch.sum(g.to(torch.float32) * (h * mask).to(torch.float32)) * (1.0 - t * t)
-    return g.clone(), dh.to(torch.bfloat16), dgate.to(torch.bfloat16)
-"""
-
-
 @pytest.mark.parametrize(
     ("width", "second"), [(1024, {"TILE": 8192}), (4096, {"TILE": 8192}), (5120, {"NUM_WARPS": 8})]
 )
 def test_a_data_bound_fused_region_second_point_differs_from_its_start(tmp_path, width, second):
     """Data-bound (hundreds of MB per call), the fused kernel's second point is twice the tile; but a row wider than
     4096 is one row per block at either tile (the same kernel at auto warps), so there it is half the warps."""
-    task = make_task(tmp_path, f"p_gated_{width}", GATED_BACKWARD,
+    task = make_task(tmp_path, f"p_gated_{width}", GATED,
                      {"g": (["b", width], "bfloat16"), "gate": ([], "bfloat16"), "h": (["b", width], "bfloat16"),
                       "mask": (["b", 1], "bfloat16")},
                      {"dr": (["b", width], "bfloat16"), "dh": (["b", width], "bfloat16"), "dgate": ([], "bfloat16")},
