@@ -16,7 +16,6 @@ import argparse
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,19 +28,14 @@ from triton.compiler import ASTSource
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kernelarc.families.base import ptxas_usage  # noqa: E402
 from kernelarc.families.composed import recognise  # noqa: E402
 from kernelarc.graph.capture import node_dtype  # noqa: E402
-from kernelarc.graph.fusion import Role, render_fused  # noqa: E402
+from kernelarc.graph.fusion import Role, auto_warps, render_fused  # noqa: E402
 from kernelarc.graph.patterns import Kind  # noqa: E402
 from kernelarc.tasks.loader import load_task  # noqa: E402
 
-PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.bool: "*i1"}
-
-
-def auto_warps(tile_r: int, block_h: int) -> int:
-    e = tile_r * block_h  # the rule the rendered run() applies for NUM_WARPS 'auto'
-    return 4 if e < 2048 else 8 if e < 8192 else 16
 
 
 def signature(kernel, region, const: dict) -> tuple[dict, dict]:
@@ -70,7 +64,7 @@ def signature(kernel, region, const: dict) -> tuple[dict, dict]:
 def compile_region(region, tile: int, warps: int, work: Path) -> tuple[int, str, str]:
     block_h = triton.next_power_of_2(region.H)
     tile_r = max(1, tile // block_h)
-    warps = warps or auto_warps(tile_r, block_h)
+    warps = warps or auto_warps(tile_r * block_h)
     src = render_fused(region, {"TILE": tile, "NUM_WARPS": warps, "WAVES": 8}, "register check")
     path = work / f"region_{abs(hash(src))}.py"
     path.write_text(src)
@@ -81,13 +75,8 @@ def compile_region(region, tile: int, warps: int, work: Path) -> tuple[int, str,
     sig, attrs = signature(mod._fused_kernel, region, const)
     c = triton.compile(ASTSource(fn=mod._fused_kernel, signature=sig, constexprs=const, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})  # fmt: skip
-    ptx = work / "k.ptx"
-    ptx.write_text(c.asm["ptx"])
-    out = subprocess.run([str(PTXAS), "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(work / "k.cubin")],
-                         capture_output=True, text=True, check=True).stderr  # fmt: skip
-    regs = re.search(r"Used (\d+) registers", out)
-    spill = re.search(r"(\d+) bytes spill stores", out)
-    return warps, regs.group(1) if regs else "?", spill.group(1) if spill else "?"
+    regs, spill = ptxas_usage(c.asm["ptx"])
+    return warps, "?" if regs is None else str(regs), "?" if spill is None else str(spill)
 
 
 def main() -> int:

@@ -19,6 +19,30 @@ SM90_SMEM_PER_BLOCK = 227 * 1024
 SM90_SMEM_PER_SM = 228 * 1024
 
 
+def ptxas_usage(ptx: str) -> tuple[int | None, int | None]:
+    """Registers per thread and bytes spilled of ``ptx`` assembled for sm_90a by the ``ptxas`` bundled with Triton
+    (``-v``), without a GPU (None where ptxas is missing or does not say)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            src, out = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+            with open(src, "w") as f:
+                f.write(ptx)
+            err = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", src, "-o", out], capture_output=True,
+                                 text=True).stderr  # fmt: skip
+    except OSError:
+        return None, None
+    regs, spill = re.search(r"Used (\d+) registers", err), re.search(r"(\d+) bytes spill stores", err)
+    return (int(regs.group(1)) if regs else None), (int(spill.group(1)) if spill else None)
+
+
 @dataclass(frozen=True)
 class Knob:
     """One tunable parameter of a family.

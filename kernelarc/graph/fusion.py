@@ -38,6 +38,14 @@ from kernelarc.graph.patterns import Kind, Site, arg, op
 # region's own graph ops.
 MAX_H = 16384
 FAMILY = "fused.rowblock"
+# NUM_WARPS 'auto': the warps for a row block of E elements, by (below this many elements, warps), else the last
+AUTO_WARPS = ((2048, 4), (8192, 8), (None, 16))
+AUTO_WARPS_EXPR = "(" + " else ".join(f"{w} if E < {e}" if e else f"{w}" for e, w in AUTO_WARPS) + ")"
+
+
+def auto_warps(elements: int) -> int:
+    """The warps the rendered ``run`` launches a row block of ``elements`` with under NUM_WARPS 'auto'."""
+    return next(w for e, w in AUTO_WARPS if e is None or elements < e)
 
 
 class Role(StrEnum):
@@ -696,7 +704,7 @@ def _run_source(region: Region, w: _Writer, idx: dict[Node, int]) -> str:
         # 'auto' warps: at most 16 elements of a row block per thread up to 16384 (the start's former 4 warps on 4096
         # elements held 32 each: 167-255 registers on L1/013, L1/087, L2/001 and L2/055 at sm_90a, and L2/001 spilled)
         "E = TILE_R * BLOCK_H",
-        "W = NUM_WARPS if NUM_WARPS != 'auto' else (4 if E < 2048 else 8 if E < 8192 else 16)",
+        f"W = NUM_WARPS if NUM_WARPS != 'auto' else {AUTO_WARPS_EXPR}",
         # one program per block of rows; with column or full sums, at most WAVES per SM, each walking blocks and
         # keeping one partial (their count is what the sums after the kernel read)
         "P = triton.cdiv(R, TILE_R)"

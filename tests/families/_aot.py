@@ -17,6 +17,7 @@ import importlib.util, json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from kernelarc.families.base import ptxas_usage
 out = {}
 for label, path, jobs in json.load(sys.stdin):
     spec = importlib.util.spec_from_file_location("cand_" + label.replace(".", "_"), path)
@@ -33,18 +34,7 @@ for label, path, jobs in json.load(sys.stdin):
             res.append({"kernel": job["kernel"], "error": f"{type(e).__name__}: {e}"[-2000:]})
             continue
         ptx = c.asm["ptx"]
-        regs = spill = None
-        try:  # the ptxas bundled with Triton: registers per thread and bytes spilled
-            import os, re, subprocess, tempfile
-            ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-            with tempfile.TemporaryDirectory() as d:
-                open(os.path.join(d, "k.ptx"), "w").write(ptx)
-                err = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", os.path.join(d, "k.ptx"), "-o",
-                                      os.path.join(d, "k.cubin")], capture_output=True, text=True).stderr
-            m, s = re.search(r"Used (\d+) registers", err), re.search(r"(\d+) bytes spill stores", err)
-            regs, spill = (int(m.group(1)) if m else None), (int(s.group(1)) if s else None)
-        except OSError:
-            pass
+        regs, spill = ptxas_usage(ptx)
         res.append({"kernel": job["kernel"], "sm90a": ".target sm_90a" in ptx, "regs": regs, "spill": spill,
                     "wgmma": "wgmma.mma_async" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
                     "setmaxnreg": "setmaxnreg" in ptx, "shared": c.metadata.shared})
