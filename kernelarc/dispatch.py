@@ -227,7 +227,7 @@ class Part:
     names: set[str]  # the part's module-level names after renaming
 
 
-def _binds(node: ast.Import | ast.ImportFrom) -> dict[str, str]:
+def import_binds(node: ast.Import | ast.ImportFrom) -> dict[str, str]:
     """What each name an import statement binds refers to: ``import torch.nn.functional`` binds
     ``torch`` to the package ``torch``, as ``import torch`` does, so the two agree."""
     if isinstance(node, ast.Import):
@@ -256,7 +256,7 @@ def rename_part(source: str, prefix: str) -> Part:
             raise CompositionError(f"statement on line {lo} shares its line with another statement")
         drop.update(range(lo - 1, hi))
         if hoist:
-            imports.append((ast.unparse(node), _binds(node)))
+            imports.append((ast.unparse(node), import_binds(node)))
     rest = [n for i, n in enumerate(tree.body) if not isinstance(n, ast.Import | ast.ImportFrom)]
     for n in rest:  # (_walk_scope does not enter functions: imports there are local and fine)
         for sub in _walk_scope([n]):

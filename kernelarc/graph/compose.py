@@ -437,7 +437,7 @@ def emit_module(
 ) -> str:
     """The candidate source. ``parts`` maps a prefix (``_k0_``) to a rendered family module."""
     from kernelarc.dispatch import CompositionError as DispatchCompositionError
-    from kernelarc.dispatch import _binds, rename_part
+    from kernelarc.dispatch import import_binds, rename_part
 
     hoisted: list[str] = []
     bodies: list[str] = []
@@ -460,7 +460,7 @@ def emit_module(
     traced = k.rest != "eager" and k.trace_kernels and bool(parts)
     base += ["import os"] if traced else []  # the interpreter check of traced calls (below)
     for b in base:
-        for n, target in _binds(ast.parse(b).body[0]).items():
+        for n, target in import_binds(ast.parse(b).body[0]).items():
             if n in bound and bound[n][0] != target:
                 raise CompositionError(f"a part binds {n!r} as {bound[n][1]!r}, the composition needs {b!r}")
     imports = [b for b in base if b not in hoisted] + hoisted
