@@ -124,9 +124,10 @@ def relevant_strategies(names: list[str], task_name: str) -> list[str]:
     return [n for n in names if n in owned] + [n for n in names if n not in owned]
 
 
-def build_agents(cfg: KernelArcConfig, task, library: dict | None = None) -> list[Any]:
+def build_agents(cfg: KernelArcConfig, task, library: dict | None = None, cuda: bool = True) -> list[Any]:
     """The team. ``library``: kernel family -> knobs of the registry's champions of the built-in tasks
-    (kernelarc.registry.kernel_library), start points for a composed problem's sites."""
+    (kernelarc.registry.kernel_library), start points for a composed problem's sites. ``cuda=False``: the
+    guards run on the CPU (the offline agents leave out what only a GPU run changes)."""
     backend = backend_of(cfg)
     if backend == "sweep":
         from kernelarc.agents.sweep import SweepError, build_sweep_agents
@@ -152,7 +153,8 @@ def build_agents(cfg: KernelArcConfig, task, library: dict | None = None) -> lis
         if backend == "search":
             from kernelarc.agents.search import SearchAgent
 
-            agents.append(SearchAgent(name, strategy, task, seed=cfg.seed, credit=cfg.agents.credit, library=library))
+            agents.append(SearchAgent(name, strategy, task, seed=cfg.seed, credit=cfg.agents.credit, library=library,
+                                      cuda=cuda))  # fmt: skip
         else:
             from kernelarc.agents.briefs import load_brief
             from kernelarc.agents.llm import AgentConfigError, AnthropicAgent

@@ -170,7 +170,7 @@ def build_session(cfg: KernelArcConfig, raw_config: dict, target: Any, *, progre
     if agents is None:
         from kernelarc.app import build_agents
 
-        agents = build_agents(cfg, task, kernel_library(cfg, task, target, progress))
+        agents = build_agents(cfg, task, kernel_library(cfg, task, target, progress), cuda=not on_cpu)
     settings = guard_settings(cfg, task, on_cpu)
     key = session_key(cfg, target.name)
     state_dir = Path(cfg.search.state_dir) / task.name / target.name / key

@@ -276,7 +276,10 @@ class SearchAgent:
 
     def __init__(self, name: str, strategy: str, task: Task, seed: int = 0, families: list[Family] | None = None,
                  mix: tuple[tuple[Operator, float], ...] = GENERALIST_MIX, rank: int | None = None,
-                 credit: bool = True, library: Mapping[str, Mapping[str, Any]] | None = None):  # fmt: skip
+                 credit: bool = True, library: Mapping[str, Mapping[str, Any]] | None = None,
+                 cuda: bool = True):  # fmt: skip
+        from kernelarc.families.composed import CPU_PINS, start_points
+
         self.name = name
         self.strategy = strategy
         self.task = task
@@ -302,13 +305,14 @@ class SearchAgent:
         self._island_stale = 0
         self._opened: set[str] = set()  # families this agent opened at their start point (transplant)
         self.extra_families: dict[str, Family] = {}
+        # knobs held at one value: on the CPU (``cuda=False``) those that change nothing there (CUDA-graph replay,
+        # traced kernel calls), so no slot goes to a point that runs as one already judged
+        self._pins: dict[str, Any] = {} if cuda else dict(CPU_PINS)
         # A composed problem's most promising first points (kernel families, then the library family),
         # shared out across the team by rank so that a tiny budget measures them before anything else.
-        from kernelarc.families.composed import start_points
-
         # ``library``: registered champions' kernel knobs (kernelarc.registry.kernel_library)
         composed = hasattr(task, "path")
-        self._seeds: list[tuple[Family, dict[str, Any]]] = start_points(task, fams, library) if composed else []
+        self._seeds: list[tuple[Family, dict[str, Any]]] = start_points(task, fams, library, cuda) if composed else []
         self._seed_ids: dict[int, list[tuple[dict[str, Any], str, str]]] = {}  # _seed_variants' renders
         self._eager_only = False  # an emulated composition failed too: repairs run the rest eager
         m = re.match(r"agent(\d+)", name)
@@ -813,7 +817,7 @@ class SearchAgent:
                     notes.append(f"{name} {cur}→{vals[j]}")
             if not notes or not fam.valid(new):
                 continue
-            new = fam.check_point(new)
+            new = fam.check_point(self._pinned(fam, new))
             moved = self._repaired(fam, new) if why_eager else None
             if moved is not None:
                 new = moved[0]
@@ -874,7 +878,7 @@ class SearchAgent:
                     point, note = self._best_move(fam, base, info, model, seen, lead)
                     note = f"{why}: {note}"
                 try:
-                    point = fam.check_point(point)
+                    point = fam.check_point(self._pinned(fam, point))
                 except ValueError:
                     continue
                 if not fam.valid(point):
@@ -915,6 +919,11 @@ class SearchAgent:
             stats = self._op_stats.setdefault(op, [0, 0])
             stats[0] += 1
             stats[1] += int(win)
+
+    def _pinned(self, fam: Family, point: dict[str, Any]) -> dict[str, Any]:
+        """``point`` with the agent's pinned knobs (``_pins``) at their values, those the family has."""
+        names = {k.name for k in fam.knobs}
+        return {**point, **{k: v for k, v in self._pins.items() if k in names}}
 
     @staticmethod
     def _render_id(fam: Family, point: dict[str, Any]) -> str:

@@ -423,6 +423,10 @@ def _start(knobs: list[Knob]) -> dict[str, Any]:
 
 
 # no-ops when rest=eager
+# The knobs that change nothing on the CPU, at the value that says so: a CUDA-graph replay runs the call as it is
+# there, and a kernel's call traced into the rest's graph is disabled under Triton's interpreter (dynamo would
+# trace into the interpreter). A CPU session's search keeps them at these values.
+CPU_PINS: dict[str, Any] = {"cuda_graph": False, "trace_kernels": False}
 INDUCTOR_ONLY = {"max_autotune", "coordinate_descent", "epilogue_fusion", "trace_kernels", "emulate_casts"}
 
 
@@ -718,9 +722,12 @@ def launch_bound(task, rec: Recognition) -> bool:
     return sizes[len(sizes) // 2] < n * LAUNCH_BYTES
 
 
-def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str, Any]] | None = None
-                 ) -> list[tuple[Family, dict[str, Any]]]:  # fmt: skip
+def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str, Any]] | None = None,
+                 cuda: bool = True) -> list[tuple[Family, dict[str, Any]]]:  # fmt: skip
     """The first points worth measuring for a composed problem, most promising first.
+
+    ``cuda=False`` (a session on the CPU): no CUDA-graph replays nor traced kernel calls, which run there as the
+    point without them does (``CPU_PINS``) and would only take slots of the budget.
 
     ``kernels`` (kernel family -> knobs: the registry's champion of that family's built-in task on this
     GPU, ``kernelarc.registry.kernel_library``): each composed family of such a kernel gets, right after
@@ -806,6 +813,8 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
     )
     graphed += [at(firsts[0], first_rest, cuda_graph=True)] if firsts else []
     graphed += [at(library, rest if lib_sites else "inductor", cuda_graph=True)]
+    if not cuda:
+        graphed = []
     if launch_bound(task, rec):
         order = order[:1] + graphed + order[1:]
     elif firsts and firsts[0].name.removeprefix(prefix) in SECOND_POINT:  # data-bound: the kernel's next design first

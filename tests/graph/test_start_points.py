@@ -62,6 +62,38 @@ def test_first_round_measures_kernel_and_library_compositions_in_order(tmp_path)
     assert all(c.family != GENERIC_FAMILY for c in props)
 
 
+def test_a_cpu_session_spends_no_slot_on_graph_replays_or_traced_calls(tmp_path):
+    """On the CPU a CUDA-graph replay runs the call as it is and a traced kernel call is disabled under Triton's
+    interpreter: neither the start points nor any later proposal of a CPU session's agents holds one (each would
+    time as a point already judged; on L2/043, three of a 6-candidate CPU session's first points were one
+    composition). The GPU session's start points are the same list with those left in."""
+    task = make_task(tmp_path, "p_mlp", ADD_RMS_MLP,
+                     {"x": (["T", "H"], "bfloat16"), "res": (["T", "H"], "bfloat16"), "w": (["H"], "bfloat16"),
+                      "wg": (["F", "H"], "bfloat16"), "wu": (["F", "H"], "bfloat16")},
+                     {"h": (["T", "F"], "bfloat16"), "s": (["T", "H"], "bfloat16")},
+                     [{"T": 4, "H": 64, "F": 32}, {"T": 6, "H": 64, "F": 32}])  # fmt: skip
+    fams = families_for(task)
+    gpu, cpu = start_points(task, fams), start_points(task, fams, cuda=False)
+    assert any(p.get("cuda_graph") for _, p in gpu) and any(p.get("trace_kernels") for _, p in gpu)
+    assert cpu == [s for s in gpu if not s[1].get("cuda_graph")]
+    champ = compiled_candidate(task)
+    seen: set[str] = set()
+    history = []
+    agents = [SearchAgent(f"agent{i}-{s}", s, task, seed=3, cuda=False)
+              for i, s in enumerate(offline_team(list(STRATEGIES), 3, task))]  # fmt: skip
+    proposed = []
+    for _ in range(6):
+        for a in agents:
+            ctx = AgentContext(task=task, target=None, champion=champ, champion_verdict=None, findings=[],
+                               history=list(history), seen=frozenset(seen))  # fmt: skip
+            for c in a.propose(ctx, 2).candidates:
+                seen.add(c.id)
+                proposed.append(c)
+    composed = [c for c in proposed if c.family and c.family.startswith("composed.")]
+    assert len(composed) >= 20
+    assert not any(c.knobs.get("cuda_graph") or c.knobs.get("trace_kernels") for c in composed)
+
+
 @needs_sol
 @pytest.mark.parametrize(
     ("problem", "first_kernel"),
