@@ -27,12 +27,13 @@ SITES = {
     "L1/116_qkv_projection_split_heads_transpose": {"gemm"},
     "L1/118_gemma_rmsnorm_one_plus_weight": {"rmsnorm"},
     "L1/120_swiglu_gate_second_half": {"glu"},
+    "L1/123_key_padding_attention_einsum_masked_fill": {"attention"},
     "L2/113_gpt2_mlp_gelu_tanh_bias": {"gemm"},
 }
 
 
 def test_the_problems_are_there():
-    assert len(PROBLEMS) == 20, PROBLEMS
+    assert len(PROBLEMS) == 26, PROBLEMS
 
 
 @pytest.mark.parametrize("rel", PROBLEMS)

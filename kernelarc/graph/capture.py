@@ -216,7 +216,11 @@ def trace(fn, args: Sequence[Any], symbolic: bool) -> torch.fx.GraphModule:
         if _is_bincount(node) and not bincount_pinned(node):
             raise CaptureError(f"{mode} tracing failed: bincount's length depends on its values (no fake kernel): "
                                f"nothing in the graph holds it at minlength={bincount_bins(node)}")  # fmt: skip
-    return _strip(gm)
+    gm = _strip(gm)
+    from kernelarc.graph import einsum
+
+    einsum.rewrite(gm)  # matrix-product einsums as the matmuls the recognisers read
+    return gm
 
 
 # ------------------------------------------------------------------------------------------
