@@ -1,7 +1,8 @@
 """Shared renderer of the FlashAttention forward families (``attention`` and
 ``attention_residual`` tasks). Not a family module itself (leading underscore).
 
-Task: ``run(q, k, v, causal)`` (or ``run(q, k, v, residual, causal)``) with q [B, H, S, D],
+Task: ``run(q, k, v, causal)`` (or ``run(q, k, v, residual, causal)``; a composition may pass ``key_bias``, an
+additive bias per batch row and key, [B or 1, S], for a key-padding mask) with q [B, H, S, D],
 k and v [B, Hkv, S, D] bf16 contiguous, H % Hkv == 0 (head h reads kv head h // (H // Hkv)),
 ``causal`` 0/1 with the top-left aligned mask (query i sees keys j <= i), scale 1/sqrt(D).
 
@@ -121,10 +122,11 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attn_loop(acc, l_i, m_i, q, k_src, v_src, kv_row0, lo, hi, offs_m, seq_len, qk_scale,
+def _attn_loop(acc, l_i, m_i, q, k_src, v_src, kb_src, kv_row0, lo, hi, offs_m, seq_len, qk_scale,
                MASK: tl.constexpr, MASK_LOADS: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
                HEAD_DIM: tl.constexpr, TMA: tl.constexpr, SCALE_Q: tl.constexpr,
-               UPCAST: tl.constexpr):
+               UPCAST: tl.constexpr, KEY_BIAS: tl.constexpr, Q_SCALED: tl.constexpr):
+    # SCALE_Q: the scores come out of the product already in base-2 units (q scaled, or a key bias added below)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in tl.range(lo, hi, BLOCK_N):
@@ -141,6 +143,14 @@ def _attn_loop(acc, l_i, m_i, q, k_src, v_src, kv_row0, lo, hi, offs_m, seq_len,
         if UPCAST:
             k = k.to(tl.float32)
         qk = tl.dot(q, k.T)
+        if KEY_BIAS:
+            # one additive bias per key (a padding mask), in base-2 units and at least -1e6: with -inf a block of
+            # masked keys before any kept one would give NaN
+            kb = tl.load(kb_src + cols, mask=cols < seq_len, other=0.0)
+            if Q_SCALED:
+                qk = qk + kb[None, :]
+            else:
+                qk = qk * qk_scale + kb[None, :]
         if MASK:
             keep = cols[None, :] < seq_len
             if CAUSAL:
@@ -177,12 +187,12 @@ def _attn_loop(acc, l_i, m_i, q, k_src, v_src, kv_row0, lo, hi, offs_m, seq_len,
 
 
 @triton.jit
-def attn_fwd_kernel(q_src, k_src, v_src, r_ptr, o_ptr, qk_scale, seq_len, H, HKV,
+def attn_fwd_kernel(q_src, k_src, v_src, r_ptr, kb_ptr, o_ptr, qk_scale, seq_len, H, HKV,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, SINGLE_LOOP: tl.constexpr,
                     M_REVERSE: tl.constexpr, HEADS_FASTEST: tl.constexpr,
                     TMA: tl.constexpr, SCALE_Q: tl.constexpr, RESIDUAL: tl.constexpr,
-                    UPCAST: tl.constexpr):
+                    UPCAST: tl.constexpr, KEY_BIAS: tl.constexpr):
     # a Python float argument is an fp32 scalar when Triton launches the kernel, fp64 when Inductor calls it from
     # a compiled graph (trace_kernels): fp64 would promote every score and change the loop-carried types
     qk_scale = tl.full([], qk_scale, tl.float32)
@@ -223,6 +233,10 @@ def attn_fwd_kernel(q_src, k_src, v_src, r_ptr, o_ptr, qk_scale, seq_len, H, HKV
         kv_coord = 0
     if SCALE_Q:
         q = (q.to(tl.float32) * qk_scale).to(q.dtype)
+    if KEY_BIAS:
+        kb_base = kb_ptr + off_b.to(tl.int64) * seq_len  # this batch's row of the [B, S] key bias
+    else:
+        kb_base = kb_ptr
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -236,24 +250,26 @@ def attn_fwd_kernel(q_src, k_src, v_src, r_ptr, o_ptr, qk_scale, seq_len, H, HKV
         hi_mask = seq_len
     if SINGLE_LOOP:
         # one loop that masks every block (fewer loops to pipeline, more mask arithmetic)
-        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_base, v_base, kv_coord, 0, hi_mask, offs_m,
+        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_base, v_base, kb_base, kv_coord, 0, hi_mask, offs_m,
                                    seq_len, qk_scale, CAUSAL or not EVEN_N, not EVEN_N, CAUSAL,
-                                   BLOCK_N, HEAD_DIM, TMA, SCALE_Q, UPCAST)
+                                   BLOCK_N, HEAD_DIM, TMA, SCALE_Q or KEY_BIAS, UPCAST, KEY_BIAS, SCALE_Q)
     else:
-        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_base, v_base, kv_coord, 0, hi_full, offs_m,
+        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_base, v_base, kb_base, kv_coord, 0, hi_full, offs_m,
                                    seq_len, qk_scale, False, False, CAUSAL, BLOCK_N, HEAD_DIM, TMA,
-                                   SCALE_Q, UPCAST)
+                                   SCALE_Q or KEY_BIAS, UPCAST, KEY_BIAS, SCALE_Q)
         if CAUSAL or not EVEN_N:
-            acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_base, v_base, kv_coord, hi_full, hi_mask,
+            acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_base, v_base, kb_base, kv_coord, hi_full, hi_mask,
                                        offs_m, seq_len, qk_scale, True, True, CAUSAL, BLOCK_N,
-                                       HEAD_DIM, TMA, SCALE_Q, UPCAST)
+                                       HEAD_DIM, TMA, SCALE_Q or KEY_BIAS, UPCAST, KEY_BIAS, SCALE_Q)
     acc = acc / l_i[:, None]
     if RESIDUAL:
         acc += tl.load(r_ptr + io_offs, mask=row_mask, other=0.0).to(tl.float32)
     tl.store(o_ptr + io_offs, acc.to(o_ptr.dtype.element_ty), mask=row_mask)
 
 
-def _attention(q, k, v, residual, causal):
+def _attention(q, k, v, residual, causal, key_bias=None):
+    # key_bias: None, or an fp32 [B, S] bias added to every query's score of each key (natural-log units; -inf for
+    # a masked key), as a key-padding mask is
     B, H, S, D = q.shape
     HKV = k.shape[1]
     q = q.contiguous()
@@ -263,6 +279,8 @@ def _attention(q, k, v, residual, causal):
     if residual is not None:
         residual = residual.contiguous()
     qk_scale = LOG2E / math.sqrt(D)
+    if key_bias is not None:
+        key_bias = (key_bias.to(torch.float32) * LOG2E).clamp_min(-1.0e6).expand(B, S).contiguous()
     num_m = triton.cdiv(S, BLOCK_M)
     grid = (B * H, num_m) if HEADS_FASTEST else (num_m, B * H)
     if USE_TMA:
@@ -272,11 +290,11 @@ def _attention(q, k, v, residual, causal):
     else:
         q_arg, k_arg, v_arg = q, k, v
     attn_fwd_kernel[grid](
-        q_arg, k_arg, v_arg, residual, o, qk_scale, S, H, HKV,
+        q_arg, k_arg, v_arg, residual, key_bias, o, qk_scale, S, H, HKV,
         HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal), EVEN_N=S % BLOCK_N == 0,
         SINGLE_LOOP=SINGLE_LOOP, M_REVERSE=M_REVERSE,
         HEADS_FASTEST=HEADS_FASTEST, TMA=USE_TMA, SCALE_Q=SCALE_Q, RESIDUAL=residual is not None,
-        UPCAST=INTERPRET,
+        UPCAST=INTERPRET, KEY_BIAS=key_bias is not None,
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     return o
@@ -284,8 +302,8 @@ def _attention(q, k, v, residual, causal):
 
 _RUN_PLAIN = """
 
-def run(q, k, v, causal):
-    return _attention(q, k, v, None, causal)
+def run(q, k, v, causal, key_bias=None):
+    return _attention(q, k, v, None, causal, key_bias)
 """
 
 _RUN_RESIDUAL = """
@@ -351,8 +369,10 @@ def aot_jobs(
     else:
         sig = {"q_src": "*bf16", "k_src": "*bf16", "v_src": "*bf16"}
     sig["r_ptr"] = "*bf16" if residual else "constexpr"
+    sig["kb_ptr"] = "constexpr"
     sig.update({"o_ptr": "*bf16", "qk_scale": "fp32", "seq_len": "i32", "H": "i32", "HKV": "i32"})
     consts: dict[str, Any] = {} if residual else {"r_ptr": None}
+    consts["kb_ptr"] = None
     consts.update(
         {
             "HEAD_DIM": head_dim,
@@ -367,6 +387,7 @@ def aot_jobs(
             "SCALE_Q": k["SCALE"] == "q",
             "RESIDUAL": residual,
             "UPCAST": False,
+            "KEY_BIAS": False,
         }
     )
     for n in consts:

@@ -787,6 +787,10 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
             return None
         names = {k.name for k in f.knobs}
         point = {**f.start, **(extra or {}), **({"rest": r} if "rest" in names else {})}
+        if "attn_precision" in names and f in by_kind.get(Kind.attention, ()):
+            # the attention kernel computes on the bf16/fp16 inputs a reference upcast to fp32: at the reference's
+            # precision its sites run the library call, the library family's point
+            point["attn_precision"] = "low"
         if cuda_graph and "cuda_graph" in names:
             point["cuda_graph"] = True
         try:

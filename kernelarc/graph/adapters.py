@@ -104,8 +104,10 @@ def family_ok(site: Site) -> str | None:
         )
     if site.kind is Kind.attention and p.get("style") == "varlen":
         return "varlen attention runs per segment on SDPA"
-    if site.kind is Kind.attention and (p["mask"] != "none" or p.get("dropout") not in (0.0, None)):
-        return "attention family takes no explicit mask and no dropout"
+    if site.kind is Kind.attention and p.get("dropout") not in (0.0, None):
+        return "attention family takes no dropout"
+    if site.kind is Kind.attention and p["mask"] not in ("none", "drop", "keep", "add"):
+        return f"attention family takes no {p['mask']} mask"
     return None
 
 
@@ -354,13 +356,16 @@ def _sdpa_call(site: Site, c: Ctx, q: str, k: str, v: str, cast: str | None) -> 
     p = site.params
     mask = site.inputs.get("mask")
     m = "None"
+    scale = _scale_expr(site, c)
     if mask is not None:
         m = c.name(mask)
         if p["mask"] == "drop":
             m = f"torch.logical_not({m})"
-        elif p["mask"] == "add" and cast:
-            m = f"{m}.to({cast})"
-    scale = _scale_expr(site, c)
+        elif p["mask"] == "add":
+            if p.get("mask_scaled") and scale is not None:  # (scores + mask) * scale: SDPA adds after scaling
+                m = f"({m} * ({scale}))"
+            if cast:
+                m = f"{m}.to({cast})"
     args = f"{q}, {k}, {v}, attn_mask={m}, is_causal={bool(p['causal'])}"
     if scale is not None:
         args += f", scale={scale}"
@@ -455,7 +460,23 @@ def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, s
     dt = f"{qq}.dtype == torch.bfloat16" if cast else f"{q}.dtype == torch.bfloat16"
     cond = (f"{q}.dim() == 4 and {dt} and {q}.shape[2] == {k}.shape[2] and {q}.shape[1] % {k}.shape[1] == 0 "
             f"and {q}.shape[-1] in (16, 32, 64, 128) and {scale_ok}")  # fmt: skip
-    fam = f"{c.part}run({qq}, {kk}, {vv}, {int(bool(p['causal']))})"
+    bias = ""
+    mask = site.inputs.get("mask")
+    if mask is not None:
+        # a key-padding mask (one value per batch row and key, broadcast over heads and queries) as the kernel's
+        # additive key bias; any other mask shape runs the library call
+        m = c.name(mask)
+        cond += (f" and {m}.dim() == 4 and {m}.shape[1] == 1 and {m}.shape[2] == 1 and {m}.shape[0] in (1, "
+                 f"{q}.shape[0]) and {m}.shape[3] == {k}.shape[2]")  # fmt: skip
+        m2 = f"{m}.reshape({m}.shape[0], {m}.shape[3])"
+        if p["mask"] == "drop":
+            bias = f", key_bias=torch.where({m2}, float('-inf'), 0.0)"
+        elif p["mask"] == "keep":
+            bias = f", key_bias=torch.where({m2}, 0.0, float('-inf'))"
+        else:
+            scaled = f" * ({scale})" if p.get("mask_scaled") and scale is not None else ""
+            bias = f", key_bias={m2}.to(torch.float32){scaled}"
+    fam = f"{c.part}run({qq}, {kk}, {vv}, {int(bool(p['causal']))}{bias})"
     if cast:
         fam = f"{fam}.to(torch.float32)"
     return [f"if {cond}:", f"    {out} = {fam}", "else:", *["    " + ln for ln in lib]]

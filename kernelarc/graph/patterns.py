@@ -468,6 +468,21 @@ def _causal_drop(mask: Any) -> bool:
     )
 
 
+def _from_scores(t: Any, hops: int = 6) -> bool:
+    """``t`` is a product of two matrices through scales, masks and casts (the scores, not a mask)."""
+    for _ in range(hops):
+        t = strip(t)
+        if op(t) in ("matmul", "bmm"):
+            return True
+        if op(t) in ("mul", "div", "masked_fill", "add") and isinstance(t.args[0], Node):
+            t = t.args[0]
+        elif op(t) == "where" and isinstance(t.args[1], Node):
+            t = t.args[1]
+        else:
+            return False
+    return False
+
+
 def _attention_sites(gm: torch.fx.GraphModule) -> list[Site]:
     out: list[Site] = []
     for n in gm.graph.nodes:
@@ -503,38 +518,44 @@ def _attention_sites(gm: torch.fx.GraphModule) -> list[Site]:
         s = n.args[0]
         mask, causal, scale, mask_kind = None, False, 1.0, "none"
         scale_nodes: list[tuple[str, Node]] = []
+        # walking back from the softmax, a scale met before the mask was applied after it: the mask is scaled too
+        # (an additive mask's values then count times the scale; -inf stays -inf)
+        scaled, mask_scaled = False, False
         for _ in range(4):
             s = strip(s) if op(s) in ("to", "_to_copy") else s
             if op(s) == "masked_fill" and scalar(s.args[2]) == -math.inf:
                 if _causal_drop(s.args[1]):
                     causal = True
                 else:
-                    mask, mask_kind = s.args[1], "drop"
+                    mask, mask_kind, mask_scaled = s.args[1], "drop", scaled
                 s = s.args[0]
             elif op(s) == "where" and scalar(s.args[2]) == -math.inf and isinstance(s.args[1], Node):
                 if _causal_keep(s.args[0]):
                     causal = True
                 else:
-                    mask, mask_kind = s.args[0], "keep"
+                    mask, mask_kind, mask_scaled = s.args[0], "keep", scaled
                 s = s.args[1]
             elif op(s) == "add" and all(isinstance(t, Node) for t in s.args[:2]):
                 # additive mask: the other operand of the one that leads back to the scores
                 lead = [
                     t for t in s.args[:2] if op(strip(t)) in ("mul", "div", "matmul", "bmm", "masked_fill", "where")
                 ]
+                if len(lead) == 2:  # a mask built by arithmetic ((1 - m) * -10000, HF's): the scores lead to q @ k^T
+                    lead = [t for t in lead if _from_scores(t)]
                 if len(lead) != 1:
                     break
                 mask, mask_kind = (s.args[1] if lead[0] is s.args[0] else s.args[0]), "add"
+                mask_scaled = scaled
                 s = lead[0]
             elif op(s) in ("mul", "div") and isinstance(s.args[1], Node) and _is_size_node(s.args[1]):
                 scale_nodes.append((op(s), s.args[1]))  # a scale computed from sizes (d ** -0.5)
-                s = s.args[0]
+                s, scaled = s.args[0], True
             elif op(s) == "mul" and scalar(s.args[1]) is not None:
                 scale *= scalar(s.args[1])
-                s = s.args[0]
+                s, scaled = s.args[0], True
             elif op(s) == "div" and scalar(s.args[1]) is not None:
                 scale /= scalar(s.args[1])
-                s = s.args[0]
+                s, scaled = s.args[0], True
             else:
                 break
         if op(s) not in ("matmul", "bmm"):
@@ -549,7 +570,7 @@ def _attention_sites(gm: torch.fx.GraphModule) -> list[Site]:
         if gqa:
             k, v = k0, v0
         p = {"style": "explicit", "causal": causal, "gqa": gqa, "scale": scale, "dropout": 0.0, "mask": mask_kind,
-             "scale_ops": [o for o, _ in scale_nodes],
+             "mask_scaled": mask_scaled, "scale_ops": [o for o, _ in scale_nodes],
              "in_dtype": str(node_dtype(q)).replace("torch.", ""),
              "q_src_dtype": str(node_dtype(strip(q))).replace("torch.", "")}  # fmt: skip
         ins = {"q": q, "k": k, "v": v, "mask": mask, **{f"scale{i}": nd for i, (_, nd) in enumerate(scale_nodes)}}

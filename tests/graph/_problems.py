@@ -26,9 +26,9 @@ def spied_family_module(task: Task, family_suffix: str, knobs: dict | None = Non
     calls: list[int] = []
     real = mod._k0_run
 
-    def counted(*a):
+    def counted(*a, **kw):
         calls.append(1)
-        return real(*a)
+        return real(*a, **kw)
 
     mod._k0_run = counted
     return mod, calls

@@ -375,3 +375,73 @@ def test_imports_agree_by_what_they_bind_not_by_their_spelling(tmp_path, caplog)
                       [{"b": 3}])  # fmt: skip
     assert not [f for f in families_for(clash) if f.name.endswith("fused.rowblock")]
     assert "parts import different things as 'os': 'import os' vs 'import numpy as os'" in caplog.text
+
+
+PADDED_ATTN = {
+    # a boolean key-padding mask (True = padding) filled with -inf after the scale
+    "drop": """
+import torch
+
+@torch.no_grad()
+def run(q, k, v, pad):
+    s = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    s = s.masked_fill(pad[:, None, None, :], float("-inf"))
+    return torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), v)
+""",
+    # the same mask kept through where (True = a real key)
+    "keep": """
+import torch
+
+@torch.no_grad()
+def run(q, k, v, pad):
+    s = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    s = torch.where(~pad[:, None, None, :], s, float("-inf"))
+    return torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), v)
+""",
+    # an additive float mask built by arithmetic (as HF's (1 - mask) * -10000), added before the scale: it is
+    # scaled too. In fp32 from the inputs on (the family on their bf16, attn_precision=low): with bf16 scores the
+    # reference itself was 0.25-0.53 off the float64 result on these inputs, the candidates 0.03-0.06
+    "add": """
+import torch
+
+@torch.no_grad()
+def run(q, k, v, pad):
+    bias = pad[:, None, None, :].to(torch.float32) * -3.0
+    s = (torch.matmul(q.float(), k.float().transpose(-1, -2)) + bias) * (q.shape[-1] ** -0.5)
+    return torch.matmul(torch.softmax(s, dim=-1), v.float()).to(q.dtype)
+""",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PADDED_ATTN))
+def test_attention_with_a_key_padding_mask_runs_on_the_family_kernel(tmp_path, kind):
+    """A key-padding mask (one value per batch row and key) is the flash kernel's additive key bias: the family
+    kernel runs (the spy counts its calls), as the library's SDPA call does, and both match the reference's maths
+    in float64 (the reference's own bf16 scores are 0.25-0.5 off it on these inputs, the candidates 0.03-0.06); an
+    additive mask applied before the scale is scaled in both."""
+    from _problems import spied_family_module
+
+    shapes = {"q": (["B", "H", "S", "D"], "bfloat16"), "k": (["B", "H", "S", "D"], "bfloat16"),
+              "v": (["B", "H", "S", "D"], "bfloat16"), "pad": (["B", "S"], "bool")}  # fmt: skip
+    wls = [{"B": 2, "H": 2, "S": 40, "D": 16}, {"B": 3, "H": 1, "S": 24, "D": 32}]
+    task = make_task(tmp_path, f"p_pad_{kind}", PADDED_ATTN[kind], shapes, {"o": (["B", "H", "S", "D"], "bfloat16")},
+                     wls)  # fmt: skip
+    site = recognise(task).sites[0][0]
+    assert site.kind.value == "attention" and site.params["mask"] == kind
+    assert site.params["mask_scaled"] is (kind == "add")
+    ref = load_module(task.definition.reference, f"ref_pad_{kind}")
+    low = {"attn_precision": "low"} if kind == "add" else {}
+    for suffix, knobs in (("library", {"sdpa_backend": "math"}), ("attention.flash", {"BLOCK_M": 16, "BLOCK_N": 16})):
+        if suffix == "library":  # no family kernel to spy on
+            fam = next(f for f in families_for(task) if f.name.endswith(suffix))
+            mod, calls = load_module(fam.render(fam.check_point({**knobs, **low})), f"lib_pad_{kind}"), []
+        else:
+            mod, calls = spied_family_module(task, suffix, {**knobs, **low}, name=f"pad_{kind}")
+        for i in (0, 1):
+            args = make_inputs(task, i, 7, "cpu")
+            assert args[3].any() and not args[3].all(dim=-1).any()  # some keys padded, no row wholly
+            truth = ref.run(*[a.double() if a.is_floating_point() else a for a in args])
+            got = mod.run(*args)
+            assert got.dtype == torch.bfloat16 and got.shape == truth.shape
+            torch.testing.assert_close(got.double(), truth, atol=8e-2, rtol=2e-2)
+        assert bool(calls) is (suffix != "library"), (suffix, calls)
