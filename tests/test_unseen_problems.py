@@ -23,7 +23,7 @@ PROBLEMS = sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.rglob("definitio
 # the site kinds the recognisers must find (substitutable by a family or a library call)
 SITES = {
     "L1/103_moe_router_softmax_topk_renorm": {"softmax"},
-    "L1/104_residual_add_layernorm_affine": {"layernorm"},
+    "L1/104_residual_add_layernorm_affine": {"fused"},  # aten.layer_norm: a fused region op
     "L1/116_qkv_projection_split_heads_transpose": {"gemm"},
     "L1/118_gemma_rmsnorm_one_plus_weight": {"rmsnorm"},
     "L1/120_swiglu_gate_second_half": {"glu"},

@@ -108,7 +108,17 @@ def family_ok(site: Site) -> str | None:
         return "attention family takes no dropout"
     if site.kind is Kind.attention and p["mask"] not in ("none", "drop", "keep", "add"):
         return f"attention family takes no {p['mask']} mask"
+    if site.kind is Kind.attention and p["mask"] != "none" and not key_padding_mask(site.inputs.get("mask")):
+        return "attention family takes a key-padding mask only ([B or 1, 1, 1, S]), not one per query"
     return None
+
+
+def key_padding_mask(mask: Any) -> bool:
+    """The attention mask (as traced) holds one value per batch row and key: shape [B or 1, 1, 1, S]."""
+    from kernelarc.graph.capture import node_shape, static_int
+
+    shape = node_shape(mask) if mask is not None else None
+    return shape is not None and len(shape) == 4 and static_int(shape[1]) == 1 and static_int(shape[2]) == 1
 
 
 def _dt(name: str) -> str:

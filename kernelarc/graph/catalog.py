@@ -6,7 +6,7 @@ import torch.fx
 from torch.fx import Node
 
 from kernelarc.graph.dwconv import dwconv_sites
-from kernelarc.graph.fusion import fused_sites
+from kernelarc.graph.fusion import fused_sites, layer_norm_ok
 from kernelarc.graph.gated import glu_sites
 from kernelarc.graph.groupnorm import group_norm_sites
 from kernelarc.graph.patterns import (
@@ -41,7 +41,9 @@ def recognize(gm: torch.fx.GraphModule) -> list[Site]:
     add(varlen_sites(gm, attention))  # per-segment attentions of a packed sequence, as one site
     add(attention)
     add(_rmsnorm_sites(gm))
-    add(_layernorm_sites(gm))
+    # an aten.layer_norm over the last axis is a fused region's op (with the adds and casts around it, one kernel);
+    # as a library site it would be itself. Written-out LayerNorms are library sites (one F.layer_norm call)
+    add([s for s in _layernorm_sites(gm) if not (s.params["style"] == "layer_norm" and layer_norm_ok(s.output))])
     add(group_norm_sites(gm, taken))
     add(dwconv_sites(gm, taken))
     add(fp8_gemm_sites(gm, taken))  # before the plain GEMMs: the fp32 matmul of dequantised operands

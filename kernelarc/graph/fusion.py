@@ -272,8 +272,40 @@ def _pow_exponent(e: Any) -> float | None:
     return float(e) if float(e) in _POW else None
 
 
+def layer_norm_ok(n: Node) -> bool:
+    """``n`` is an ``aten.layer_norm`` the region kernels compute (over the last axis only, a float input, weight
+    and bias absent or 1-D, a numeric eps): a row op, its statistics from the row held in registers."""
+    if op(n) != "layer_norm" or not isinstance(n.args[0], Node):
+        return False
+    shape = arg(n, 1, "normalized_shape")
+    if not isinstance(shape, list | tuple) or len(shape) != 1 or node_dtype(n.args[0]) not in FLOATS:
+        return False
+    eps = arg(n, 4, "eps", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, int | float):
+        return False
+    for w in (arg(n, 2, "weight"), arg(n, 3, "bias")):
+        if w is not None and (not isinstance(w, Node) or node_dtype(w) not in FLOATS or len(node_shape(w) or ()) != 1):
+            return False
+    return node_dtype(n) in FLOATS
+
+
+def _data_inputs(n: Node) -> list[Node]:
+    """The tensors ``n`` reads (a LayerNorm's normalized_shape may hold a symbolic size node: not data)."""
+    if op(n) == "layer_norm":
+        return [a for a in (n.args[0], arg(n, 2, "weight"), arg(n, 3, "bias")) if isinstance(a, Node)]
+    return list(n.all_input_nodes)
+
+
 def _admit(n: Node, anchor: tuple) -> Role | None:
     """The role of node ``n`` in a region on ``anchor`` (None: it stays outside)."""
+    if op(n) == "layer_norm":
+        if not layer_norm_ok(n) or len(node_shape(n.args[0]) or ()) != len(anchor):
+            return None
+        if any(shape_role(node_shape(x), anchor) is not Role.full for x in (n.args[0], n)):
+            return None
+        if any(shape_role(node_shape(w), anchor) is not Role.col for w in _data_inputs(n)[1:]):
+            return None
+        return Role.full
     if op(n) in REDUCE:
         return _reduction_role(n, anchor) if node_dtype(n) in FLOATS else None
     if not _pointwise_ok(n):
@@ -368,7 +400,9 @@ def fused_regions(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Region]:
     used: set[Node] = set(taken)
     out: list[Region] = []
     for seed in gm.graph.nodes:
-        if seed in used or seed.op != "call_function" or op(seed) in REDUCE or not _pointwise_ok(seed):
+        if seed in used or seed.op != "call_function" or op(seed) in REDUCE:
+            continue
+        if not _pointwise_ok(seed) and not layer_norm_ok(seed):
             continue
         anchor = node_shape(seed)
         if not anchor:
@@ -377,12 +411,15 @@ def fused_regions(gm: torch.fx.GraphModule, taken: set[Node]) -> list[Region]:
         if h is not None and not 1 <= h <= MAX_H:
             continue
         roles = _best_pruned(_grow(seed, anchor, used), order)
-        if not any(r is Role.full for r in roles.values()) or sum(_compute(n) for n in roles) < 2:
+        # a LayerNorm is many ops in one node: a region of it alone (and casts) is one kernel too
+        if not any(r is Role.full for r in roles.values()) or sum(_compute(n) for n in roles) < 2 - any(
+            op(n) == "layer_norm" for n in roles
+        ):
             continue
         nodes = sorted(roles, key=order.__getitem__)
         inputs: list[Node] = []
         for n in nodes:
-            for a in n.all_input_nodes:
+            for a in _data_inputs(n):
                 if a not in roles and a not in inputs:
                     inputs.append(a)
         outputs = [n for n in nodes if any(u not in roles for u in n.users)]
@@ -477,6 +514,22 @@ class _Writer:
             return
         if name in TRANSPARENT:
             self.names[n] = self.val(args[0])
+            return
+        if name == "layer_norm":  # fp32 statistics of the row held in registers, as torch's kernel takes them
+            x, w, b = self.val(args[0]), arg(n, 2, "weight"), arg(n, 3, "bias")
+            eps = float(arg(n, 4, "eps", 1e-5))
+            self.body += [
+                f"{v}_mu = tl.sum(tl.where(m, {x}, 0.0), axis=1)[:, None] / H",
+                f"{v}_d = tl.where(m, ({x}) - {v}_mu, 0.0)",
+                f"{v}_rs = 1.0 / tl.sqrt_rn(tl.sum({v}_d * {v}_d, axis=1)[:, None] / H + {eps!r})",
+            ]
+            expr = f"({v}_d * {v}_rs)"
+            if w is not None:
+                expr = f"({expr} * {self.val(w)})"
+            if b is not None:
+                expr = f"({expr} + {self.val(b)})"
+            self.body.append(f"{v} = {self._round(n, expr)}")
+            self.names[n] = v
             return
         if name in CASTS:
             src = self.val(args[0])

@@ -445,3 +445,19 @@ def test_attention_with_a_key_padding_mask_runs_on_the_family_kernel(tmp_path, k
             assert got.dtype == torch.bfloat16 and got.shape == truth.shape
             torch.testing.assert_close(got.double(), truth, atol=8e-2, rtol=2e-2)
         assert bool(calls) is (suffix != "library"), (suffix, calls)
+
+
+def test_a_mask_per_query_is_not_offered_the_family_kernel(tmp_path):
+    """A [B, 1, S, S] mask (one value per query and key, as a decoder's) is no key bias: the attention site keeps
+    the library only, so no start point of the flash family would run SDPA under the family's name."""
+    ref = PADDED_ATTN["drop"].replace("pad[:, None, None, :]", "pad[:, None, :, :]")
+    shapes = {"q": (["B", "H", "S", "D"], "bfloat16"), "k": (["B", "H", "S", "D"], "bfloat16"),
+              "v": (["B", "H", "S", "D"], "bfloat16"), "pad": (["B", "S", "S"], "bool")}  # fmt: skip
+    task = make_task(tmp_path, "p_full_mask", ref, shapes, {"o": (["B", "H", "S", "D"], "bfloat16")},
+                     [{"B": 2, "H": 2, "S": 24, "D": 16}])  # fmt: skip
+    from kernelarc.graph.adapters import Impl
+    from kernelarc.graph.patterns import Kind
+
+    rec = recognise(task)
+    assert rec.substitutable(Kind.attention, Impl.library) and not rec.substitutable(Kind.attention, Impl.family)
+    assert not any(f.name.endswith("attention.flash") for f in families_for(task))

@@ -282,3 +282,56 @@ def test_traced_kernel_calls_stay_outside_the_graph_under_the_interpreter(tmp_pa
                  {"dr": (["b", 64], "bfloat16"), "dh": (["b", 64], "bfloat16"), "dgate": ([], "bfloat16")},
                  [{"b": 5}])  # fmt: skip
     _check(task, knobs={"rest": "inductor", "trace_kernels": True, "cuda_graph": True}, exact=False)
+
+
+LAYER_NORMS = """
+import torch
+import torch.nn.functional as F
+
+@torch.no_grad()
+def run(h, r, w, b, x):
+    s = h + r
+    y = F.layer_norm(s.float(), (s.shape[-1],), w.float(), b.float(), eps=1e-5)
+    z = F.gelu(F.layer_norm(x, (x.shape[-1],), eps=1e-6))
+    return y.to(h.dtype), s, z
+"""
+
+
+def test_a_layer_norm_is_a_region_op_with_the_adds_and_casts_around_it(tmp_path):
+    """aten.layer_norm over the last axis (fp32 with an affine after a bf16 residual add; bf16 without one, a GELU
+    after it) is an op of a fused region, not a library site that would be itself: the residual add, the
+    LayerNorm and the cast are one kernel, the LayerNorm and the GELU another, each matching eager within a bf16
+    ulp (the statistics in fp32 in another order)."""
+    from kernelarc.families.composed import recognise
+
+    task = _task(tmp_path, "layer_norms", LAYER_NORMS,
+                 {"h": (["t", 80], "bfloat16"), "r": (["t", 80], "bfloat16"), "w": ([80], "bfloat16"),
+                  "b": ([80], "bfloat16"), "x": (["t", 48], "bfloat16")},
+                 {"y": (["t", 80], "bfloat16"), "s": (["t", 80], "bfloat16"), "z": (["t", 48], "bfloat16")},
+                 [{"t": 5}, {"t": 33}])  # fmt: skip
+    sites = recognise(task).sites[0]
+    assert [s.kind for s in sites] == [Kind.fused, Kind.fused], [s.describe() for s in sites]
+    ops = [{n.target.overloadpacket.__name__ for n in s.nodes} for s in sites]
+    assert {"add", "layer_norm"} <= ops[0] and {"layer_norm", "gelu"} <= ops[1], ops
+    _check(task, exact=False)
+
+
+def test_layer_norm_rows_wider_than_the_kernel_holds_run_the_regions_own_ops(tmp_path, monkeypatch):
+    """A LayerNorm region over a variable width (its normalized_shape a symbolic size the rest of the graph
+    computes): rows of 16 run the kernel, rows of 64 (over a limit of 32 here) the graph's own layer_norm; both
+    give the reference's outputs."""
+    from kernelarc.tasks.inputs import load_module, make_inputs
+
+    monkeypatch.setattr(fusion, "MAX_H", 32)
+    task = _task(tmp_path, "wide_ln", LAYER_NORMS.replace("z = F.gelu", "z = 2.0 * F.gelu"),
+                 {"h": (["t", "c"], "bfloat16"), "r": (["t", "c"], "bfloat16"), "w": (["c"], "bfloat16"),
+                  "b": (["c"], "bfloat16"), "x": (["t", "c"], "bfloat16")},
+                 {"y": (["t", "c"], "bfloat16"), "s": (["t", "c"], "bfloat16"), "z": (["t", "c"], "bfloat16")},
+                 [{"t": 3, "c": 16}, {"t": 5, "c": 64}])  # fmt: skip
+    mod, calls = spied_family_module(task, "fused.rowblock", {})
+    ref = load_module(task.definition.reference, "ref_wide_ln")
+    for i in (0, 1):
+        got, want = mod.run(*make_inputs(task, i, 3, "cpu")), ref.run(*make_inputs(task, i, 3, "cpu"))
+        for o, w in zip(got, want, strict=True):
+            torch.testing.assert_close(o.float(), w.float(), rtol=2**-7, atol=1e-6)
+    assert len(calls) == 2
