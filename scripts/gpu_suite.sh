@@ -37,7 +37,11 @@ elif ls -d .kernelarc/suite_shard* >/dev/null 2>&1; then
   stale=.kernelarc.stale-$(date +%s); mv .kernelarc "$stale" && say "an earlier call's .kernelarc moved to $stale"
 fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
-say "installed; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+# the device's copy of the checkout carries the working tree's files but not always its git metadata (run 19 printed
+# the session's first commit): the hash of kernelarc/'s sources says which tree ran; the same command on a checkout
+# of a commit gives that commit's
+src_hash=$(cd kernelarc && find . -name '*.py' -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -c1-12)
+say "installed; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') (git metadata of the copy); kernelarc sources $src_hash"
 
 if [ -n "${PROBLEMS:-}" ]; then read -r -a PROBS <<<"$PROBLEMS"  # a chosen subset, in this order
 else mapfile -t PROBS < <(cd "$TREE" && find . -name definition.json -printf '%h\n' | sed 's|^\./||' | sort); fi
@@ -102,10 +106,11 @@ fi
 pids=()
 for ((k = 0; k < SHARDS; k++)); do
   # LIBRARY=path/to/mlflow.db: a store whose champions of the built-in tasks (e.g. from scripts/bench.py) start
-  # the problems' sites (the kernel library); every shard reads it, none writes it
+  # the problems' sites (the kernel library); every shard reads it, none writes it. GPU: the target (default auto:
+  # the card present; a call for an H200 can get an H100, and gpu=h200 then refuses to run, as run 18 did)
   timeout -k 10 "$SUITE_S" "${PIN[@]}" python3 -m kernelarc.suite dir="$TREE" "suite.problems=[${list%,}]" suite.claims="$CLAIMS" \
     ${LIBRARY:+search.library_uri=sqlite:///$LIBDB} \
-    suite.out=.kernelarc/suite_shard$k gpu=${GPU:-h200} tracking.uri=sqlite:///$STORES/shard$k/mlflow.db "${POOL[@]}" "$@" \
+    suite.out=.kernelarc/suite_shard$k gpu=${GPU:-auto} tracking.uri=sqlite:///$STORES/shard$k/mlflow.db "${POOL[@]}" "$@" \
     >"$OUT/logs/shard$k.log" 2>&1 &
   pids+=($!)
   sleep 2  # staggered starts: ten imports of torch at once only slow each other
