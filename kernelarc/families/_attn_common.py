@@ -144,8 +144,10 @@ def _attn_loop(acc, l_i, m_i, q, k_src, v_src, kb_src, kv_row0, lo, hi, offs_m, 
             k = k.to(tl.float32)
         qk = tl.dot(q, k.T)
         if KEY_BIAS:
-            # one additive bias per key (a padding mask), in base-2 units and at least -1e6: with -inf a block of
-            # masked keys before any kept one would give NaN
+            # one additive bias per key (a padding mask), in base-2 units and at least -1e30 (a score plus it is
+            # -1e30, as fp32 finfo.min plus a score is finfo.min; with -inf a block of masked keys before any kept one
+            # would give NaN); keys outside the causal mask or the sequence stay below it (-3e38), so a row whose
+            # visible keys are all padded averages them, as the reference does, and never reads a future key
             kb = tl.load(kb_src + cols, mask=cols < seq_len, other=0.0)
             if Q_SCALED:
                 qk = qk + kb[None, :]
@@ -156,9 +158,9 @@ def _attn_loop(acc, l_i, m_i, q, k_src, v_src, kb_src, kv_row0, lo, hi, offs_m, 
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= cols[None, :])
             if SCALE_Q:
-                s = tl.where(keep, qk, -1.0e6)
+                s = tl.where(keep, qk, -3.0e38)
             else:
-                s = tl.where(keep, qk * qk_scale, -1.0e6)
+                s = tl.where(keep, qk * qk_scale, -3.0e38)
             m_ij = tl.maximum(m_i, tl.max(s, 1))
             s = s - m_ij[:, None]
         else:
@@ -280,7 +282,7 @@ def _attention(q, k, v, residual, causal, key_bias=None):
         residual = residual.contiguous()
     qk_scale = LOG2E / math.sqrt(D)
     if key_bias is not None:
-        key_bias = (key_bias.to(torch.float32) * LOG2E).clamp_min(-1.0e6).expand(B, S).contiguous()
+        key_bias = (key_bias.to(torch.float32) * LOG2E).clamp_min(-1.0e30).expand(B, S).contiguous()
     num_m = triton.cdiv(S, BLOCK_M)
     grid = (B * H, num_m) if HEADS_FASTEST else (num_m, B * H)
     if USE_TMA:

@@ -362,21 +362,44 @@ def _scale_expr(site: Site, c: Ctx) -> str | None:
     return expr
 
 
+def _mask_scale_expr(site: Site, c: Ctx) -> str | None:
+    """The scale applied to an additive mask (the scales after it: ``(qk * a + mask) * b`` scales it by ``b``), as
+    an expression; None where the mask is added after every scale."""
+    p = site.params
+    if not p.get("mask_scaled"):
+        return None
+    expr = repr(float(p.get("mask_scale", 1.0)))
+    for i, o in enumerate(p.get("scale_ops", [])[: int(p.get("mask_scale_nodes", 0))]):
+        expr += f" {'*' if o == 'mul' else '/'} {c.name(site.inputs[f'scale{i}'])}"
+    return expr
+
+
+def _causal_mask(q: str, k: str) -> str:
+    """The top-left aligned causal keep-mask [Sq, Sk] (query i sees keys j <= i) as an expression."""
+    return f"torch.ones({q}.shape[-2], {k}.shape[-2], dtype=torch.bool, device={q}.device).tril()"
+
+
 def _sdpa_call(site: Site, c: Ctx, q: str, k: str, v: str, cast: str | None) -> str:
     p = site.params
     mask = site.inputs.get("mask")
     m = "None"
     scale = _scale_expr(site, c)
+    causal = bool(p["causal"])
     if mask is not None:
         m = c.name(mask)
         if p["mask"] == "drop":
             m = f"torch.logical_not({m})"
         elif p["mask"] == "add":
-            if p.get("mask_scaled") and scale is not None:  # (scores + mask) * scale: SDPA adds after scaling
-                m = f"({m} * ({scale}))"
-            if cast:
-                m = f"{m}.to({cast})"
-    args = f"{q}, {k}, {v}, attn_mask={m}, is_causal={bool(p['causal'])}"
+            ms = _mask_scale_expr(site, c)
+            if ms is not None:  # (scores + mask) * scale: SDPA adds the mask after scaling
+                m = f"({m} * ({ms}))"
+            if cast:  # finite in the low dtype: fp32's finfo.min would become -inf there (a padded row then NaN)
+                m = f"{m}.clamp_min(torch.finfo({cast}).min).to({cast})"
+        if causal:  # SDPA takes no attn_mask with is_causal=True: the causal part goes into the mask
+            keep = _causal_mask(q, k)
+            m = f"({m} & {keep})" if p["mask"] in ("drop", "keep") else f"torch.where({keep}, {m}, float('-inf'))"
+            causal = False
+    args = f"{q}, {k}, {v}, attn_mask={m}, is_causal={causal}"
     if scale is not None:
         args += f", scale={scale}"
     if p.get("gqa"):
@@ -484,8 +507,8 @@ def attention_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, s
         elif p["mask"] == "keep":
             bias = f", key_bias=torch.where({m2}, 0.0, float('-inf'))"
         else:
-            scaled = f" * ({scale})" if p.get("mask_scaled") and scale is not None else ""
-            bias = f", key_bias={m2}.to(torch.float32){scaled}"
+            ms = _mask_scale_expr(site, c)
+            bias = f", key_bias={m2}.to(torch.float32)" + (f" * ({ms})" if ms is not None else "")
     fam = f"{c.part}run({qq}, {kk}, {vv}, {int(bool(p['causal']))}{bias})"
     if cast:
         fam = f"{fam}.to(torch.float32)"

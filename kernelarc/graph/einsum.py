@@ -76,6 +76,24 @@ def _permuted(node: torch.fx.Node, src: Any, perm: list[int]) -> None:
         node.meta["val"] = v.permute(perm)
 
 
+def _same_contracted(equation: str, operands: list[torch.fx.Node]) -> bool:
+    """The contracted index has one size in both operands (as traced): einsum broadcasts a size-1 one, matmul does
+    not (``'Ab,Af->fb'`` on [1, 3] and [3, 5])."""
+    from kernelarc.graph.capture import node_shape, static_int
+
+    lhs, out = equation.replace(" ", "").split("->")
+    a, b = lhs.split(",")
+    shapes = [node_shape(o) for o in operands]
+    if any(s is None for s in shapes):
+        return False
+    for c in a:
+        if c in b and c not in out:
+            sa, sb = shapes[0][a.index(c)], shapes[1][b.index(c)]
+            if (static_int(sa) == 1) != (static_int(sb) == 1):
+                return False
+    return True
+
+
 def rewrite(gm: torch.fx.GraphModule) -> int:
     """Rewrite ``gm``'s matrix-product einsums in place (``plan``); returns how many."""
     done = 0
@@ -89,7 +107,7 @@ def rewrite(gm: torch.fx.GraphModule) -> int:
         if not all(isinstance(o, torch.fx.Node) for o in operands):
             continue
         p = plan(eq)
-        if p is None:
+        if p is None or not _same_contracted(eq, operands):
             continue
         pa, pbs, po = p
         with g.inserting_before(n):

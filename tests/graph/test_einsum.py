@@ -93,3 +93,13 @@ def test_attention_written_with_einsum_is_recognised_as_attention(tmp_path):
     sites = [s for s in rec.sites[0] if s.kind is Kind.attention]
     assert len(sites) == 1, rec.sites[0]
     assert sites[0].params["mask"] == "drop" and not sites[0].params["causal"]
+
+
+def test_a_size_one_contracted_index_einsum_broadcasts_is_left_alone():
+    """einsum broadcasts a contracted index of size 1 against the other operand's size; matmul does not (found by a
+    review's fuzz: 'Ab,Af->fb' on [1, 3] and [3, 5])."""
+    eq = "Ab,Af->fb"
+    xs = [torch.randn(1, 3, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)]
+    gm = _traced(eq, xs)
+    assert einsum.rewrite(gm) == 0 and _einsums(gm) == 1
+    torch.testing.assert_close(gm(*xs), torch.einsum(eq, *xs))
