@@ -351,15 +351,20 @@ def fp8_gemm_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, st
     return [*lines, "else:", *["    " + ln for ln in c.fallback()]]
 
 
+def _scale_product(site: Site, c: Ctx, const: float, nodes: int) -> str:
+    """``const`` times / over the first ``nodes`` size factors the graph computed (d ** -0.5), as an expression."""
+    expr = repr(float(const))
+    for i, o in enumerate(site.params.get("scale_ops", [])[:nodes]):
+        expr += f" {'*' if o == 'mul' else '/'} {c.name(site.inputs[f'scale{i}'])}"
+    return expr
+
+
 def _scale_expr(site: Site, c: Ctx) -> str | None:
     """The softmax scale as an expression: a constant times / over sizes the graph computed (d ** -0.5)."""
     p = site.params
     if p.get("scale") is None:
         return None
-    expr = repr(float(p["scale"]))
-    for i, o in enumerate(p.get("scale_ops", [])):
-        expr += f" {'*' if o == 'mul' else '/'} {c.name(site.inputs[f'scale{i}'])}"
-    return expr
+    return _scale_product(site, c, p["scale"], len(p.get("scale_ops", [])))
 
 
 def _mask_scale_expr(site: Site, c: Ctx) -> str | None:
@@ -368,10 +373,7 @@ def _mask_scale_expr(site: Site, c: Ctx) -> str | None:
     p = site.params
     if not p.get("mask_scaled"):
         return None
-    expr = repr(float(p.get("mask_scale", 1.0)))
-    for i, o in enumerate(p.get("scale_ops", [])[: int(p.get("mask_scale_nodes", 0))]):
-        expr += f" {'*' if o == 'mul' else '/'} {c.name(site.inputs[f'scale{i}'])}"
-    return expr
+    return _scale_product(site, c, p.get("mask_scale", 1.0), int(p.get("mask_scale_nodes", 0)))
 
 
 def _causal_mask(q: str, k: str) -> str:

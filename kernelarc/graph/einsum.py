@@ -15,7 +15,7 @@ the first may have several where the second has no batch index, as in ``'bsd,hd-
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
@@ -27,9 +27,15 @@ _PERMUTE = torch.ops.aten.permute.default
 _MATMUL = torch.ops.aten.matmul.default
 
 
-def plan(equation: str) -> tuple[list[int], list[list[int]], list[int] | None] | None:
-    """(permutation of the first operand, the permutations of the second in turn, of the matmul's result into the
-    output's order, None where it is that order already) for an equation that is a matrix product, else None.
+class Plan(NamedTuple):
+    pa: list[int]  # the permutation of the first operand
+    pbs: list[list[int]]  # the permutations of the second, in turn
+    po: list[int] | None  # of the matmul's result into the output's order (None: that order already)
+    contracted: tuple[int, int]  # the contracted index's position in each operand
+
+
+def plan(equation: str) -> Plan | None:
+    """How an equation that is a matrix product is computed with ``matmul`` (None for any other equation).
 
     The second operand goes to [batch, contracted, free] directly where it is in that order already, else to
     [batch, free, contracted] and then its last two dims swapped: the recognisers read ``k`` in ``q @ k^T``
@@ -66,7 +72,8 @@ def plan(equation: str) -> tuple[list[int], list[list[int]], list[int] | None] |
         pbs = [first, [*range(r - 2), r - 1, r - 2]]
     result = [*batch, *free_a, *free_b]
     po = [result.index(c) for c in out]
-    return pa, pbs, (None if po == list(range(len(po))) else po)
+    c = contracted[0]
+    return Plan(pa, pbs, None if po == list(range(len(po))) else po, (a.index(c), b.index(c)))
 
 
 def _permuted(node: torch.fx.Node, src: Any, perm: list[int]) -> None:
@@ -76,22 +83,16 @@ def _permuted(node: torch.fx.Node, src: Any, perm: list[int]) -> None:
         node.meta["val"] = v.permute(perm)
 
 
-def _same_contracted(equation: str, operands: list[torch.fx.Node]) -> bool:
+def _same_contracted(p: Plan, operands: list[torch.fx.Node]) -> bool:
     """The contracted index has one size in both operands (as traced): einsum broadcasts a size-1 one, matmul does
     not (``'Ab,Af->fb'`` on [1, 3] and [3, 5])."""
     from kernelarc.graph.capture import node_shape, static_int
 
-    lhs, out = equation.replace(" ", "").split("->")
-    a, b = lhs.split(",")
     shapes = [node_shape(o) for o in operands]
     if any(s is None for s in shapes):
         return False
-    for c in a:
-        if c in b and c not in out:
-            sa, sb = shapes[0][a.index(c)], shapes[1][b.index(c)]
-            if (static_int(sa) == 1) != (static_int(sb) == 1):
-                return False
-    return True
+    sa, sb = (shape[i] for shape, i in zip(shapes, p.contracted, strict=True))
+    return (static_int(sa) == 1) == (static_int(sb) == 1)
 
 
 def rewrite(gm: torch.fx.GraphModule) -> int:
@@ -107,12 +108,12 @@ def rewrite(gm: torch.fx.GraphModule) -> int:
         if not all(isinstance(o, torch.fx.Node) for o in operands):
             continue
         p = plan(eq)
-        if p is None or not _same_contracted(eq, operands):
+        if p is None or not _same_contracted(p, operands):
             continue
-        pa, pbs, po = p
+        po = p.po
         with g.inserting_before(n):
             ins = []
-            for x, perms in zip(operands, ([pa], pbs), strict=True):
+            for x, perms in zip(operands, ([p.pa], p.pbs), strict=True):
                 for perm in perms:
                     if perm != list(range(len(perm))):
                         t = g.call_function(_PERMUTE, (x, perm))

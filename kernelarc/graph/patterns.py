@@ -521,22 +521,20 @@ def _attention_sites(gm: torch.fx.GraphModule) -> list[Site]:
         # walking back from the softmax, a scale met before the mask was applied after it: the mask is scaled too
         # (an additive mask's values then count times those scales, not the ones applied before it; -inf stays -inf):
         # mask_scale is their constant product, the first mask_scale_nodes of scale_nodes their size factors
-        scaled, mask_scaled, mask_scale, mask_scale_nodes = False, False, 1.0, 0
+        mask_scale, mask_scale_nodes = 1.0, 0
         for _ in range(4):
             s = strip(s) if op(s) in ("to", "_to_copy") else s
             if op(s) == "masked_fill" and scalar(s.args[2]) == -math.inf:
                 if _causal_drop(s.args[1]):
                     causal = True
                 else:
-                    mask, mask_kind, mask_scaled = s.args[1], "drop", scaled
-                    mask_scale, mask_scale_nodes = scale, len(scale_nodes)
+                    mask, mask_kind, mask_scale, mask_scale_nodes = s.args[1], "drop", scale, len(scale_nodes)
                 s = s.args[0]
             elif op(s) == "where" and scalar(s.args[2]) == -math.inf and isinstance(s.args[1], Node):
                 if _causal_keep(s.args[0]):
                     causal = True
                 else:
-                    mask, mask_kind, mask_scaled = s.args[0], "keep", scaled
-                    mask_scale, mask_scale_nodes = scale, len(scale_nodes)
+                    mask, mask_kind, mask_scale, mask_scale_nodes = s.args[0], "keep", scale, len(scale_nodes)
                 s = s.args[1]
             elif op(s) == "add" and all(isinstance(t, Node) for t in s.args[:2]):
                 # additive mask: the other operand of the one that leads back to the scores
@@ -548,17 +546,17 @@ def _attention_sites(gm: torch.fx.GraphModule) -> list[Site]:
                 if len(lead) != 1:
                     break
                 mask, mask_kind = (s.args[1] if lead[0] is s.args[0] else s.args[0]), "add"
-                mask_scaled, mask_scale, mask_scale_nodes = scaled, scale, len(scale_nodes)
+                mask_scale, mask_scale_nodes = scale, len(scale_nodes)
                 s = lead[0]
             elif op(s) in ("mul", "div") and isinstance(s.args[1], Node) and _is_size_node(s.args[1]):
                 scale_nodes.append((op(s), s.args[1]))  # a scale computed from sizes (d ** -0.5)
-                s, scaled = s.args[0], True
+                s = s.args[0]
             elif op(s) == "mul" and scalar(s.args[1]) is not None:
                 scale *= scalar(s.args[1])
-                s, scaled = s.args[0], True
+                s = s.args[0]
             elif op(s) == "div" and scalar(s.args[1]) is not None:
                 scale /= scalar(s.args[1])
-                s, scaled = s.args[0], True
+                s = s.args[0]
             else:
                 break
         if op(s) not in ("matmul", "bmm"):
@@ -573,7 +571,8 @@ def _attention_sites(gm: torch.fx.GraphModule) -> list[Site]:
         if gqa:
             k, v = k0, v0
         p = {"style": "explicit", "causal": causal, "gqa": gqa, "scale": scale, "dropout": 0.0, "mask": mask_kind,
-             "mask_scaled": mask_scaled, "mask_scale": mask_scale, "mask_scale_nodes": mask_scale_nodes,
+             "mask_scaled": mask_scale != 1.0 or mask_scale_nodes > 0, "mask_scale": mask_scale,
+             "mask_scale_nodes": mask_scale_nodes,
              "scale_ops": [o for o, _ in scale_nodes],
              "in_dtype": str(node_dtype(q)).replace("torch.", ""),
              "q_src_dtype": str(node_dtype(strip(q))).replace("torch.", "")}  # fmt: skip
