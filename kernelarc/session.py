@@ -32,7 +32,7 @@ from kernelarc.guard.memory import max_parallel
 from kernelarc.guard.settings import GuardSettings
 from kernelarc.models import Candidate, Status, Verdict
 from kernelarc.plateau import PlateauDetector, PlateauEvent
-from kernelarc.session_phases import SessionFailed, SessionPhases, open_tracking, record_early_failure
+from kernelarc.session_phases import UNCROWNED, SessionFailed, SessionPhases, open_tracking, record_early_failure
 from kernelarc.sinks import Judged, Sinks
 from kernelarc.state import Record, StateLog
 from kernelarc.tasks.loader import Task
@@ -109,8 +109,7 @@ def _uncrowned(ev: Evaluation) -> Evaluation:
     """A verdict of champion (a baseline's, or a candidate's) over a champion that has since been beaten, when it
     cannot be timed again beside the new one: correct, measured, not crowned."""
     v = ev.verdict.model_copy(update={"status": Status.correct_slower, "errors": [
-        *ev.verdict.errors, "faster than the champion it was timed beside, which was beaten meanwhile; "
-        "not timed again beside the new one (no time left, or that timing failed)"]})  # fmt: skip
+        *ev.verdict.errors, f"{UNCROWNED}; not timed again beside the new one (no time left, or that timing failed)"]})  # fmt: skip
     return replace(ev, verdict=v)
 
 
