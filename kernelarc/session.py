@@ -109,7 +109,8 @@ def _uncrowned(ev: Evaluation) -> Evaluation:
     """A verdict of champion (a baseline's, or a candidate's) over a champion that has since been beaten, when it
     cannot be timed again beside the new one: correct, measured, not crowned."""
     v = ev.verdict.model_copy(update={"status": Status.correct_slower, "errors": [
-        *ev.verdict.errors, f"{UNCROWNED}; not timed again beside the new one (no time left, or that timing failed)"]})  # fmt: skip
+        *ev.verdict.errors,
+        f"{UNCROWNED}; not timed again beside the new one (no time left, or that timing failed)"]})  # fmt: skip
     return replace(ev, verdict=v)
 
 
