@@ -27,6 +27,7 @@ SITES = {
     "L1/116_qkv_projection_split_heads_transpose": {"gemm"},
     "L1/118_gemma_rmsnorm_one_plus_weight": {"rmsnorm"},
     "L1/120_swiglu_gate_second_half": {"glu"},
+    "L1/121_llama_rope_view_as_complex": {"rope"},  # complex freqs on the RoPE kernels (their real / imag parts)
     "L1/123_key_padding_attention_einsum_masked_fill": {"attention"},
     "L2/113_gpt2_mlp_gelu_tanh_bias": {"gemm"},
 }

@@ -475,7 +475,7 @@ def render_composed(task, rec: Recognition, knobs: Mapping[str, Any], kernel: Fa
                 elif s.kind is Kind.rope and rope_full_cos(s.params):
                     src = patch_rope_full_cos(kernel_src)
                     pkey = (kernel.name, "full_cos")
-                elif s.kind is Kind.rope and s.params.get("style") == "interleaved":
+                elif s.kind is Kind.rope and s.params.get("style") in ("interleaved", "interleaved_complex"):
                     src = patch_rope_interleaved(kernel_src)
                     pkey = (kernel.name, "interleaved")
                 elif s.kind is Kind.glu:

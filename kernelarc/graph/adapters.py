@@ -100,7 +100,7 @@ def family_ok(site: Site) -> str | None:
     if site.kind is Kind.rope and not rope_on_family(p):
         return (
             "RoPE families rotate halves with cos / sin equal on both halves, or interleaved pairs with one "
-            "cos / sin value per pair (not arbitrary full-width cos / sin, not complex freqs)"
+            "cos / sin value per pair (not arbitrary full-width cos / sin, not complex128 or other layouts)"
         )
     if site.kind is Kind.attention and p.get("style") == "varlen":
         return "varlen attention runs per segment on SDPA"
@@ -525,6 +525,8 @@ def rope_on_family(p: dict[str, Any]) -> bool:
         return True
     if p.get("style") == "split_halves":
         return bool(p.get("dup_halves"))
+    if p.get("style") == "interleaved_complex":  # complex freqs: one (cos, sin) pair per complex entry
+        return True
     return p.get("style") == "interleaved" and bool(p.get("half_width") or p.get("dup_pairs"))
 
 
@@ -536,7 +538,12 @@ def rope_full_cos(p: dict[str, Any]) -> bool:
 def rope_lines(site: Site, impl: Impl, c: Ctx, out: str, extra: dict[str, str]) -> list[str]:
     if impl is not Impl.family or c.part is None or c.fallback is None:
         raise AdapterError("rope: only the family implementation (the graph's ops otherwise)")
-    x, cos, sin = (c.name(site.inputs[r]) for r in ("x", "cos", "sin"))
+    x = c.name(site.inputs["x"])
+    if site.params.get("style") == "interleaved_complex":  # x * freqs as complex numbers: cos / sin = its parts
+        f = c.name(site.inputs["freqs"])
+        cos, sin = f"{f}.real", f"{f}.imag"
+    else:
+        cos, sin = (c.name(site.inputs[r]) for r in ("cos", "sin"))
     half = bool(site.params.get("half_width"))
     if site.params.get("style") == "interleaved" and not half:  # each pair's value, once
         cos, sin, half = f"{cos}[..., 0::2]", f"{sin}[..., 0::2]", True

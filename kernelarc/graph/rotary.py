@@ -24,7 +24,7 @@ import torch
 import torch.fx
 from torch.fx import Node
 
-from kernelarc.graph.capture import node_dtype, node_rank
+from kernelarc.graph.capture import node_dtype, node_rank, node_shape
 from kernelarc.graph.patterns import TRANSPARENT, Kind, Site, _half, _site, arg, is_last_dim, op, same, scalar, strip
 
 
@@ -269,6 +269,18 @@ def _interleaved_stack_site(n: Node) -> Site | None:
     return _site(Kind.rope, last, {"x": x, "cos": cos, "sin": sin}, params)
 
 
+def _pairs_view(src: Node, n: Node) -> bool:
+    """src views its input x [.., D] as [.., D/2, 2] and n flattens the rotated pairs back to x's shape
+    (the kernels write the output in x's layout)."""
+    xs, ps, ns = node_shape(src.args[0]), node_shape(src), node_shape(n)
+    if xs is None or ps is None or ns is None or not xs:
+        return False
+    try:
+        return bool(ns == xs and ps == (*xs[:-1], xs[-1] // 2, 2) and xs[-1] % 2 == 0)
+    except Exception:  # noqa: BLE001 - a symbolic size the trace cannot decide: not provably the pairs view
+        return False
+
+
 def _interleaved_complex_site(n: Node) -> Site | None:
     """flatten(view_as_real(view_as_complex(x.reshape(.., D/2, 2)) * freqs_cis))."""
     if op(n) not in ("flatten", "view", "reshape", "_unsafe_view"):
@@ -278,9 +290,10 @@ def _interleaved_complex_site(n: Node) -> Site | None:
         return None
     a, b = vr.args[0].args[:2]
     for xc, f in ((a, b), (b, a)):
-        if op(xc) == "view_as_complex" and isinstance(f, Node):
+        # complex64: the kernels' fp32 maths (complex128 would lose precision on them)
+        if op(xc) == "view_as_complex" and isinstance(f, Node) and node_dtype(xc) == torch.complex64:
             src = strip(xc.args[0])
-            if op(src) in ("view", "reshape", "_unsafe_view", "unflatten"):
+            if op(src) in ("view", "reshape", "_unsafe_view", "unflatten") and _pairs_view(src, n):
                 last = _out_node(n)
                 params = {"style": "interleaved_complex", "dup_halves": False, "half_width": True,
                           "out_dtype": _dt(last)}  # fmt: skip

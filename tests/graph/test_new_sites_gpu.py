@@ -9,7 +9,7 @@ import pytest
 import torch
 from _problems import make_task, spied_family_module
 from shared_dirs import SKIP_REASON, shared_path
-from test_rope_pairs import STACK_BSHD
+from test_rope_pairs import COMPLEX_BSHD, STACK_BSHD
 
 from kernelarc.guard.compare import compare_output
 from kernelarc.tasks.inputs import load_module, make_inputs
@@ -88,6 +88,20 @@ def test_interleaved_rope_on_the_rope_kernels(tmp_path, family):
         [{"B": 2, "S": 1024, "H": 32, "D": 128, "D2": 64}, {"B": 1, "S": 333, "H": 8, "D": 64, "D2": 32}],
     )  # fmt: skip
     _check(task, family, {"rest": "eager", "halves": "join"})
+
+
+@pytest.mark.parametrize("family", ["rope.fused_qk", "rope.separate"])
+@pytest.mark.parametrize("rest", ["eager", "inductor"])
+def test_complex_freqs_rope_on_the_rope_kernels(tmp_path, family, rest):
+    # Llama's view_as_complex form: cos / sin are freqs_cis's parts; under Inductor the rest keeps its complex ops
+    task = make_task(
+        tmp_path, "g_rope_complex", COMPLEX_BSHD,
+        {"xq": (["B", "S", "H", "D"], "bfloat16"), "xk": (["B", "S", "H", "D"], "bfloat16"),
+         "freqs_cos": (["S", "D2"], "float32"), "freqs_sin": (["S", "D2"], "float32")},
+        {"q": (["B", "S", "H", "D"], "bfloat16"), "k": (["B", "S", "H", "D"], "bfloat16")},
+        [{"B": 2, "S": 1024, "H": 32, "D": 128, "D2": 64}, {"B": 1, "S": 333, "H": 8, "D": 64, "D2": 32}],
+    )  # fmt: skip
+    _check(task, family, {"rest": rest, "halves": "join"})
 
 
 @pytest.mark.parametrize("knobs", [{"rest": "eager"}, {"rest": "eager", "BLOCK": 256, "num_warps": 8},

@@ -40,6 +40,42 @@ def run(x, pos, inv_freq):
 """
 
 
+# Meta's Llama form: x as complex pairs times complex freqs_cis, built here from cos / sin inputs
+COMPLEX_BSHD = """
+import torch
+
+@torch.no_grad()
+def run(xq, xk, freqs_cos, freqs_sin):
+    freqs_cis = torch.complex(freqs_cos, freqs_sin)[None, :, None, :]
+    q = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    k = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    qo, ko = torch.view_as_real(q * freqs_cis).flatten(3), torch.view_as_real(k * freqs_cis).flatten(3)
+    return qo.type_as(xq), ko.type_as(xk)
+"""
+
+# the same rotation flattened past the head dim ([B, S, H * D]): not x's layout, left on the graph's ops
+COMPLEX_FLAT = """
+import torch
+
+@torch.no_grad()
+def run(x, freqs_cos, freqs_sin):
+    f = torch.complex(freqs_cos, freqs_sin)[None, :, None, :]
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * f).flatten(2)
+"""
+
+# complex128 (x in float64): the kernels' fp32 maths would lose its precision, so it stays on the graph's ops
+COMPLEX_F64 = """
+import torch
+
+@torch.no_grad()
+def run(x, freqs_cos, freqs_sin):
+    f = torch.complex(freqs_cos, freqs_sin)[None, :, None, :]
+    xc = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * f).flatten(3)
+"""
+
+
 def _f64_pairs(x, cos, sin):
     """float64 interleaved rotation with per-pair cos / sin broadcastable to x[..., ::2]."""
     xd = x.double()
@@ -48,12 +84,54 @@ def _f64_pairs(x, cos, sin):
     return torch.stack((xe * c - xo * s, xe * s + xo * c), dim=-1).flatten(-2)
 
 
-def _site(task):
+def _site(task, style="interleaved"):
     rec = recognise(task)
     assert rec.capture is not None, rec.error
-    (site,) = [s for s in rec.sites[0] if s.kind is Kind.rope]
-    assert site.params["style"] == "interleaved" and Impl.family in rec.impls[id(site)]
+    (site,) = [s for s in rec.sites[0] if s.kind is Kind.rope][:1]
+    assert site.params["style"] == style and Impl.family in rec.impls[id(site)]
     return site
+
+
+def _complex_task(tmp_path, name, ref, ins, dtype="bfloat16"):
+    return make_task(
+        tmp_path, name, ref,
+        {**{k: (["B", "S", "H", "D"], dtype) for k in ins},
+         "freqs_cos": (["S", "D2"], "float32"), "freqs_sin": (["S", "D2"], "float32")},
+        {f"{k}_out": (["B", "S", "H", "D"], dtype) for k in ins},
+        [{"B": 2, "S": 5, "H": 3, "D": 16, "D2": 8}, {"B": 1, "S": 4, "H": 2, "D": 12, "D2": 6}],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("suffix", "halves"), [("rope.separate", "split"), ("rope.fused_qk", "join")])
+def test_complex_freqs_form_on_the_rope_kernels(tmp_path, suffix, halves):
+    """view_as_complex(x pairs) * freqs_cis: cos / sin are freqs_cis's real and imaginary parts, one per pair."""
+    task = _complex_task(tmp_path, "p_rope_complex", COMPLEX_BSHD, ("xq", "xk"))
+    assert _site(task, "interleaved_complex").params["half_width"]
+    assert kernel_calls(task, suffix, {"halves": halves}) == 4  # q and k, two workloads
+    fam = next(f for f in families_for(task) if f.name.endswith(suffix))
+    mod = load_module(fam.render(fam.check_point({"halves": halves})), f"complex_{suffix}")
+    for i in (0, 1):
+        xq, xk, c, s = make_inputs(task, i, 5, "cpu")
+        got = mod.run(xq, xk, c, s)
+        for x, y in zip((xq, xk), got, strict=True):
+            assert y.dtype == torch.bfloat16 and y.shape == x.shape
+            torch.testing.assert_close(y.double(), _f64_pairs(x, c[None, :, None, :], s[None, :, None, :]),
+                                       atol=2e-2, rtol=2e-2)  # fmt: skip
+
+
+@pytest.mark.parametrize("ref", [COMPLEX_FLAT, COMPLEX_F64])
+def test_complex_freqs_the_kernels_cannot_serve_stay_on_the_graphs_ops(tmp_path, ref):
+    dtype = "float64" if ref is COMPLEX_F64 else "bfloat16"
+    outs = {"y": (["B", "S", "HD"], "float32")} if ref is COMPLEX_FLAT else {"y": (["B", "S", "H", "D"], dtype)}
+    task = make_task(
+        tmp_path, f"p_rope_complex_{len(ref)}", ref,
+        {"x": (["B", "S", "H", "D"], dtype), "freqs_cos": (["S", "D2"], "float32"),
+         "freqs_sin": (["S", "D2"], "float32")},
+        outs, [{"B": 2, "S": 5, "H": 3, "D": 16, "D2": 8, **({"HD": 48} if ref is COMPLEX_FLAT else {})}],
+    )  # fmt: skip
+    rec = recognise(task)
+    assert rec.capture is not None, rec.error
+    assert not [s for s in rec.sites[0] if s.kind is Kind.rope]
 
 
 @pytest.mark.parametrize(("suffix", "halves"), [("rope.separate", "split"), ("rope.fused_qk", "join")])
