@@ -550,6 +550,26 @@ def _progress(i: int, n: int, r: ProblemResult, seconds: float | None, note: str
 
 DEFERRED = "runs again with the cap it needs"  # a failed row's mark: refused for memory, to be run with more
 MEMORY_RETRIES = 3  # runs of a problem refused for memory, each with a larger cap (run_again)
+OOM_SHARES = 3  # a reference out of the shared GPU's memory with no need named: once more with this many shares
+
+
+def memory_retry_gb(r: ProblemResult, share: float, pool_gb: float) -> float | None:
+    """The cap a failed row runs again with in the suite's memory pool: the need its plan named where above the
+    share; where the task's reference itself ran out of the GPU's memory and no need was named (the plan's dry run
+    ran out too: other shards held more than their shares), ``OOM_SHARES`` shares, at most the pool (on the H200,
+    run DR: L2/055's reference ran out at 14.7 GB in an 11 GB share beside 11 other shards and the session failed;
+    alone with a 40 GB cap it ran). None: not a failure for memory."""
+    from kernelarc.guard.memory import cap_needed_gb
+
+    if r.status is not ProblemStatus.failed:
+        return None
+    need = cap_needed_gb(r.reason)
+    if need is not None:
+        return need if need > share else None
+    why = (r.reason or "").lower()
+    if "reference failed in the guard" in why and "out of memory" in why and share < pool_gb:
+        return min(pool_gb, OOM_SHARES * share)
+    return None
 
 
 def _memory_pool(c: Any, claims: Path | None) -> tuple[MemoryPool | None, float]:
@@ -715,15 +735,16 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
                 # refused for memory and not yet run again: by one process (another reading the same row from a
                 # shared suite.out leaves it)
                 again = pool is not None and claims is not None and r.reason and DEFERRED in r.reason
-                if again and (need := cap_needed_gb(r.reason)) and claim(claims, f"{rel}#memory"):
+                need = cap_needed_gb(r.reason) or (memory_retry_gb(r, share, pool.total_gb) if again else None)
+                if again and need and claim(claims, f"{rel}#memory"):
                     record(i, rel, run_again(i, rel, problem, max(need, share)))
                 continue
             if claims is not None and not claim(claims, rel):
                 continue  # another process of the same queue runs (or ran) it: its row is in that table
             r = run_one(i, rel, problem, None)
             if pool is not None and r.status is ProblemStatus.failed:
-                need = cap_needed_gb(r.reason)
-                if need is not None and need > share and claims is not None and claim(claims, f"{rel}#memory"):
+                need = memory_retry_gb(r, share, pool.total_gb)
+                if need is not None and claims is not None and claim(claims, f"{rel}#memory"):
                     # right away, not at the end of the queue: a suite cut by its time limit never reached the
                     # end (on the H200, run DH: L2/004's 24 GB reference); its row says so until the run ends
                     r.reason = f"{r.reason} [{DEFERRED} with guard.memory_gb={need:g}]"

@@ -200,3 +200,53 @@ def test_a_pool_needs_claims_and_a_share(tmp_path):
     assert r.returncode == 2 and "suite.memory_pool_gb needs suite.claims" in r.stderr
     r = _suite(tmp_path, tree, "suite.memory_pool_gb=2", f"suite.claims={tmp_path / 'c'}")
     assert r.returncode == 2 and "needs guard.memory_gb" in r.stderr
+
+
+def test_the_cap_a_failed_row_runs_again_with():
+    from kernelarc.suite import OOM_SHARES, ProblemResult, ProblemStatus, memory_retry_gb
+
+    def row(reason, status=ProblemStatus.failed):
+        return ProblemResult(problem="p", status=status, reason=reason)
+
+    oom = ("the task's reference failed in the guard (runtime_error): out of memory: CUDA out of memory. Tried to "
+           "allocate 516.00 MiB")  # fmt: skip
+    assert memory_retry_gb(row(oom), 11, 138) == OOM_SHARES * 11
+    assert memory_retry_gb(row(oom), 60, 138) == 138  # at most the pool
+    assert memory_retry_gb(row(oom), 138, 138) is None  # the whole pool already: nothing more to give
+    assert memory_retry_gb(row(oom, ProblemStatus.baseline), 11, 138) is None
+    assert memory_retry_gb(row("the task's reference failed in the guard (incorrect): nan"), 11, 138) is None
+    assert memory_retry_gb(row("the guard needs 30.00 GB for one input set"), 11, 138) == cap_needed_gb(
+        "the guard needs 30.00 GB for one input set"
+    )
+
+
+OOM_FIRST_PROCESS = """
+import os
+import torch
+
+MARK = {mark!r}
+
+
+def run(x, weight):
+    # out of memory in every call of the first process that calls it (the first session of the problem, as when
+    # other shards held the GPU), correct in any later one
+    if not os.path.exists(MARK):
+        with open(MARK, "w") as f:
+            f.write(str(os.getpid()))
+    with open(MARK) as f:
+        if f.read() == str(os.getpid()):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 516.00 MiB")
+    return x * weight
+"""
+
+
+def test_a_reference_out_of_the_shared_memory_runs_again_with_more_shares(tmp_path):
+    tree = tmp_path / "tree"
+    _problem(tree, "L1/001_oom", "oom", OOM_FIRST_PROCESS.format(mark=str(tmp_path / "first_pid")))
+    r = _suite(tmp_path, tree, "guard.memory_gb=0.5", "suite.memory_pool_gb=4", f"suite.claims={tmp_path / 'claims'}",
+               "budget.candidates=1", "suite.isolation=process")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "first_pid").exists()
+    assert "out of memory" in r.stdout and "(guard.memory_gb=1.5" in r.stdout, r.stdout[-3000:]
+    (row,) = json.loads(next((tmp_path / ".kernelarc").rglob("table.json")).read_text())
+    assert row["status"] in ("improved", "baseline"), row
