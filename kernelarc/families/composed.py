@@ -66,6 +66,7 @@ from kernelarc.graph.capture import (
     baked_values,
     capture_task,
     example_inputs,
+    op,
 )
 from kernelarc.graph.catalog import recognize
 from kernelarc.graph.compose import CasePlan, CompositionError, GraphKnobs, SitePlan, check_case, emit_module
@@ -685,8 +686,6 @@ def _compute_ops(rec: Recognition) -> list[Any]:
 
 
 def _compute_ops_of(gm) -> list[Any]:
-    from kernelarc.graph.patterns import op
-
     return [n for n in gm.graph.nodes if n.op == "call_function" and op(n) is not None and op(n) not in _VIEW_OPS]
 
 
@@ -708,6 +707,30 @@ def rest_compute_ops(rec: Recognition, kind: Kind | None = None) -> int:
 # Bytes a kernel launch's time (about 5 us) moves at an H100 / H200's 3-4 TB/s: a workload that moves fewer than this
 # per compute op of its graph (the eager reference launches about one kernel per op) is launch-bound.
 LAUNCH_BYTES = 20 * 2**20
+
+
+# ops whose CUDA implementations read a result on the host (an output size, a bin count): a CUDA-graph capture
+# of a call that runs one fails ("Cannot copy between CPU and CUDA tensors during CUDA graph capture"; on the H200,
+# run DR, L1/058's library composition kept bincount and its replayed point failed so, a slot of eight lost)
+HOST_SYNC_OPS = frozenset({
+    "bincount", "nonzero", "nonzero_static", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim",
+    "masked_select", "_local_scalar_dense", "item", "histc", "repeat_interleave", "argwhere",
+})  # fmt: skip
+
+
+def host_syncs(rec: Recognition, kind: Kind | None = None) -> bool:
+    """Whether a graph case keeps a host-syncing op (``HOST_SYNC_OPS``) outside the sites that ``kind``'s kernel
+    family substitutes (``kind`` None: the library family's candidate, which keeps every such op)."""
+    if rec.capture is None:
+        return False
+    for case, sites in zip(rec.capture.cases, rec.sites, strict=True):
+        covered = {n for st in sites if kind is not None and rec.serves(st, kind, Impl.family) for n in st.nodes}
+        for n in case.gm.graph.nodes:
+            if n.op == "call_function" and op(n) in HOST_SYNC_OPS and n not in covered:
+                if op(n) == "repeat_interleave" and (len(n.args) < 2 or not isinstance(n.args[1], torch.fx.Node)):
+                    continue  # an int repeat count: no host read
+                return True
+    return False
 
 
 def launch_bound(task, rec: Recognition) -> bool:
@@ -816,7 +839,9 @@ def start_points(task, families: list[Family], kernels: Mapping[str, Mapping[str
         [at(firsts[0], first_rest, cuda_graph=True, extra=traced)] if replayable and first_rest == "inductor" else []
     )
     graphed += [at(firsts[0], first_rest, cuda_graph=True)] if firsts else []
-    graphed += [at(library, rest if lib_sites else "inductor", cuda_graph=True)]
+    if firsts and host_syncs(rec, kinds[0]):
+        graphed = []  # the first family's candidate keeps a host read: no capture of it can run
+    graphed += [at(library, rest if lib_sites else "inductor", cuda_graph=True)] if not host_syncs(rec) else []
     if not cuda:
         graphed = []
     if launch_bound(task, rec):

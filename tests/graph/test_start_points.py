@@ -580,3 +580,19 @@ def test_the_traced_and_untraced_replays_share_one_eager_repair(tmp_path):
     props = [SearchAgent(f"agent{r}-exploit", "exploit", task, seed=0).propose(ctx, 1).candidates for r in (0, 1)]
     repairs = [c for cs in props for c in cs if "again with the rest eager" in c.rationale]
     assert [c.id for c in repairs] == [eager_ids[0]], [c.rationale for cs in props for c in cs]
+
+
+@needs_sol
+def test_no_cuda_graph_point_for_a_composition_that_keeps_a_host_read():
+    """On the H200 (run DR), L1/058's library composition kept bincount (its CUDA kernel reads the bin count on the
+    host) and its CUDA-graph point failed in capture: a slot of eight lost. The counting-sort family replaces the
+    bincount, so its replays stay; the library's is not offered."""
+    from kernelarc.families.composed import host_syncs
+    from kernelarc.graph.patterns import Kind
+
+    task = load_task(SOL / "L1/058_moe_expert_token_radix_sort_with_prefix_sum")
+    rec = recognise(task)
+    assert host_syncs(rec) and not host_syncs(rec, Kind.counting_sort)
+    seeds = start_points(task, families_for(task))
+    graphed = [f.name.rsplit(".", 2)[-2] for f, p in seeds if p.get("cuda_graph")]
+    assert graphed and set(graphed) == {"counting_sort"}, graphed
