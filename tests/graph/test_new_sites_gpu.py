@@ -104,6 +104,15 @@ def test_complex_freqs_rope_on_the_rope_kernels(tmp_path, family, rest):
     _check(task, family, {"rest": rest, "halves": "join"})
 
 
+@pytest.mark.xfail(reason="run DR (H200): incorrect on workload 3, unexplained; correct on the CPU interpreter")
+@pytest.mark.parametrize("rest", ["eager", "inductor"])
+def test_interleaved_rope_inside_a_gqa_backward(rest):
+    # L2/028 on the H200 (run DR, rest=inductor): both rope.fused_qk candidates were incorrect on workload 3 (batch 1,
+    # 128 tokens: 72% of grad_hidden_states within the tolerance, 98% required); the same composition interpreted
+    # on the CPU (eager and Inductor rest) matches the reference there on every output. Here: which rest fails
+    _check(load_task(SOL / "L2/028_gqa_rotary_attention_core_backward"), "rope.fused_qk", {"rest": rest})
+
+
 @pytest.mark.parametrize("knobs", [{"rest": "eager"}, {"rest": "eager", "BLOCK": 256, "num_warps": 8},
                                    {"rest": "eager", "cuda_graph": True}])  # fmt: skip
 def test_the_expert_sort_on_the_counting_sort(knobs):
