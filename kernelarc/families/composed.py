@@ -711,25 +711,47 @@ LAUNCH_BYTES = 20 * 2**20
 
 # ops whose CUDA implementations read a result on the host (an output size, a bin count): a CUDA-graph capture
 # of a call that runs one fails ("Cannot copy between CPU and CUDA tensors during CUDA graph capture"; on the H200,
-# run DR, L1/058's library composition kept bincount and its replayed point failed so, a slot of eight lost)
+# run DR, L1/058's library composition kept bincount and its replayed point failed so, a slot of eight lost).
+# Some only in some forms: _host_sync says which.
 HOST_SYNC_OPS = frozenset({
-    "bincount", "nonzero", "nonzero_static", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim",
-    "masked_select", "_local_scalar_dense", "item", "histc", "repeat_interleave", "argwhere",
+    "bincount", "nonzero", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim", "masked_select",
+    "_local_scalar_dense", "item", "histc", "argwhere", "repeat_interleave", "where", "index", "index_put",
+    "index_put_",
 })  # fmt: skip
 
 
+def _is_tensor(a: Any, dtype: torch.dtype | None = None) -> bool:
+    v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+    return isinstance(v, torch.Tensor) and (dtype is None or v.dtype == dtype)
+
+
+def _host_sync(n: torch.fx.Node) -> bool:
+    """Whether the call ``n`` reads a result on the host on CUDA (its form, not only its op: ``repeat_interleave``
+    with tensor repeats and no ``output_size``, one-argument ``where``, indexing with a boolean mask)."""
+    name = op(n)
+    if name not in HOST_SYNC_OPS:
+        return False
+    if name == "repeat_interleave":  # repeats as a tensor (the .Tensor / .self_Tensor forms) without output_size
+        reps = n.args[0] if len(n.args) == 1 else n.args[1] if len(n.args) > 1 else n.kwargs.get("repeats")
+        return _is_tensor(reps) and n.kwargs.get("output_size") is None
+    if name == "where":
+        return len(n.args) == 1
+    if name in ("index", "index_put", "index_put_"):
+        idx = n.args[1] if len(n.args) > 1 else ()
+        return any(_is_tensor(i, torch.bool) or _is_tensor(i, torch.uint8) for i in (idx or ()))
+    return True
+
+
 def host_syncs(rec: Recognition, kind: Kind | None = None) -> bool:
-    """Whether a graph case keeps a host-syncing op (``HOST_SYNC_OPS``) outside the sites that ``kind``'s kernel
-    family substitutes (``kind`` None: the library family's candidate, which keeps every such op)."""
+    """Whether a graph case keeps a host-syncing call (``_host_sync``) outside the sites that ``kind``'s kernel
+    family substitutes (``kind`` None: the library family's candidate, which keeps every such call). Device copies
+    (``.cpu()``) are not seen here: capture traces on the meta device."""
     if rec.capture is None:
         return False
     for case, sites in zip(rec.capture.cases, rec.sites, strict=True):
         covered = {n for st in sites if kind is not None and rec.serves(st, kind, Impl.family) for n in st.nodes}
-        for n in case.gm.graph.nodes:
-            if n.op == "call_function" and op(n) in HOST_SYNC_OPS and n not in covered:
-                if op(n) == "repeat_interleave" and (len(n.args) < 2 or not isinstance(n.args[1], torch.fx.Node)):
-                    continue  # an int repeat count: no host read
-                return True
+        if any(n.op == "call_function" and n not in covered and _host_sync(n) for n in case.gm.graph.nodes):
+            return True
     return False
 
 

@@ -289,10 +289,13 @@ def _interleaved_complex_site(n: Node) -> Site | None:
     if op(vr) != "view_as_real" or op(vr.args[0]) != "mul":
         return None
     a, b = vr.args[0].args[:2]
+    if node_dtype(vr.args[0]) != torch.complex64:  # the kernels' fp32 maths (complex128 would lose precision there)
+        return None
     for xc, f in ((a, b), (b, a)):
-        # complex64: the kernels' fp32 maths (complex128 would lose precision on them)
-        if op(xc) == "view_as_complex" and isinstance(f, Node) and node_dtype(xc) == torch.complex64:
-            src = strip(xc.args[0])
+        # freqs complex too (a real multiplier has no imaginary part to read); x viewed as pairs with no cast between
+        # (a cast after the reshape would make the kernels read x at its lower precision)
+        if op(xc) == "view_as_complex" and node_dtype(f) == torch.complex64:
+            src = xc.args[0]
             if op(src) in ("view", "reshape", "_unsafe_view", "unflatten") and _pairs_view(src, n):
                 last = _out_node(n)
                 params = {"style": "interleaved_complex", "dup_halves": False, "half_width": True,

@@ -76,6 +76,39 @@ def run(x, freqs_cos, freqs_sin):
 """
 
 
+# a real multiplier: no imaginary part for the kernels' sin
+COMPLEX_REAL_SCALE = """
+import torch
+
+@torch.no_grad()
+def run(x, freqs_cos, freqs_sin):
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs_cos[None, :, None, :]).flatten(3)
+"""
+
+# the cast after the reshape: the site's x would be the bf16 tensor, the kernels' output rounded to bf16
+COMPLEX_CAST_AFTER = """
+import torch
+
+@torch.no_grad()
+def run(x, freqs_cos, freqs_sin):
+    f = torch.complex(freqs_cos, freqs_sin)[None, :, None, :]
+    xc = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).float())
+    return torch.view_as_real(xc * f).flatten(3)
+"""
+
+# complex128 freqs times complex64 pairs: a complex128 product
+COMPLEX_F64_FREQS = """
+import torch
+
+@torch.no_grad()
+def run(x, freqs_cos, freqs_sin):
+    f = torch.complex(freqs_cos.double(), freqs_sin.double())[None, :, None, :]
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * f).flatten(3)
+"""
+
+
 def _f64_pairs(x, cos, sin):
     """float64 interleaved rotation with per-pair cos / sin broadcastable to x[..., ::2]."""
     xd = x.double()
@@ -119,10 +152,11 @@ def test_complex_freqs_form_on_the_rope_kernels(tmp_path, suffix, halves):
                                        atol=2e-2, rtol=2e-2)  # fmt: skip
 
 
-@pytest.mark.parametrize("ref", [COMPLEX_FLAT, COMPLEX_F64])
+@pytest.mark.parametrize("ref", [COMPLEX_FLAT, COMPLEX_F64, COMPLEX_REAL_SCALE, COMPLEX_CAST_AFTER, COMPLEX_F64_FREQS])
 def test_complex_freqs_the_kernels_cannot_serve_stay_on_the_graphs_ops(tmp_path, ref):
     dtype = "float64" if ref is COMPLEX_F64 else "bfloat16"
-    outs = {"y": (["B", "S", "HD"], "float32")} if ref is COMPLEX_FLAT else {"y": (["B", "S", "H", "D"], dtype)}
+    out = "float64" if ref in (COMPLEX_F64, COMPLEX_F64_FREQS) else "float32"
+    outs = {"y": (["B", "S", "HD"], "float32")} if ref is COMPLEX_FLAT else {"y": (["B", "S", "H", "D"], out)}
     task = make_task(
         tmp_path, f"p_rope_complex_{len(ref)}", ref,
         {"x": (["B", "S", "H", "D"], dtype), "freqs_cos": (["S", "D2"], "float32"),

@@ -596,3 +596,26 @@ def test_no_cuda_graph_point_for_a_composition_that_keeps_a_host_read():
     seeds = start_points(task, families_for(task))
     graphed = [f.name.rsplit(".", 2)[-2] for f, p in seeds if p.get("cuda_graph")]
     assert graphed and set(graphed) == {"counting_sort"}, graphed
+
+
+def test_which_calls_read_a_result_on_the_host():
+    """By form, not only by op: repeats as a tensor without output_size, a boolean mask index, one-argument where."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kernelarc.families.composed import _host_sync
+
+    def syncs(fn, *args) -> list[str]:
+        gm = make_fx(fn)(*args)
+        return [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and _host_sync(n)]
+
+    x, counts, mask, idx = torch.randn(4, 3), torch.tensor([1, 2, 0, 1]), torch.randn(4, 3) > 0, torch.tensor([0, 2])
+    assert syncs(lambda x: x.repeat_interleave(2, dim=0), x) == []  # an int repeat (GQA's repeat_kv)
+    assert syncs(lambda x, c: x.repeat_interleave(c, dim=0), x, counts) == ["aten.repeat_interleave.Tensor"]
+    assert syncs(lambda x, c: x.repeat_interleave(c, dim=0, output_size=4), x, counts) == []
+    assert syncs(lambda c: torch.repeat_interleave(c), counts) == ["aten.repeat_interleave.Tensor"]
+    assert syncs(lambda x, m: x[m], x, mask) == ["aten.index.Tensor"]
+    assert syncs(lambda x, i: x[i], x, idx) == []
+    assert syncs(lambda m: torch.where(m), mask) == ["aten.nonzero.default"]
+    assert syncs(lambda c: torch.bincount(c), counts) == ["aten.bincount.default"]
+    assert syncs(lambda x: (x * 2).sum(), x) == []
