@@ -105,7 +105,7 @@ class ProblemResult(BaseModel):
     champion_graph_level_only: bool = False
     speedup_vs_reference: float | None = None
     speedup_vs_compile: float | None = None
-    compile_after_budget: bool = False  # torch.compile had no result within the budget: measured after it
+    compile_after_budget: bool = False  # torch.compile measured after the budget (none within it, or uncrowned)
     speedup_vs_reference_drift_corrected: float | None = None  # both on the session's first time base
     speedup_vs_compile_drift_corrected: float | None = None  # (chained side-by-side ratios)
     sol_score: float | None = None
