@@ -941,24 +941,45 @@ def _aliases(r: Recording, v: V) -> set[int]:
     return seen
 
 
-def _host_checks(r: Recording) -> set[int]:
-    """Calls of a recording the written module leaves out: ``one_hot``'s range check of its indices (``aminmax``
-    and the two host reads of its results), which only raises on indices out of range, each read a host
-    synchronisation. Other host reads of a tensor's value are not left out (``_Writer.verbatim`` guards them)."""
-    dead: set[int] = set()
-    for j, c in enumerate(r.calls):
-        if not _is(c, aten.aminmax.default) or j + 2 >= len(r.calls):
-            continue
+def _range_check(calls: Sequence[Call], j: int) -> tuple[list[int], list[Any]] | None:
+    """``one_hot``'s range check of its indices starting at call ``j``, as torch writes it: ``aminmax`` and the two
+    host reads of its results (torch 2.13), or ``min``, a read, ``max``, a read (torch 2.11): the positions of its
+    calls and the values it reads (the minimum and maximum); None where ``j`` does not start one."""
+    read = aten._local_scalar_dense.default
+    c = calls[j]
+    found = None
+    if _is(c, aten.aminmax.default) and j + 2 < len(calls):
         lo, hi = _outs(c)
-        reads = r.calls[j + 1 : j + 3]
-        if all(_is(x, aten._local_scalar_dense.default) for x in reads) and [x.args[0] for x in reads] == [lo, hi]:
-            others = [
-                k
-                for k, x in enumerate(r.calls)
-                if k not in (j + 1, j + 2) and any(v in (lo, hi) for v in _refs(x.args))
-            ]
-            if not others:
-                dead.update((j, j + 1, j + 2))
+        reads = calls[j + 1 : j + 3]
+        if all(_is(x, read) for x in reads) and [x.args[0] for x in reads] == [lo, hi]:
+            found = [j, j + 1, j + 2], [lo, hi]
+    if _is(c, aten.min.default) and j + 3 < len(calls):
+        lo_read, mx, hi_read = calls[j + 1 : j + 4]
+        if _is(lo_read, read) and _is(mx, aten.max.default) and _is(hi_read, read) and mx.args[0] == c.args[0]:
+            lo, hi = _outs(c)[0], _outs(mx)[0]
+            if [lo_read.args[0], hi_read.args[0]] == [lo, hi]:
+                found = [j, j + 1, j + 2, j + 3], [lo, hi]
+    if found is None:
+        return None
+    # then one_hot's body: the zeros it fills, a scatter_ of ones into them (not a size or a branch read off them)
+    after = calls[found[0][-1] + 1 : found[0][-1] + 5]
+    body = bool(after) and _is(after[0], aten.zeros.default) and any(_is(x, aten.scatter_.value) for x in after)
+    return found if body else None
+
+
+def _host_checks(r: Recording) -> set[int]:
+    """Calls of a recording the written module leaves out: ``one_hot``'s range check of its indices (``_range_check``),
+    which only raises on indices out of range, each read a host synchronisation. Other host reads of a tensor's value
+    are not left out (``_Writer.verbatim`` guards them)."""
+    dead: set[int] = set()
+    for j in range(len(r.calls)):
+        found = _range_check(r.calls, j)
+        if found is None:
+            continue
+        at, values = found
+        others = [k for k, x in enumerate(r.calls) if k not in at[1:] and any(v in values for v in _refs(x.args))]
+        if not others:
+            dead.update(at)
     return dead
 
 
