@@ -249,9 +249,10 @@ class SessionPhases:
             return  # it has a verdict on its merits (correct and compared, incorrect, failed)
         # else none, or faster than a champion beaten meanwhile and never timed beside the final one (on the H200,
         # L1/061's torch.compile at 0.083 ms stayed uncrowned behind a 0.150 ms champion): measured again now
-        before = self.baseline_notes.get(label) or (f"{tried[-1].verdict.status.value}" if tried else "not measured")
         if merits:
             before = f"{UNCROWNED}, not timed beside the final one"
+        else:
+            before = self.baseline_notes.get(label) or (tried[-1].verdict.status.value if tried else "not measured")
         before = before.splitlines()[0][:200]
         timeout = float(g.baseline_timeout_s)
         cand = compiled_candidate(self.task)

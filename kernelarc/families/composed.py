@@ -66,6 +66,7 @@ from kernelarc.graph.capture import (
     baked_values,
     capture_task,
     example_inputs,
+    node_dtype,
     op,
 )
 from kernelarc.graph.catalog import recognize
@@ -720,11 +721,6 @@ HOST_SYNC_OPS = frozenset({
 })  # fmt: skip
 
 
-def _is_tensor(a: Any, dtype: torch.dtype | None = None) -> bool:
-    v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-    return isinstance(v, torch.Tensor) and (dtype is None or v.dtype == dtype)
-
-
 def _host_sync(n: torch.fx.Node) -> bool:
     """Whether the call ``n`` reads a result on the host on CUDA (its form, not only its op: ``repeat_interleave``
     with tensor repeats and no ``output_size``, one-argument ``where``, indexing with a boolean mask)."""
@@ -733,12 +729,12 @@ def _host_sync(n: torch.fx.Node) -> bool:
         return False
     if name == "repeat_interleave":  # repeats as a tensor (the .Tensor / .self_Tensor forms) without output_size
         reps = n.args[0] if len(n.args) == 1 else n.args[1] if len(n.args) > 1 else n.kwargs.get("repeats")
-        return _is_tensor(reps) and n.kwargs.get("output_size") is None
+        return node_dtype(reps) is not None and n.kwargs.get("output_size") is None
     if name == "where":
         return len(n.args) == 1
     if name in ("index", "index_put", "index_put_"):
         idx = n.args[1] if len(n.args) > 1 else ()
-        return any(_is_tensor(i, torch.bool) or _is_tensor(i, torch.uint8) for i in (idx or ()))
+        return any(node_dtype(i) in (torch.bool, torch.uint8) for i in idx)
     return True
 
 

@@ -276,7 +276,7 @@ def _pairs_view(src: Node, n: Node) -> bool:
     if xs is None or ps is None or ns is None or not xs:
         return False
     try:
-        return bool(ns == xs and ps == (*xs[:-1], xs[-1] // 2, 2) and xs[-1] % 2 == 0)
+        return bool(ns == xs and ps == (*xs[:-1], xs[-1] // 2, 2))  # an odd D has no such view
     except Exception:  # noqa: BLE001 - a symbolic size the trace cannot decide: not provably the pairs view
         return False
 
