@@ -19,6 +19,11 @@ Both RoPE families rotate either by loading the two halves separately (``split``
 loading whole contiguous rows and splitting/joining them in registers (``join``; needs
 D/2 a power of two, otherwise the launcher takes the split kernel rendered beside it).
 All arithmetic in fp32; the cast happens at the store.
+Both compile with ``enable_fp_fusion=False``: each product is rounded before the sum, as eager
+PyTorch's ``x1 * cos - x2 * sin`` rounds it, so the rotated bf16 values match the reference's bit for bit
+(a fused multiply-add changes the fp32 sum's last bit, and so about one bf16 value in 2^16; a problem whose
+next step amplifies that, as a saturated softmax over large logits does, then reads those as wrong). The
+kernels are memory-bound: separate multiply and add cost nothing measurable.
 """
 
 from __future__ import annotations
@@ -353,7 +358,8 @@ def _render_rope_fused(family: str, k: Mapping[str, Any]) -> str:
     kernel[grid](q, k, cos, sin, qo, ko, H, HKV, T, HALF, cos.stride(0), sin.stride(0),
                  q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                  qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
-                 BT=BLOCK_T, BH=bh, BHK=bhk, BD=bd, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+                 BT=BLOCK_T, BH=bh, BHK=bhk, BD=bd, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+                 enable_fp_fusion=False)
     return qo, ko
 """
     return mc.finish(src, k.get("num_stages", 1))
@@ -380,7 +386,7 @@ def _render_rope_separate(family: str, k: Mapping[str, Any]) -> str:
         grid = (triton.cdiv(T, BLOCK_T) * triton.cdiv(nh, bh),)
         kernel[grid](x, cos, sin, xo, nh, T, HALF, cos.stride(0), sin.stride(0),
                      x.stride(0), x.stride(1), xo.stride(0), xo.stride(1),
-                     BT=BLOCK_T, BH=bh, BD=bd, num_warps=NUM_WARPS)
+                     BT=BLOCK_T, BH=bh, BD=bd, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return qo, ko
 """
     return mc.finish(src, k.get("num_stages", 1))

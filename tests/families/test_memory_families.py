@@ -394,7 +394,7 @@ def test_family_strided_inputs(fam, tmp_path):
 # once, in a child process without the interpreter, for every family's start point.
 
 _DT = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.float16: "*fp16"}
-_LAUNCH_OPTS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+_LAUNCH_OPTS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion")
 
 
 class _Recorder:
@@ -447,7 +447,8 @@ def _compile_recorded(rec):
         src = ASTSource(fn=jit, signature=sig, constexprs=consts, attrs=attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
         assert "cubin" in compiled.asm, "no cubin"
-        out.append(f"{jit.fn.__name__} {consts} {opts}")
+        # fp32 fused multiply-adds in the PTX (the RoPE kernels must have none: they round as eager does)
+        out.append(f"{jit.fn.__name__} {consts} {opts} fma.f32={compiled.asm['ptx'].count('fma.rn.f32')}")
     return out
 
 
@@ -536,6 +537,16 @@ def test_other_points_compile_for_hopper(fam, aot_results):
     assert len(res) == len(_points(fam))
     bad = {i: r for i, r in res.items() if not r["ok"]}
     assert not bad, "\n".join(f"point {r['point']}:\n{r['error']}" for r in bad.values())
+
+
+@pytest.mark.parametrize("fam", [f for f in _all_families() if f.task == "rope"], ids=lambda f: f.name)
+def test_rope_kernels_round_each_product_as_eager_does(fam, aot_results):
+    """No fused multiply-add in the compiled RoPE kernels (``enable_fp_fusion=False``): ``x1 * cos - x2 * sin``
+    rounds both products before the sum on the GPU as eager PyTorch does, so the bf16 results match the
+    reference's bit for bit (the interpreter, numpy, never fuses: only the compiled PTX can show it)."""
+    kernels = [k for r in aot_results[fam.name].values() if r["ok"] for k in r["kernels"]]
+    assert kernels
+    assert all(k.endswith(" fma.f32=0") for k in kernels), kernels
 
 
 if __name__ == "__main__" and "--aot" in sys.argv:
