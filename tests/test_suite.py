@@ -415,3 +415,42 @@ def test_a_stop_between_the_logged_record_and_its_application_sees_the_record(tm
     crowned = [r.candidate.id for r in logged[: first + 1] if r.verdict.status is Status.champion]
     assert row["champion"] == crowned[-1], (row["champion"], crowned)
     assert [r.candidate.id for r in s.records] == [r.candidate.id for r in logged]
+
+
+def test_suite_merge_joins_the_calls_of_one_suite(tmp_path, capsys):
+    """scripts/suite_merge.py: the suite over all 45 takes several device calls. A later call's row replaces an
+    earlier one's, except that a row stopped by its call's end never replaces a finished one; issue 14's
+    measures count a problem without a torch.compile figure as 1.0 and a built champion behind it on either
+    ratio (or stopped) as not counted."""
+    from kernelarc.suite import result_from_summary
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import suite_merge
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    built = {"status": "finished", "champion_agent": "fusion", "champion_family": "composed.x.fused.rowblock"}
+
+    def row(problem, **kw):
+        return result_from_summary(problem, dict(built, **kw), [0]).model_dump(mode="json")
+
+    first = [row("L1/001_a", speedup_vs_compile=2.0), row("L1/002_b", speedup_vs_compile=0.5),
+             row("L2/003_c", speedup_vs_compile=4.0)]  # fmt: skip
+    later = [row("L1/002_b", speedup_vs_compile=1.25, speedup_vs_compile_drift_corrected=0.9),
+             dict(row("L2/003_c", speedup_vs_compile=9.0), stopped=True),
+             {"problem": "L2/004_d", "status": "baseline", "champion_family": "reference"}]  # fmt: skip
+    (tmp_path / "a.json").write_text(json.dumps(first))
+    (tmp_path / "b.json").write_text(json.dumps(later))
+    merged = suite_merge.merge([("A", first), ("B", later)])
+    assert [(label, r.problem) for label, r in merged] == [("A", "L1/001_a"), ("B", "L1/002_b"), ("A", "L2/003_c"),
+                                                          ("B", "L2/004_d")]  # fmt: skip
+    assert [suite_merge.not_behind(r) for _, r in merged] == [True, False, True, False]
+    assert suite_merge.main([f"A={tmp_path / 'a.json'}", f"B={tmp_path / 'b.json'}"]) == 0
+    out = capsys.readouterr().out
+    assert "built and not behind torch.compile on either ratio, finished: 2 of 4" in out
+    # (2.0 * 1.25 * 4.0 * 1.0) ** (1 / 4)
+    assert "geomean x torch.compile over all 4 (1.0 where none was measured): 1.78" in out
+    assert "| L1 002 | B | **composed.x.fused.rowblock** | yes | 1.25 (0.90) |" in out
+    with pytest.raises(SystemExit) as e:
+        suite_merge.main([str(tmp_path / "a.json")])
+    assert e.value.code == 2
