@@ -216,6 +216,7 @@ class Driver:
         self.champ_ref: dict[int, float] = {}  # the champion's latency per workload when it was crowned
         self.measured: list[int] = []  # the worker pids moved onto the quiet cores while the lock is held
         self.trusted = False  # the challenger is a trusted baseline (torch.compile of the reference): it cannot cheat
+        self.baseline = False  # the challenger is the judge's own reference or its torch.compile, to the byte
 
     # -- messages ------------------------------------------------------------------------
     def recv(self, side: Side, expect: type) -> Any:
@@ -483,6 +484,15 @@ class Driver:
             # another timing only while the clock leaves room for it and one timing of each workload still to come
             room = self.clock.left() >= took * (2 + later) + 2.0
             why, trigger = self.clock_check(wl, cand, champ), "clock"
+            if why is not None and self.baseline:
+                # The judge's own code forges no timer: what its clock sees outside the kernels' span is host work
+                # (L2/008 on the H100: torch.compile of the reference spent ~96 ms a call outside a 30 ms kernel
+                # span, recompiling or waiting on host reads; rejected as a hack, it left the problem without a
+                # torch.compile figure). Its span is compared as any other side's, as NVIDIA's harness times it.
+                note = f"workload {wl}: {why}; a baseline: its kernels' span is compared, its host time is not"
+                if note not in self.res["warnings"]:
+                    self.res["warnings"].append(note)
+                why = None
             if why is not None and (not left["clock"] or not room):
                 raise Stop(Status.rejected_hack, f"workload {wl}: {why}")
             if why is None:

@@ -132,6 +132,13 @@ def compiled_candidate(task: Task) -> Candidate:
                      rationale="torch.compile of the reference")  # fmt: skip
 
 
+def is_judge_baseline(task: Task, cand: Candidate, trusted: bool) -> bool:
+    """``cand`` is one of the judge's own baselines to the byte (the reference, its torch.compile), judged trusted:
+    the judge-clock rule does not reject it (``Driver.baseline``). Searched code judged trusted (the registry's
+    incumbent, the final side by side) and anything an agent names "baseline" keep the rule."""
+    return trusted and cand.id in {reference_candidate(task).id, compiled_candidate(task).id}
+
+
 class Guard:
     """Evaluates candidates for one task on one device."""
 
@@ -333,8 +340,9 @@ class Guard:
         # baselines (the reference, its torch.compile) have the limits their callers give them.
         compile_s = self.compile_allowance_s(cand)
         limit += compile_s
+        baseline = is_judge_baseline(self.task, cand, trusted)
         status, res = self._drive(job, champion if timed_champion else None, role, seeds, limit, run_limit, hard,
-                                  champion_reference, compile_s)  # fmt: skip
+                                  champion_reference, compile_s, baseline)  # fmt: skip
         errors += res["errors"]
         warnings += res["warnings"]
         ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference,
@@ -399,6 +407,7 @@ class Guard:
         hard: Hard | None = None,
         champion_reference: dict[int, float] | None = None,
         compile_s: float = 0.0,
+        baseline: bool = False,
     ) -> tuple[Status | None, dict]:
         res: dict[str, Any] = {"errors": [], "warnings": [], "samples": {}, "champion_samples": {}, "phases": {},
                                "checks": {}}  # fmt: skip
@@ -409,6 +418,7 @@ class Guard:
         clock = Clock(limit, hard)
         drv = Driver(self, clock, res)
         drv.champ_ref = champion_reference or {}  # workloads re-timed where the champion strays from it
+        drv.baseline = baseline  # the judge-clock rule warns only (Driver.time_workload)
         nbytes = buffer_bytes(self.task, self.workloads)
         try:
             t = time.monotonic()

@@ -263,3 +263,34 @@ def test_a_timer_forged_in_the_second_timing_too_is_rejected(broken):
     with pytest.raises(Stop) as e:
         drv.time_workload(0, cand, champ)
     assert e.value.status is Status.rejected_hack and "judge's clock" in e.value.message
+
+
+def test_the_judges_own_baseline_is_not_rejected_by_the_judge_clock():
+    """L2/008 on the H100: torch.compile of the reference spent ~96 ms a call outside its kernels' 30 ms span (host
+    work) in every timing, and the judge-clock rule rejected it as a hack. The judge's own baselines forge no
+    timer: the rule's break is a warning there, and their span is compared as any other side's."""
+    drv = _ClockBroken({0, 1, 2})
+    drv.baseline = True
+    cand, champ = _sides()
+    drv.time_workload(0, cand, champ)
+    assert cand.samples[0] and all("a baseline" in w for w in drv.res["warnings"]), drv.res["warnings"]
+    # searched code judged trusted (the final side by side) keeps the rule
+    drv = _ClockBroken({0, 1, 2})
+    drv.trusted = True
+    with pytest.raises(Stop) as e:
+        drv.time_workload(0, *_sides())
+    assert e.value.status is Status.rejected_hack
+
+
+def test_only_the_judges_own_sources_are_baselines(tmp_path):
+    from kernelarc.guard.judge import compiled_candidate, is_judge_baseline, reference_candidate
+    from kernelarc.models import Candidate
+    from kernelarc.tasks import load_builtin
+
+    task = load_builtin("rmsnorm")
+    ref, comp = reference_candidate(task), compiled_candidate(task)
+    assert is_judge_baseline(task, ref, True) and is_judge_baseline(task, comp, True)
+    assert not is_judge_baseline(task, ref, False)  # untrusted: never
+    forged = Candidate(source=comp.source + "\n# same name, other code\n", language="pytorch", agent="baseline",
+                       strategy="torch.compile")  # fmt: skip
+    assert not is_judge_baseline(task, forged, True)
