@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def report(merged: list[tuple[str, ProblemResult]]) -> str:
     for label, r in merged:
         group, _, rest = r.problem.partition("/")
         name = f"{group.replace('-Bench', '')} {rest.split('_')[0]}"
-        champ = r.champion_family or r.status.value
+        champ = re.sub(r"^composed\.[^.]+\.", "composed ", r.champion_family or r.status.value)
         if r.champion_graph_level_only:
             champ += " (graph-level only)"
         if r.stopped:

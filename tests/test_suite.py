@@ -450,7 +450,7 @@ def test_suite_merge_joins_the_calls_of_one_suite(tmp_path, capsys):
     assert "built and not behind torch.compile on either ratio, finished: 2 of 4" in out
     # (2.0 * 1.25 * 4.0 * 1.0) ** (1 / 4)
     assert "geomean x torch.compile over all 4 (1.0 where none was measured): 1.78" in out
-    assert "| L1 002 | B | **composed.x.fused.rowblock** | yes | 1.25 (0.90) |" in out
+    assert "| L1 002 | B | **composed fused.rowblock** | yes | 1.25 (0.90) |" in out
     with pytest.raises(SystemExit) as e:
         suite_merge.main([str(tmp_path / "a.json")])
     assert e.value.code == 2
