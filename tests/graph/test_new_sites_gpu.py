@@ -104,13 +104,22 @@ def test_complex_freqs_rope_on_the_rope_kernels(tmp_path, family, rest):
     _check(task, family, {"rest": rest, "halves": "join"})
 
 
-@pytest.mark.xfail(reason="run DR (H200): incorrect on workload 3, unexplained; correct on the CPU interpreter")
-@pytest.mark.parametrize("rest", ["eager", "inductor"])
+@pytest.mark.parametrize(
+    "rest",
+    [
+        {"rest": "eager"},
+        {"rest": "inductor", "emulate_casts": True},
+        pytest.param({"rest": "inductor", "emulate_casts": False}, marks=pytest.mark.xfail(
+            reason="Inductor's fused numerics, as torch.compile of the reference: incorrect on workload 3")),
+    ],
+)  # fmt: skip
 def test_interleaved_rope_inside_a_gqa_backward(rest):
-    # L2/028 on the H200 (run DR, rest=inductor): both rope.fused_qk candidates were incorrect on workload 3 (batch 1,
-    # 128 tokens: 72% of grad_hidden_states within the tolerance, 98% required); the same composition interpreted
-    # on the CPU (eager and Inductor rest) matches the reference there on every output. Here: which rest fails
-    _check(load_task(SOL / "L2/028_gqa_rotary_attention_core_backward"), "rope.fused_qk", {"rest": rest})
+    # L2/028: a saturated softmax over large logits turns one bf16 ulp into a different gradient. On the H200 (run DR)
+    # and the H100 (run DT) rope.fused_qk with the rest under plain Inductor was incorrect on workload 3 (72-73% of
+    # grad_hidden_states within the tolerance, 99% required), as torch.compile of the reference itself (98.4% of
+    # grad_q_weight); in DT the same kernel with the rest compiled rounding as eager does (emulate_casts) was correct.
+    # The kernel rounds each product as eager does (no fp fusion): with the rest eager it matches the reference
+    _check(load_task(SOL / "L2/028_gqa_rotary_attention_core_backward"), "rope.fused_qk", rest)
 
 
 @pytest.mark.parametrize("knobs", [{"rest": "eager"}, {"rest": "eager", "BLOCK": 256, "num_warps": 8},
