@@ -48,7 +48,9 @@ def _f(v: float | None) -> str:
 
 def report(merged: list[tuple[str, ProblemResult]]) -> str:
     rows = [r for _, r in merged]
-    lines = render_table(rows).splitlines()[-3:]
+    table = render_table(rows).splitlines()
+    # the suite's closing lines: those after its last rule (the timing line only where verdicts were counted)
+    lines = table[max(i for i, line in enumerate(table) if line and set(line) == {"-"}) + 1 :]
     n = len(rows)
     lines.append(f"built and not behind torch.compile on either ratio, finished: {sum(map(not_behind, rows))} of {n}")
     lines.append(
