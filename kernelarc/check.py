@@ -31,6 +31,11 @@ def main(cfg: DictConfig) -> None:
     from kernelarc.wiring import devices_for, guard_settings, load_task_from_config, reference_problem
 
     logging.getLogger("kernelarc").setLevel(logging.WARNING)
+    # stdout carries the JSON verdict alone: the console log (hydra/job_logging: stdout) goes to stderr here (a real
+    # problem's "workload 4 (127 MB) shrunk for the CPU" warnings came before the JSON and broke its parse)
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is sys.stdout:
+            h.setStream(sys.stderr)
     try:
         c = typed(cfg)
         if not c.kernel:

@@ -190,3 +190,25 @@ def test_a_failing_reference_is_a_clear_failure_not_a_traceback(tmp_path, refere
     runs = c.search_runs([c.get_experiment_by_name("kernelarc/broken_reference/cpu").experiment_id])
     (parent,) = [r for r in runs if not r.data.tags.get("mlflow.parentRunId")]
     assert parent.info.status == "FAILED" and said in parent.data.tags["kernelarc.failure_reason"]
+
+
+def test_check_prints_the_json_verdict_alone_on_stdout(tmp_path):
+    """kernelarc.check on a real problem whose large workloads are shrunk for the CPU: the loader's warnings go to
+    stderr, stdout parses as one JSON verdict (they used to come before it there)."""
+    import json
+
+    from shared_dirs import shared_path
+
+    problem = shared_path("sol-execbench") / "FlashInfer-Bench" / "024_rmsnorm_h2048"
+    if not problem.is_dir():
+        pytest.skip(f"{problem} not found")
+    kernel = tmp_path / "k.py"
+    kernel.write_text(json.loads((problem / "definition.json").read_text())["reference"])
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    args = ["+task=sol_execbench", f"task.path={problem}", "guard.compile_baseline=false", "guard.target_ms=5"]
+    chk = subprocess.run([sys.executable, "-m", "kernelarc.check", *args, f"kernel={kernel}"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert chk.returncode == 0, chk.stderr[-2000:]
+    assert "shrunk for the CPU" in chk.stderr
+    verdict = json.loads(chk.stdout)
+    assert verdict["status"] in ("champion", "correct_slower") and any("shrunk" in w for w in verdict["task_warnings"])
