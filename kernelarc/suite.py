@@ -549,7 +549,9 @@ def _progress(i: int, n: int, r: ProblemResult, seconds: float | None, note: str
 
 
 DEFERRED = "runs again with the cap it needs"  # a failed row's mark: refused for memory, to be run with more
-MEMORY_RETRIES = 3  # runs of a problem refused for memory, each with a larger cap (run_again)
+# runs of a problem refused for memory, each with a larger cap (run_again): a lower bound from its inputs and
+# outputs, then dry runs out of memory under their caps (each names twice the cap), then the measured need
+MEMORY_RETRIES = 5
 OOM_SHARES = 3  # a reference out of the shared GPU's memory with no need named: once more with this many shares
 
 
@@ -565,6 +567,7 @@ def memory_retry_gb(r: ProblemResult, share: float, pool_gb: float) -> float | N
         return None
     need = cap_needed_gb(r.reason)
     if need is not None:
+        need = min(need, pool_gb)  # a lower bound above the pool still runs once with all of it
         return need if need > share else None
     why = (r.reason or "").lower()
     if "reference failed in the guard" in why and "out of memory" in why and share < pool_gb:
@@ -693,6 +696,8 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
         r = run_one(i, rel, problem, need)
         for _ in range(MEMORY_RETRIES - 1):
             more = cap_needed_gb(r.reason) if r.status is ProblemStatus.failed else None
+            if more is not None and pool is not None:
+                more = min(more, pool.total_gb)  # a lower bound above the pool: once with all of it
             if more is None or more <= need:
                 break
             need = more

@@ -106,3 +106,24 @@ def test_dry_run_measures_the_peak_on_a_gpu(tmp_path):
     t = load_task(_problem(tmp_path))
     fp = dry_run(t, 1, "cuda:0", load_module(t.definition.reference, "memory_probe").run)
     assert fp.measured and fp.peak_bytes >= 4 * fp.input_bytes  # the cat's working set
+
+
+@pytest.mark.gpu
+def test_dry_run_is_bounded_by_its_cap_on_a_gpu(tmp_path):
+    """Processes sharing a GPU plan from these probes: a probe may not take more than its cap (run DT, H100: an
+    unbounded one held 46.7 GB under an 11 GB share). Out of memory under the bound reads as over_cap; the
+    process's allocator fraction is restored after it."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    t = load_task(_problem(tmp_path, sizes=(16, 65536)))  # workload 1: 256 MB in, a 1 GB cat, 256 MB out
+    run = load_module(t.definition.reference, "memory_probe").run
+    free = dry_run(t, 1, "cuda:0", run)
+    assert free.measured and free.error is None and free.peak_bytes >= 4 * free.input_bytes
+    tight = dry_run(t, 1, "cuda:0", run, cap_bytes=free.input_bytes + free.output_bytes + (64 << 20))
+    assert tight.over_cap and "within the cap" in (tight.error or ""), tight.error
+    roomy = dry_run(t, 1, "cuda:0", run, cap_bytes=free.input_bytes + free.peak_bytes + (256 << 20))
+    assert roomy.error is None and roomy.measured
+    assert torch.cuda.get_per_process_memory_fraction(0) == 1.0
+    big = torch.empty(int(free.input_bytes + 2 * free.peak_bytes), dtype=torch.uint8, device="cuda:0")
+    del big  # the bound is gone: more than any cap above is allocated

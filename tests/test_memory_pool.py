@@ -14,8 +14,9 @@ import pytest
 from test_memory import _problem as _memory_problem
 from test_suite import ARGS, RMSNORM, ROOT, _problem, _suite
 
-from kernelarc.guard.memory import cap_needed_gb, plan_memory
+from kernelarc.guard.memory import GB, HEADROOM, Footprint, cap_needed_gb, plan_memory
 from kernelarc.memory_pool import MemoryPool, PoolTooSmall
+from kernelarc.suite import MEMORY_RETRIES, ProblemResult, ProblemStatus, memory_retry_gb
 from kernelarc.tasks import load_task
 from kernelarc.tasks.inputs import load_module
 
@@ -160,8 +161,50 @@ def test_inputs_and_outputs_over_the_cap_name_a_lower_bound_that_leads_to_a_runn
     while need := cap_needed_gb("; ".join(plan_memory(t, [1], "cpu", memory_gb=caps[-1], run=run).errors())):
         assert need > caps[-1]
         caps.append(need)
-        assert len(caps) <= 3  # suite.MEMORY_RETRIES runs after the first
+        assert len(caps) <= MEMORY_RETRIES
     assert plan_memory(t, [1], "cpu", memory_gb=caps[-1], run=run).runnable == [1]
+
+
+def _bounded_probe(cap_gb: float, in_gb: float, out_gb: float, peak_gb: float) -> Footprint:
+    """What dry_run finds on a GPU under a cap: not run where the inputs and outputs alone exceed its usable
+    memory, out of memory (over_cap) where the reference's inputs and peak do, else the measured peak."""
+    usable = cap_gb * HEADROOM * GB
+    fp = Footprint(1, int(in_gb * GB), int(out_gb * GB), int(out_gb * GB) // 2, int(out_gb * GB))
+    if (in_gb + out_gb) * GB > usable:
+        fp.error, fp.unrun = "its inputs and outputs alone take more, above the cap", True
+    elif (in_gb + peak_gb) * GB > usable:
+        fp.error, fp.over_cap = "the reference alone runs out of memory within the cap", True
+    else:
+        fp.peak_bytes, fp.measured = int(peak_gb * GB), True
+    return fp
+
+
+@pytest.mark.parametrize("pool_gb", [77.0, 137.0])
+@pytest.mark.parametrize("sizes", [(6.0, 6.0, 10.0), (1.0, 1.0, 25.0)], ids=["io-bound", "peak-bound"])
+def test_a_probe_out_of_memory_under_its_cap_leads_the_retries_to_a_runnable_cap(pool_gb, sizes):
+    """A dry run bounded by its share (run DT, H100: an unbounded probe held 46.7 GB under an 11 GB share and
+    another shard's reservation ran out) knows only that the reference needs more than the cap. Its refusal names
+    twice the usable memory as a lower bound, so that the suite's retries (at most MEMORY_RETRIES runs, clamped to
+    the pool) reach a cap that runs the problem: one with 12 GB of inputs and outputs (L2/024-sized), one with a
+    25 GB working set beside 2 GB of inputs and outputs."""
+    share, caps = 11.0, [11.0]
+    row = ProblemResult(problem="p", status=ProblemStatus.failed)
+    while True:
+        plan = plan_memory(None, [1], "cuda", memory_gb=caps[-1], footprints={1: _bounded_probe(caps[-1], *sizes)})
+        if plan.runnable == [1]:
+            break
+        row.reason = "; ".join(plan.errors())
+        need = memory_retry_gb(row, share, pool_gb) if len(caps) == 1 else cap_needed_gb(row.reason)
+        assert need is not None and min(need, pool_gb) > caps[-1], (caps, row.reason)
+        caps.append(min(need, pool_gb))
+        assert len(caps) <= MEMORY_RETRIES, caps
+    assert caps[-1] <= pool_gb
+
+
+def test_a_probe_out_of_memory_names_twice_its_usable_memory():
+    over = plan_memory(None, [1], "cuda", memory_gb=20.0, footprints={1: _bounded_probe(20.0, 1.0, 1.0, 40.0)})
+    assert "within the cap" in over.verdicts[1] and "at least" in over.verdicts[1]
+    assert cap_needed_gb(over.verdicts[1]) >= 2 * 20.0
 
 
 @pytest.mark.parametrize("isolation", ["inline", "process"])
@@ -203,7 +246,7 @@ def test_a_pool_needs_claims_and_a_share(tmp_path):
 
 
 def test_the_cap_a_failed_row_runs_again_with():
-    from kernelarc.suite import OOM_SHARES, ProblemResult, ProblemStatus, memory_retry_gb
+    from kernelarc.suite import OOM_SHARES
 
     def row(reason, status=ProblemStatus.failed):
         return ProblemResult(problem="p", status=status, reason=reason)
@@ -218,6 +261,8 @@ def test_the_cap_a_failed_row_runs_again_with():
     assert memory_retry_gb(row("the guard needs 30.00 GB for one input set"), 11, 138) == cap_needed_gb(
         "the guard needs 30.00 GB for one input set"
     )
+    assert memory_retry_gb(row("the guard needs 300.00 GB for one input set at least"), 11, 138) == 138  # the pool
+    assert memory_retry_gb(row("the guard needs 300.00 GB for one input set"), 138, 138) is None
 
 
 OOM_FIRST_PROCESS = """

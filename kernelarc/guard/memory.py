@@ -18,12 +18,13 @@ verdict with its cause for each workload that cannot run even so.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 GB = 1 << 30
 # Share of the cap the plan fills: the caching allocator's fragmentation and rounding need the rest.
 HEADROOM = 0.9
+# A dry run out of memory under its cap names a need this many times the cap's usable memory (a lower bound).
+OVER_CAP_GROWTH = 2
 # A CUDA context (plus torch's kernels) per worker process, resident whatever the workload.
 CUDA_CONTEXT_BYTES = 600 << 20
 # float32 temporaries of one comparison per output element: both sides, |diff|, the bound, masks.
@@ -56,6 +59,7 @@ class Footprint:
     measured: bool = False  # peak from a dry run on the device (else: the output bytes)
     error: str | None = None  # the dry run failed (out of memory, ...)
     unrun: bool = False  # its inputs and outputs alone are above the cap: not run (peak_bytes: the outputs only)
+    over_cap: bool = False  # the dry run ran out of memory under the cap's bound (its need is above the cap)
 
     @property
     def hp_output_bytes(self) -> int:
@@ -139,8 +143,30 @@ def _tensor_bytes(values: Any) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _bounded(dev: torch.device, cap_bytes: int) -> Iterator[bool]:
+    """Within it, this process's caching allocator refuses to reserve more than it holds now plus ``cap_bytes``
+    (``torch.cuda.set_per_process_memory_fraction``); yields whether that bound is below the whole device."""
+    torch.cuda.empty_cache()
+    total = int(torch.cuda.get_device_properties(dev).total_memory)
+    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.9
+    before = float(get(dev)) if get is not None else 1.0
+    fraction = min(before, (int(torch.cuda.memory_reserved(dev)) + cap_bytes) / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, dev)
+    try:
+        yield fraction < 1.0
+    finally:
+        torch.cuda.set_per_process_memory_fraction(before, dev)
+
+
 def dry_run(task: Task, index: int, device: str, run: Callable[..., Any], cap_bytes: int | None = None) -> Footprint:
-    """A footprint with the reference's peak measured by running it once (seed 0)."""
+    """A footprint with the reference's peak measured by running it once (seed 0).
+
+    On a GPU the run is bounded by ``cap_bytes``: processes that share one GPU plan their shares from these
+    probes, and an unbounded probe took what the others had planned (run DT, H100: a judge held 46.7 GB under
+    an 11 GB share while probing, and another shard's reservation then ran out). A probe out of memory under
+    the bound sets ``over_cap``: the plan names a need above the cap, which a suite's memory pool runs it
+    again with."""
     in_b, out_b, out_n = io_sizes(task, index)
     fp = Footprint(index, in_b, out_b, out_n, peak_bytes=out_b)
     if cap_bytes is not None and in_b + out_b > cap_bytes:
@@ -151,23 +177,29 @@ def dry_run(task: Task, index: int, device: str, run: Callable[..., Any], cap_by
         return fp
     dev = torch.device(device)
     cuda = dev.type == "cuda"
+    bounded = False
     try:
-        if cuda:
-            torch.cuda.synchronize(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-        inputs = make_inputs(task, index, 0, dev)
-        base = torch.cuda.memory_allocated(dev) if cuda else 0
-        out = run(*inputs)
-        if cuda:
-            torch.cuda.synchronize(dev)
-            fp.peak_bytes = max(int(torch.cuda.max_memory_allocated(dev)) - base, _tensor_bytes(out))
-            fp.measured = True
-        else:
-            fp.peak_bytes = max(_tensor_bytes(out), out_b)
-        del out, inputs
+        with contextlib.ExitStack() as stack:
+            if cuda:
+                torch.cuda.synchronize(dev)
+                if cap_bytes is not None:
+                    bounded = stack.enter_context(_bounded(dev, cap_bytes))
+                torch.cuda.reset_peak_memory_stats(dev)
+            inputs = make_inputs(task, index, 0, dev)
+            base = torch.cuda.memory_allocated(dev) if cuda else 0
+            out = run(*inputs)
+            if cuda:
+                torch.cuda.synchronize(dev)
+                fp.peak_bytes = max(int(torch.cuda.max_memory_allocated(dev)) - base, _tensor_bytes(out))
+                fp.measured = True
+            else:
+                fp.peak_bytes = max(_tensor_bytes(out), out_b)
+            del out, inputs
     except Exception as e:  # noqa: BLE001 - a failing reference is a verdict, never a traceback
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
-        fp.error = ("the reference alone runs out of memory" if oom else "the reference fails") + (
+        fp.over_cap = oom and bounded
+        where = f" within the cap's {cap_bytes / GB:.2f} GB" if fp.over_cap and cap_bytes is not None else ""
+        fp.error = (f"the reference alone runs out of memory{where}" if oom else "the reference fails") + (
             f": {type(e).__name__}: {str(e)[:300]}"
         )
     finally:
@@ -250,6 +282,11 @@ def plan_memory(
                 # lower bound that a suite's memory pool can run it again with (cap_needed_gb); that run
                 # measures the reference and names the whole need if the bound falls short
                 plan.verdicts[i] += f"; the guard needs {need / GB:.2f} GB for one input set at least"
+            elif f.over_cap:
+                # out of memory under the bound: the need is above the cap, by how much is unknown; twice the
+                # usable memory makes a suite's retries grow geometrically (cap_needed_gb), each run probing again
+                lower = max(need, OVER_CAP_GROWTH * usable)
+                plan.verdicts[i] += f"; the guard needs {lower / GB:.2f} GB for one input set at least"
             continue
         if need > usable:
             plan.verdicts[i] = (
