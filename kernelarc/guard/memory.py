@@ -152,7 +152,12 @@ def _bounded(dev: torch.device, cap_bytes: int) -> Iterator[bool]:
     get = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.9
     before = float(get(dev)) if get is not None else 1.0
     fraction = min(before, (int(torch.cuda.memory_reserved(dev)) + cap_bytes) / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, dev)
+    try:
+        torch.cuda.set_per_process_memory_fraction(fraction, dev)
+    except (RuntimeError, ValueError) as e:  # an allocator without the bound (a custom one): probe unbounded
+        log.warning("memory probe not bounded by its cap: %s", e)
+        yield False
+        return
     try:
         yield fraction < 1.0
     finally:
