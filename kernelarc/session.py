@@ -488,6 +488,7 @@ class SearchSession(SessionPhases):
             self._incumbent()
             self._search()
             self._compile_after_budget()
+            self._prove_vs_compile()
             final = self._finalize()
             self.state.save_meta({**self.state.meta(), "status": "finished", "reason": None})
         except SessionFailed as e:

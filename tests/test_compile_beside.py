@@ -356,3 +356,66 @@ def test_a_crowning_beside_a_beaten_champion_with_no_time_left_is_recorded_uncro
     assert late.verdict.status is Status.correct_slower
     assert any("not timed again beside the new one" in e for e in late.verdict.errors)
     assert not s.first_of
+
+
+class SearchedAtGuard(SlowCompileGuard):
+    """Every searched candidate runs ``vs_compile`` times torch.compile's latency, the reference 3x slower; no
+    timing noise (a tie is exactly 1.0x, below the decision's minimum gain)."""
+
+    def __init__(self, *a, vs_compile: float = 1.0, **kw):
+        super().__init__(*a, **{**kw, "reference_factor": 3.0, "noise": 0.0})
+        self.vs_compile = vs_compile
+        self.proofs: list[tuple[str, str | None]] = []  # (challenger, champion) of every trusted searched evaluation
+
+    def _latency(self, cand):
+        if cand.agent == "baseline":
+            return super()._latency(cand)
+        return self.model.library_ms() * self.factors["torch.compile"] * self.vs_compile
+
+    def evaluate(self, cand, champion=None, **kw):
+        if kw.get("trusted") and cand.agent != "baseline":
+            self.proofs.append((cand.id, champion.id if champion else None))
+        return super().evaluate(cand, champion, **kw)
+
+
+def _searched_at(tmp_path, vs_compile: float, *extra: str):
+    def guard(*a, **kw):
+        return SearchedAtGuard(*a, vs_compile=vs_compile, **kw)
+
+    return _session(tmp_path, 2.0, *extra, guard_cls=guard)
+
+
+def test_a_champion_that_ties_torch_compile_gives_way_to_it(tmp_path):
+    """A searched kernel crowned over the reference while torch.compile was compiling, then matched by it (on the
+    H200, FlashInfer 001: 0.98x torch.compile side by side, yet reported as KernelArc's kernel): timed once more as
+    torch.compile's challenger after the search, it is not faster beyond the noise, and torch.compile is crowned."""
+    s, summary, g = _searched_at(tmp_path, 1.0)
+    assert len(g.proofs) == 1 and g.proofs[0][1] == s.records[[r.candidate.strategy for r in s.records].index(
+        "torch.compile")].candidate.id  # fmt: skip
+    assert s.champion.strategy == "torch.compile" and summary["champion_agent"] == "baseline"
+    assert "crowned after the search" in summary["baseline_notes"]["torch.compile"]
+    final = [r for r in s.records if r.kind == "final"]
+    assert len(final) == 1 and final[0].verdict.status is Status.correct_slower
+    assert s.records[-1].kind == "baseline" and s.records[-1].verdict.status is Status.champion
+
+
+def test_a_champion_faster_than_torch_compile_is_proven_beside_it(tmp_path):
+    s, summary, g = _searched_at(tmp_path, 0.7)
+    assert len(g.proofs) == 1 and summary["champion_agent"] not in (None, "baseline")
+    final = [r for r in s.records if r.kind == "final"]
+    assert len(final) == 1 and final[0].verdict.status is Status.champion
+    # the summary's ratio over torch.compile is that pair's own
+    assert summary["speedup_vs_compile_drift_corrected"] == pytest.approx(final[0].verdict.speedup_vs_champion)
+    assert summary["speedup_vs_compile_drift_corrected"] == pytest.approx(1 / 0.7, rel=0.05)
+
+
+def test_the_proof_is_skipped_where_the_champion_beat_torch_compile_itself_or_is_switched_off(tmp_path):
+    s, summary, g = _searched_at(tmp_path / "off", 1.0, "guard.prove_vs_compile=false")
+    assert g.proofs == [] and summary["champion_agent"] not in (None, "baseline")  # the tie stays, as it was
+    # torch.compile measured before the search: the champion is crowned beside it, which proves it already
+    s, summary, g = _searched_at(tmp_path / "before", 0.7, "search.compile_beside_search=false")
+    crowned = next(r for r in s.records if r.candidate.id == s.champion.id and r.verdict.status is Status.champion)
+    assert s.records[[r.candidate.id for r in s.records].index(crowned.champion_id)].candidate.strategy == (
+        "torch.compile"
+    )
+    assert g.proofs == [] and not [r for r in s.records if r.kind == "final"]

@@ -44,6 +44,10 @@ class GuardSettings:
     # after the search, at most baseline_timeout_s, side by side with the champion (and may still be crowned):
     # a champion is never reported without its torch.compile comparison for want of time
     compile_after_budget: bool = True
+    # A searched champion not crowned beside torch.compile itself is timed beside it once more after the search and
+    # kept only if faster beyond the noise (guard.decision.decide, torch.compile as the incumbent); else torch.compile
+    # is crowned: a kernel KernelArc reports is proven faster than what its user would otherwise run
+    prove_vs_compile: bool = True
     # Seconds a warm-up (JIT compilation, autotuning, first calls) may hold the device lock shared, so that no other
     # process times on the GPU meanwhile (its kernels would time-slice with the measured ones); past it the warm-up
     # goes on without it. 0 (the default): warm-ups never wait for, nor hold back, a timing. Measured on the H200
