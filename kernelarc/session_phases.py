@@ -294,10 +294,9 @@ class SessionPhases:
         champ = self.champion
         if not (g.compile_baseline and g.prove_vs_compile) or champ is None or champ.agent == "baseline":
             return
-        tc = next((r for r in reversed(self.records) if r.kind == "baseline" and r.candidate.strategy == label
-                   and r.verdict.correct), None)  # fmt: skip
-        if tc is None:
-            return  # no correct torch.compile: nothing to prove against
+        tc = next((r for r in reversed(self.records) if r.kind == "baseline" and r.candidate.strategy == label), None)
+        if tc is None or not tc.verdict.correct:
+            return  # no torch.compile to prove against, or its latest measurement failed (a timeout after the budget)
         tc_id = tc.candidate.id
         crowned = next((r for r in self.records if r.candidate.id == champ.id and r.kind in ("candidate", "incumbent")
                         and r.verdict.status is Status.champion), None)  # fmt: skip
