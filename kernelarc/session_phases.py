@@ -323,6 +323,7 @@ class SessionPhases:
             self.ui.line(f"  {label} proof not decided: {why}")
             return
         if v.status is Status.champion:
+            self.baseline_notes[f"{label} proof"] = f"the champion proven faster beside it: {d.reason}"
             self.ui.line(f"  proven: {d.reason}")
             return
         # not faster beyond the noise: torch.compile is crowned, with its own latency beside the champion

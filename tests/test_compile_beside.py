@@ -404,6 +404,7 @@ def test_a_champion_faster_than_torch_compile_is_proven_beside_it(tmp_path):
     assert len(g.proofs) == 1 and summary["champion_agent"] not in (None, "baseline")
     final = [r for r in s.records if r.kind == "final"]
     assert len(final) == 1 and final[0].verdict.status is Status.champion
+    assert summary["baseline_notes"]["torch.compile proof"].startswith("the champion proven faster beside it")
     # the summary's ratio over torch.compile is that pair's own
     assert summary["speedup_vs_compile_drift_corrected"] == pytest.approx(final[0].verdict.speedup_vs_champion)
     assert summary["speedup_vs_compile_drift_corrected"] == pytest.approx(1 / 0.7, rel=0.05)
