@@ -498,6 +498,12 @@ def run_inline(cfg: DictConfig, problem: Path, rel: str, target: Any, log_path: 
 
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+                # which process goes past its share of a shared GPU (on the H100, runs DT and DU: one held 20.7 GB
+                # under an 11 GB share, named by its pid only): the judge's peak, with its pid, in the shard's log
+                peak, left = torch.cuda.max_memory_reserved() / 2**30, torch.cuda.memory_reserved() / 2**30
+                log.warning("%s: this process (pid %d) reserved at most %.1f GB on the GPU, %.1f GB still after",
+                            rel, os.getpid(), peak, left)  # fmt: skip
+                torch.cuda.reset_peak_memory_stats()
         except Exception:  # noqa: BLE001
             pass
 
