@@ -335,7 +335,8 @@ class SessionPhases:
             update={"status": Status.champion, "latency_ms": lat, "errors": [],
                     "speedup_vs_champion": 1.0 / d.speedup, "warnings": [*tc.verdict.warnings, note]}
         )  # fmt: skip
-        self.baseline_notes[label] = note
+        prev = self.baseline_notes.get(label)
+        self.baseline_notes[label] = f"{note}; before: {prev}" if prev else note
         self.ui.line(f"  {label} {note}")
         with self.lock:
             crown = Record(-1, "baseline", tc.candidate, tv, tc.samples, champ.id)
