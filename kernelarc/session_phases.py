@@ -302,8 +302,14 @@ class SessionPhases:
                         and r.verdict.status is Status.champion), None)  # fmt: skip
         if crowned is not None and crowned.champion_id == tc_id:
             return  # crowned beside torch.compile, faster beyond the noise there
-        if any(r.kind == "final" and r.candidate.id == champ.id and r.champion_id == tc_id for r in self.records):
-            return  # proven (or not) before a stop: the records say which
+        prior = [r for r in self.records if r.kind == "final" and r.candidate.id == champ.id and r.champion_id == tc_id]
+        if prior:
+            # measured before a stop: proven or undecided, the champion stays; not proven, the stop came before
+            # torch.compile's crowning record: it is crowned now
+            v = prior[-1].verdict
+            if v.status is Status.correct_slower and v.speedup_vs_champion:
+                self._crown_compile(tc, champ, v, f"{v.speedup_vs_champion:.3f}x, measured before a stop")
+            return
         self.ui.line(f"proving {champ.id} against {label} side by side (guard.prove_vs_compile=false skips this) ...")
         timeout = float(g.baseline_timeout_s)
         try:
@@ -326,14 +332,20 @@ class SessionPhases:
             self.baseline_notes[f"{label} proof"] = f"the champion proven faster beside it: {d.reason}"
             self.ui.line(f"  proven: {d.reason}")
             return
-        # not faster beyond the noise: torch.compile is crowned, with its own latency beside the champion
+        self._crown_compile(tc, champ, v, d.reason)
+
+    def _crown_compile(self, tc: Record, champ: Candidate, v: Verdict, why: str) -> None:
+        """torch.compile crowned after a proof its champion failed (``v``: the champion's verdict beside it), with
+        its own latency beside the champion."""
+        label = tc.candidate.strategy
         ms = {w.index: w.champion_ms for w in v.workloads if w.champion_ms}
         lat = math.exp(sum(math.log(x) for x in ms.values()) / len(ms)) if ms else tc.verdict.latency_ms
         note = (f"crowned after the search: the searched champion {champ.id} was not faster beside it beyond the "
-                f"noise ({d.reason})")  # fmt: skip
+                f"noise ({why})")  # fmt: skip
         tv = tc.verdict.model_copy(
             update={"status": Status.champion, "latency_ms": lat, "errors": [],
-                    "speedup_vs_champion": 1.0 / d.speedup, "warnings": [*tc.verdict.warnings, note]}
+                    "speedup_vs_champion": 1.0 / v.speedup_vs_champion if v.speedup_vs_champion else None,
+                    "warnings": [*tc.verdict.warnings, note]}
         )  # fmt: skip
         prev = self.baseline_notes.get(label)
         self.baseline_notes[label] = f"{note}; before: {prev}" if prev else note

@@ -420,3 +420,19 @@ def test_the_proof_is_skipped_where_the_champion_beat_torch_compile_itself_or_is
         "torch.compile"
     )
     assert g.proofs == [] and not [r for r in s.records if r.kind == "final"]
+
+
+def test_a_proof_lost_before_its_crowning_crowns_torch_compile_when_resumed(tmp_path):
+    """A stop between the proof's record (not proven) and torch.compile's crowning record: the resumed session
+    crowns torch.compile from the recorded proof, without timing it again."""
+    s, _, _ = _searched_at(tmp_path, 1.0)
+    assert [r.kind for r in s.state.load()[-2:]] == ["final", "baseline"]
+    lines = s.state.path.read_text().splitlines()
+    s.state.path.write_text("\n".join(lines[:-1]) + "\n")  # the crowning record never written
+    assert s.state.load()[-1].kind == "final"
+    s.state.save_meta({**s.state.meta(), "status": "running"})
+    s2, guards = _build(tmp_path, 2.0, guard_cls=lambda *a, **kw: SearchedAtGuard(*a, vs_compile=1.0, **kw))
+    summary = s2.run()
+    assert guards[0].proofs == []  # not timed again
+    assert s2.champion.strategy == "torch.compile" and summary["champion_agent"] == "baseline"
+    assert "measured before a stop" in summary["baseline_notes"]["torch.compile"]
