@@ -14,6 +14,7 @@ from typing import Any
 
 from kernelarc import dispatch
 from kernelarc.families.composed import graph_level_only
+from kernelarc.guard.decision import geomean
 from kernelarc.guard.judge import Evaluation, compiled_candidate, reference_candidate
 from kernelarc.models import GRAPH_LEVEL_ONLY, Candidate, Status, Verdict
 from kernelarc.sinks import RegistrySink, TrackerSink
@@ -339,7 +340,7 @@ class SessionPhases:
         its own latency beside the champion."""
         label = tc.candidate.strategy
         ms = {w.index: w.champion_ms for w in v.workloads if w.champion_ms}
-        lat = math.exp(sum(math.log(x) for x in ms.values()) / len(ms)) if ms else tc.verdict.latency_ms
+        lat = geomean(list(ms.values())) if ms else tc.verdict.latency_ms
         note = (f"crowned after the search: the searched champion {champ.id} was not faster beside it beyond the "
                 f"noise ({why})")  # fmt: skip
         tv = tc.verdict.model_copy(
