@@ -76,6 +76,9 @@ def record_early_failure(reason: str, task: Task, gpu: str, state: StateLog, tra
 
 
 # a correct verdict faster than the champion it was timed beside, not crowned: that champion had been beaten
+# A champion's proof against torch.compile that reads faster by the medians but within a bar above this (the pair's
+# noise: 1 + its relative spread) is timed once more, and the pair with the lower bar decides.
+REPROVE_BAR = 1.2
 UNCROWNED = "faster than the champion it was timed beside, which was beaten meanwhile"
 
 
@@ -289,7 +292,8 @@ class SessionPhases:
         that torch.compile matched (on the H200, FlashInfer 001 read 0.98x torch.compile side by side, L1/043 0.84x
         raw): what KernelArc reports as its own kernel is now one proven faster, on this GPU, at the session's end.
         Its record (kind ``final``) is the side-by-side pair the summary's ratio over torch.compile reads. Off with
-        ``guard.prove_vs_compile=false``; a measurement that fails or is void leaves the champion, with a note."""
+        ``guard.prove_vs_compile=false``; a measurement that fails or is void leaves the champion, with a note. A pair
+        faster by the medians but inside a bar above ``REPROVE_BAR`` is timed once more; the sharper pair decides."""
         g = self.settings.guard
         label = "torch.compile"
         champ = self.champion
@@ -313,27 +317,54 @@ class SessionPhases:
             return
         self.ui.line(f"proving {champ.id} against {label} side by side (guard.prove_vs_compile=false skips this) ...")
         timeout = float(g.baseline_timeout_s)
-        try:
-            ev = self._evaluate(champ, tc.candidate, True, timeout, 0, deadline=time.time() + timeout + g.timeout_s)
-        except Exception as e:  # noqa: BLE001 - an unmeasured proof keeps the champion, with a note
-            log.exception("the champion's side-by-side with %s failed", label)
-            self.baseline_notes[f"{label} proof"] = f"not measured: {type(e).__name__}: {str(e)[:200]}"
+
+        def measure() -> Evaluation | Exception:
+            try:
+                return self._evaluate(
+                    champ, tc.candidate, True, timeout, 0, deadline=time.time() + timeout + g.timeout_s
+                )
+            except Exception as e:  # noqa: BLE001 - an unmeasured proof keeps the champion, with a note
+                log.exception("the champion's side-by-side with %s failed", label)
+                return e
+
+        ev = measure()
+        if isinstance(ev, Exception):
+            self.baseline_notes[f"{label} proof"] = f"not measured: {type(ev).__name__}: {str(ev)[:200]}"
             return
+        measured = [ev]
+        d = ev.decision
+        if (ev.verdict.correct and ev.verdict.status is not Status.champion and d is not None
+                and d.speedup > 1.0 and d.required > REPROVE_BAR):  # fmt: skip
+            # faster by the medians, but the pair was too noisy to tell (on the H100 suite, L1/045's champion read
+            # 1.268x torch.compile against a 1.559x bar): timed once more, and the more precise pair decides, whichever
+            # way it reads (the choice looks at the spread only, never at the ratio)
+            self.ui.line(f"  {label} proof too noisy ({d.reason}): timed once more")
+            again = measure()
+            if not isinstance(again, Exception):
+                da = again.decision
+                sharper = again.verdict.correct and da is not None and not math.isnan(da.speedup)
+                measured = [ev, again] if sharper and da.required < d.required else [again, ev]
+        with self.lock:  # the deciding pair last: the summary's ratio and a resumed session read the latest
+            recs = [Record(-1, "final", champ, e.verdict, e.samples, tc_id) for e in measured]
+            for rec in recs:
+                self.state.append(rec)
+                self._replay(rec)
+        ev = measured[-1]
         v, d = ev.verdict, ev.decision
-        with self.lock:
-            rec = Record(-1, "final", champ, v, ev.samples, tc_id)
-            self.state.append(rec)
-            self._replay(rec)
+        also = ""
+        if len(measured) > 1:
+            o = measured[0]
+            also = f"; the other pair: {o.decision.reason if o.decision is not None else o.verdict.status.value}"
         if not v.correct or d is None or math.isnan(d.speedup):
             why = d.reason if d is not None else (v.errors[0].splitlines()[0][:200] if v.errors else v.status.value)
             self.baseline_notes[f"{label} proof"] = f"not decided ({v.status.value}: {why}); the champion stays"
             self.ui.line(f"  {label} proof not decided: {why}")
             return
         if v.status is Status.champion:
-            self.baseline_notes[f"{label} proof"] = f"the champion proven faster beside it: {d.reason}"
-            self.ui.line(f"  proven: {d.reason}")
+            self.baseline_notes[f"{label} proof"] = f"the champion proven faster beside it: {d.reason}{also}"
+            self.ui.line(f"  proven: {d.reason}{also}")
             return
-        self._crown_compile(tc, champ, v, d.reason)
+        self._crown_compile(tc, champ, v, d.reason + also)
 
     def _crown_compile(self, tc: Record, champ: Candidate, v: Verdict, why: str) -> None:
         """torch.compile crowned after a proof its champion failed (``v``: the champion's verdict beside it), with

@@ -422,6 +422,58 @@ def test_the_proof_is_skipped_where_the_champion_beat_torch_compile_itself_or_is
     assert g.proofs == [] and not [r for r in s.records if r.kind == "final"]
 
 
+class NoisyFirstProof(SearchedAtGuard):
+    """The first proof's pair is spread wide (a bar near 1.5x, as L1/045's 1.559x beside eleven shards on the H100);
+    the second is quiet, with the searched kernel at ``then`` times torch.compile's latency."""
+
+    SPREAD = (0.5, 0.7, 0.9, 1.0, 1.1, 1.4, 1.8)
+
+    def __init__(self, *a, then: float, **kw):
+        super().__init__(*a, **kw)
+        self.then = then
+        self._spread = False
+
+    def _latency(self, cand):
+        if cand.agent != "baseline" and len(self.proofs) > 1:  # the second proof
+            return self.model.library_ms() * self.factors["torch.compile"] * self.then
+        return super()._latency(cand)
+
+    def _draw(self, lat, cid, tag):
+        s = super()._draw(lat, cid, tag)
+        return [x * f for x, f in zip(s, self.SPREAD, strict=True)] if self._spread else s
+
+    def evaluate(self, cand, champion=None, **kw):
+        self._spread = bool(kw.get("trusted")) and cand.agent != "baseline" and not self.proofs
+        try:
+            return super().evaluate(cand, champion, **kw)
+        finally:
+            self._spread = False
+
+
+@pytest.mark.parametrize("then", [0.8, 1.0])
+def test_a_proof_too_noisy_to_tell_is_timed_once_more_and_the_sharper_pair_decides(tmp_path, then):
+    """A champion 1.25x faster than torch.compile by the medians, inside a 1.5x bar: timed once more. The quiet
+    second pair decides either way: proven where it reads 1.25x again, torch.compile crowned where it reads a tie."""
+
+    def guard(*a, **kw):
+        return NoisyFirstProof(*a, vs_compile=0.8, then=then, **kw)
+
+    s, summary, g = _session(tmp_path, 2.0, guard_cls=guard)
+    assert len(g.proofs) == 2
+    final = [r for r in s.records if r.kind == "final"]
+    assert len(final) == 2 and final[0].verdict.status is Status.correct_slower  # the noisy pair, recorded first
+    assert final[0].verdict.speedup_vs_champion == pytest.approx(1.25, rel=0.05)
+    if then < 1:
+        assert final[1].verdict.status is Status.champion and summary["champion_agent"] != "baseline"
+        note = summary["baseline_notes"]["torch.compile proof"]
+        assert note.startswith("the champion proven faster beside it") and "the other pair: 1.25" in note
+        assert summary["speedup_vs_compile_drift_corrected"] == pytest.approx(1.25, rel=0.01)  # the deciding pair
+    else:
+        assert final[1].verdict.status is Status.correct_slower
+        assert s.champion.strategy == "torch.compile" and summary["champion_agent"] == "baseline"
+        assert "the other pair: 1.25" in summary["baseline_notes"]["torch.compile"]
+
+
 def test_a_proof_lost_before_its_crowning_crowns_torch_compile_when_resumed(tmp_path):
     """A stop between the proof's record (not proven) and torch.compile's crowning record: the resumed session
     crowns torch.compile from the recorded proof, without timing it again."""
