@@ -115,18 +115,40 @@ for ((k = 0; k < SHARDS; k++)); do
   pids+=($!)
   sleep 2  # staggered starts: ten imports of torch at once only slow each other
 done
+# The rows so far into $OUT/suite_table.json: every shard's table.json, and the result file of each problem whose
+# shard was killed before writing its table (run DW: an outer timeout cut this script 30 s after its suite, so no
+# table came back). Also on SIGTERM, so a call cut short still returns the rows its shards saved.
+collect_rows() {
+  python3 - "$OUT" <<'EOF0'
+import json, pathlib, sys
+rows = {}
+def keep(row):  # a finished row over a stopped one, else the later
+    old = rows.get(row["problem"])
+    if old is None or not row.get("stopped") or old.get("stopped"):
+        rows[row["problem"]] = row
+for r in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/results/*.json")):
+    try:
+        keep(json.loads(r.read_text()))
+    except (OSError, ValueError, KeyError):
+        pass
+for t in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/table.json")):
+    data = json.loads(t.read_text())
+    for row in data if isinstance(data, list) else data.get("rows", data.get("results", [])):
+        keep(row)
+out = sorted(rows.values(), key=lambda r: r["problem"])
+pathlib.Path(sys.argv[1], "suite_table.json").write_text(json.dumps(out, indent=1))
+print(f"suite_table.json: {len(out)} rows")
+EOF0
+}
+trap 'say "stopped (SIGTERM): the rows saved so far"; collect_rows; exit 143' TERM
 for p in "${pids[@]}"; do wait "$p"; done
 say "suite shards done"
+collect_rows
 
 PROBLIST="${PROBS[*]}" python3 - "$OUT" <<'EOF'
 import json, os, pathlib, sys
 out = pathlib.Path(sys.argv[1])
-rows = []
-for t in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/table.json")):
-    data = json.loads(t.read_text())
-    rows += data if isinstance(data, list) else data.get("rows", data.get("results", []))
-rows.sort(key=lambda r: r["problem"])
-(out / "suite_table.json").write_text(json.dumps(rows, indent=1))
+rows = json.loads((out / "suite_table.json").read_text())
 by = {}
 for r in rows:
     by[r["status"]] = by.get(r["status"], 0) + 1
@@ -163,14 +185,10 @@ export -f harness_shard; export hdeadline HARNESS_SRC STORES OUT
 ls -d .kernelarc/suite_shard*/*/*/ | while read -r s; do [ -f "$s/table.json" ] && echo "$s"; done |
   xargs -P "$HARNESS_PAR" -I{} bash -c 'harness_shard "$1"' _ {}
 say "harness done"
+collect_rows  # again: the harness wrote its verdicts into the tables
 python3 - "$OUT" <<'EOF'
 import json, pathlib, sys
-rows = []
-for t in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/table.json")):
-    data = json.loads(t.read_text())
-    rows += data if isinstance(data, list) else data.get("rows", data.get("results", []))
-rows.sort(key=lambda r: r["problem"])
-pathlib.Path(sys.argv[1], "suite_table.json").write_text(json.dumps(rows, indent=1))
+rows = json.loads(pathlib.Path(sys.argv[1], "suite_table.json").read_text())
 ev = [r for r in rows if r.get("harness_verdict")]
 print(f"harness evaluated {len(ev)}:")
 for r in ev:
