@@ -140,7 +140,8 @@ pathlib.Path(sys.argv[1], "suite_table.json").write_text(json.dumps(out, indent=
 print(f"suite_table.json: {len(out)} rows")
 EOF0
 }
-trap 'say "stopped (SIGTERM): the rows saved so far"; collect_rows; exit 143' TERM
+# (the logs packed too: a call returns a few files only, and DW's twelve shard logs came back as eight)
+trap 'say "stopped (SIGTERM): the rows saved so far"; collect_rows; tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"; exit 143' TERM
 for p in "${pids[@]}"; do wait "$p"; done
 say "suite shards done"
 collect_rows
