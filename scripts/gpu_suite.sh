@@ -103,7 +103,52 @@ print(",".join(map(str, c[:n])), ",".join(map(str, c[n:])) if len(c) > n + 1 els
     say "warning: QUIET_CPUS=$QUIET_CPUS leaves fewer than two CPUs for the shards; quiet cores off"
   fi
 fi
+# The rows so far into $OUT/suite_table.json: every shard's table.json, and the result file of each problem whose
+# shard was killed before writing its table (run DW: an outer timeout cut this script 30 s after its suite, so no
+# table came back). Also on SIGTERM, so a call cut short still returns the rows its shards saved.
+collect_rows() {
+  python3 - "$OUT" <<'EOF0'
+import json, pathlib, sys
+rows = {}
+rank = lambda r: 0 if r.get("status") == "crashed" else 1 if r.get("stopped") else 2
+def keep(row):  # finished over stopped over crashed (an earlier call's crash restored beside this call's row)
+    old = rows.get(row["problem"])
+    if old is None or rank(row) >= rank(old):
+        rows[row["problem"]] = row
+for r in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/results/*.json")):
+    try:
+        keep(json.loads(r.read_text()))
+    except (OSError, ValueError, KeyError):
+        pass
+for t in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/table.json")):
+    try:
+        data = json.loads(t.read_text())
+        for row in data if isinstance(data, list) else data.get("rows", data.get("results", [])):
+            keep(row)
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        print(f"{t}: unreadable ({e}); its result files stand in")
+out = sorted(rows.values(), key=lambda r: r["problem"])
+pathlib.Path(sys.argv[1], "suite_table.json").write_text(json.dumps(out, indent=1))
+print(f"suite_table.json: {len(out)} rows")
+EOF0
+}
+# A SIGTERM to this script (an outer timeout) stops the shards the same way (each `timeout` passes it on; the
+# suite saves its running problem's row within its grace), waits for them a bounded while, and keeps what they
+# saved: the rows and the logs, packed (a call returns a few files only: DW's twelve shard logs came back as
+# eight). Nothing is resumable from such a call: state.tgz is written only at the end.
+on_term() {
+  say "stopped (SIGTERM): the shards are stopped, then the rows saved so far"
+  [ ${#pids[@]} -gt 0 ] && kill -TERM "${pids[@]}" 2>/dev/null
+  for _ in $(seq 15); do
+    alive=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break; sleep 1
+  done
+  collect_rows
+  [ -d "$OUT/logs" ] && tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+  exit 143
+}
 pids=()
+trap on_term TERM
 for ((k = 0; k < SHARDS; k++)); do
   # LIBRARY=path/to/mlflow.db: a store whose champions of the built-in tasks (e.g. from scripts/bench.py) start
   # the problems' sites (the kernel library); every shard reads it, none writes it. GPU: the target (default auto:
@@ -115,33 +160,6 @@ for ((k = 0; k < SHARDS; k++)); do
   pids+=($!)
   sleep 2  # staggered starts: ten imports of torch at once only slow each other
 done
-# The rows so far into $OUT/suite_table.json: every shard's table.json, and the result file of each problem whose
-# shard was killed before writing its table (run DW: an outer timeout cut this script 30 s after its suite, so no
-# table came back). Also on SIGTERM, so a call cut short still returns the rows its shards saved.
-collect_rows() {
-  python3 - "$OUT" <<'EOF0'
-import json, pathlib, sys
-rows = {}
-def keep(row):  # a finished row over a stopped one, else the later
-    old = rows.get(row["problem"])
-    if old is None or not row.get("stopped") or old.get("stopped"):
-        rows[row["problem"]] = row
-for r in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/results/*.json")):
-    try:
-        keep(json.loads(r.read_text()))
-    except (OSError, ValueError, KeyError):
-        pass
-for t in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/table.json")):
-    data = json.loads(t.read_text())
-    for row in data if isinstance(data, list) else data.get("rows", data.get("results", [])):
-        keep(row)
-out = sorted(rows.values(), key=lambda r: r["problem"])
-pathlib.Path(sys.argv[1], "suite_table.json").write_text(json.dumps(out, indent=1))
-print(f"suite_table.json: {len(out)} rows")
-EOF0
-}
-# (the logs packed too: a call returns a few files only, and DW's twelve shard logs came back as eight)
-trap 'say "stopped (SIGTERM): the rows saved so far"; collect_rows; tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"; exit 143' TERM
 for p in "${pids[@]}"; do wait "$p"; done
 say "suite shards done"
 collect_rows
@@ -216,6 +234,7 @@ for f in sorted(pathlib.Path(".kernelarc").glob("*/*/*/evaluations.jsonl")):
 pathlib.Path(sys.argv[1], "sessions.json").write_text(json.dumps(out, indent=1, default=str))
 print(f"sessions.json: {len(out)} sessions")
 EOF3
+trap - TERM
 tar czf "$OUT/state.tgz" -P "$PWD/.kernelarc" "$STORES" 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 say "end"
