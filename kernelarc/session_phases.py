@@ -332,7 +332,7 @@ class SessionPhases:
         if isinstance(ev, Exception):
             self.baseline_notes[f"{label} proof"] = f"not measured: {type(ev).__name__}: {str(ev)[:200]}"
             return
-        self._record_final(champ, ev.verdict, ev.samples, tc_id)
+        self._append(Record(-1, "final", champ, ev.verdict, ev.samples, tc_id))
         d, also = ev.decision, ""
         if (ev.verdict.correct and ev.verdict.status is not Status.champion and d is not None
                 and d.speedup > 1.0 and d.required > max(REPROVE_BAR, 1.0 + g.min_gain)):  # fmt: skip
@@ -347,7 +347,7 @@ class SessionPhases:
                 also = f"; timed once more: {again.verdict.status.value}, not pooled"
             else:
                 ev = self._pooled(ev, again)
-                self._record_final(champ, ev.verdict, ev.samples, tc_id)
+                self._append(Record(-1, "final", champ, ev.verdict, ev.samples, tc_id))
                 also = f" (two pairs pooled; the first alone: {d.reason})"
         v, d = ev.verdict, ev.decision
         if not v.correct or d is None or math.isnan(d.speedup):
@@ -361,9 +361,9 @@ class SessionPhases:
             return
         self._crown_compile(tc, champ, v, d.reason + also)
 
-    def _record_final(self, champ: Candidate, v: Verdict, samples: dict[int, list[float]], tc_id: str) -> None:
+    def _append(self, rec: Record) -> None:
+        """A record into the state log and the session's view of it."""
         with self.lock:
-            rec = Record(-1, "final", champ, v, samples, tc_id)
             self.state.append(rec)
             self._replay(rec)
 
@@ -399,10 +399,8 @@ class SessionPhases:
         prev = self.baseline_notes.get(label)
         self.baseline_notes[label] = f"{note}; before: {prev}" if prev else note
         self.ui.line(f"  {label} {note}")
-        with self.lock:
-            crown = Record(-1, "baseline", tc.candidate, tv, tc.samples, champ.id)
-            self.state.append(crown)
-            self._replay(crown)
+        crown = Record(-1, "baseline", tc.candidate, tv, tc.samples, champ.id)
+        self._append(crown)
         self._to_sinks(crown)
 
     def _record_baseline(self, label: str, cand: Candidate, ev: Evaluation, champion_id: str | None) -> None:

@@ -584,14 +584,14 @@ def memory_retry_gb(r: ProblemResult, share: float, pool_gb: float) -> float | N
 def ran_out_beside_others(r: ProblemResult) -> bool:
     """A failed row whose run ran out of the GPU's memory (an allocation refused), not refused by its memory plan
     (a need named) nor by its dry run's own cap: on a shared GPU, other processes held more than their shares."""
-    from kernelarc.guard.memory import cap_needed_gb
+    from kernelarc.guard.memory import WITHIN_CAP, cap_needed_gb
 
     why = (r.reason or "").lower()
     return (
         r.status is ProblemStatus.failed
         and "out of memory" in why
         and cap_needed_gb(r.reason) is None
-        and "within the cap" not in why
+        and WITHIN_CAP not in why
     )
 
 
@@ -723,15 +723,15 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
             more = cap_needed_gb(r.reason) if r.status is ProblemStatus.failed else None
             if more is not None and pool is not None:
                 more = min(more, pool.total_gb)  # a lower bound above the pool: once with all of it
-            if (more is None or more <= need) and same_again and ran_out_beside_others(r):
+            if more is None or more <= need:
+                if not (same_again and ran_out_beside_others(r)):
+                    break
                 same_again = False
                 if not child:
                     print(f"  {rel}: out of the GPU's memory with {need:g} GB reserved (other processes over their "
                           "shares): once more", flush=True)  # fmt: skip
                 r = run_one(i, rel, problem, need)
                 continue
-            if more is None or more <= need:
-                break
             need = more
             r = run_one(i, rel, problem, need)
         if r.status is ProblemStatus.failed and r.reason and "memory_pool_gb" not in r.reason:

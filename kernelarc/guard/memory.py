@@ -41,6 +41,9 @@ GB = 1 << 30
 HEADROOM = 0.9
 # A dry run out of memory under its cap names a need this many times the cap's usable memory (a lower bound).
 OVER_CAP_GROWTH = 2
+# How a dry run out of memory under its own cap words it (the suite tells it from an allocation that other processes'
+# memory refused by these words: ``kernelarc.suite.ran_out_beside_others``)
+WITHIN_CAP = "within the cap"
 # A CUDA context (plus torch's kernels) per worker process, resident whatever the workload.
 CUDA_CONTEXT_BYTES = 600 << 20
 # float32 temporaries of one comparison per output element: both sides, |diff|, the bound, masks.
@@ -203,7 +206,7 @@ def dry_run(task: Task, index: int, device: str, run: Callable[..., Any], cap_by
     except Exception as e:  # noqa: BLE001 - a failing reference is a verdict, never a traceback
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
         fp.over_cap = oom and bounded
-        where = f" within the cap's {cap_bytes / GB:.2f} GB" if fp.over_cap and cap_bytes is not None else ""
+        where = f" {WITHIN_CAP}'s {cap_bytes / GB:.2f} GB" if fp.over_cap and cap_bytes is not None else ""
         fp.error = (f"the reference alone runs out of memory{where}" if oom else "the reference fails") + (
             f": {type(e).__name__}: {str(e)[:300]}"
         )
