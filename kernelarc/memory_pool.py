@@ -45,7 +45,7 @@ class MemoryPool:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.total_gb = float(total_gb)
         self.poll_s = poll_s
-        self.device_free_gb = device_free_gb  # the device's own free memory (None: not known)
+        self.device_free_gb = device_free_gb  # the device memory open to this process (None: not known)
         self.device_grace_s = device_grace_s
         self._held: dict[Path, int] = {}  # this process's entries -> the descriptor holding their flock
         self._thread_lock = threading.Lock()  # the folder's flock is per open file: threads take this first

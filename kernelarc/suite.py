@@ -497,12 +497,19 @@ def run_inline(cfg: DictConfig, problem: Path, rel: str, target: Any, log_path: 
             import torch
 
             if torch.cuda.is_available():
+                # cuBLAS keeps its workspaces in the caching allocator: a few MB that can pin a freed segment of
+                # any size (run DX, H100: 4 GB still reserved after L2/024, whose weights are 4 GB tensors)
+                clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+                if clear is not None:
+                    clear()
                 torch.cuda.empty_cache()
                 # which process goes past its share of a shared GPU (on the H100, runs DT and DU: one held 20.7 GB
-                # under an 11 GB share, named by its pid only): the judge's peak, with its pid, in the shard's log
+                # under an 11 GB share, named by its pid only): the judge's peak, with its pid, in the shard's log;
+                # what stays reserved after, and how much of it live tensors take (the rest: pinned segments)
                 peak, left = torch.cuda.max_memory_reserved() / 2**30, torch.cuda.memory_reserved() / 2**30
-                log.warning("%s: this process (pid %d) reserved at most %.1f GB on the GPU, %.1f GB still after",
-                            rel, os.getpid(), peak, left)  # fmt: skip
+                live = torch.cuda.memory_allocated() / 2**30
+                log.warning("%s: this process (pid %d) reserved at most %.1f GB on the GPU, %.1f GB still after "
+                            "(%.2f GB of it allocated)", rel, os.getpid(), peak, left, live)  # fmt: skip
                 torch.cuda.reset_peak_memory_stats()
         except Exception:  # noqa: BLE001
             pass
@@ -610,14 +617,18 @@ def _memory_pool(c: Any, claims: Path | None) -> tuple[MemoryPool | None, float]
 
 
 def _device_free_gb() -> float | None:
-    """The GPU's free memory as its driver counts it, this process's cached blocks returned first (None: no GPU)."""
+    """The GPU memory open to this process's reservation (None: no GPU): the driver's free count, this process's
+    cached blocks returned first, plus what its allocator still holds, as a reservation caps the process's whole
+    use. Counted as free by the driver alone, a process that held any memory could never see its own reservation
+    free: on the H100, L2/024's retry with the whole 77 GB pool waited out the pool's grace with the card idle
+    (79.2 GB, 4 GB of them this process's)."""
     import torch
 
     if not torch.cuda.is_available():
         return None
     torch.cuda.empty_cache()
     free, _total = torch.cuda.mem_get_info()
-    return free / 2**30
+    return (free + torch.cuda.memory_reserved()) / 2**30
 
 
 def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:

@@ -68,17 +68,35 @@ def test_the_plan_bounds_workers_seeds_and_float64_before_giving_up():
     assert big.need_bytes <= 141 * GB * 0.9
     assert plan(141, {0: _fp(0, 100, 100, 200)}).hp_reference  # float64 where it fits ...
     assert not big.hp_reference  # ... and not where it would take the room of the workers
-    mid = plan(60)
+    mid = plan(80)
     assert mid.seeds == 3 and mid.max_workers == 1 and any("worker(s) in flight" in n for n in mid.notes)
-    small = plan(30)
+    small = plan(40)
     assert small.runnable == [0, 1] and small.seeds == 1 and any("seed(s) per workload" in n for n in small.notes)
-    assert small.need_bytes <= 30 * GB * 0.9
-    # workload 0 fits alone in 20 GB, not beside workload 1's sets: it goes, with the cause
-    both = plan(20)
+    assert small.need_bytes <= 40 * GB * 0.9
+    # workload 0 fits alone in 30 GB, not beside workload 1's sets: it goes, with the cause
+    both = plan(30)
     assert both.runnable == [1] and "not beside the other workloads" in both.verdicts[0]
     # workload 0's reference fits in 16 GB (6 GB), the guard around it (judge + worker) does not
     tight = plan(16)
     assert tight.runnable == [1] and "the reference fits (5.86 GB) but the guard needs" in tight.verdicts[0]
+
+
+def test_the_champions_worker_beside_the_challengers_is_planned_with_its_own_input_sets():
+    """L2/024 on the H100 (input sets of 12 GB, 16 GB for one reference call): planned without the champion's
+    worker, the guard fitted a 70 GB cap, and its timing beside the champion ran out of the card's memory."""
+    fps = {1: _fp(1, 12_300, 16, 3_700), 13: _fp(13, 12_400, 64, 4_000)}
+
+    def plan(gb, champion=True):
+        return plan_memory(None, [1, 13], "cuda:0", memory_gb=gb, footprints=fps, champion=champion)
+
+    alone = plan(70, champion=False)  # the run's plan: one seed, one worker, no float64 reference
+    assert alone.runnable == [1, 13] and alone.seeds == 1 and alone.max_workers == 1
+    beside = plan(70)  # with the champion's worker: neither workload fits one input set under the cap
+    assert beside.runnable == []
+    assert all("and the champion's worker beside it" in v for v in beside.verdicts.values())
+    h200 = plan(135)  # an H200's share: both fit, one input set each, beside the champion
+    assert h200.runnable == [1, 13] and h200.seeds == 1 and h200.max_workers == 1
+    assert plan(135, champion=False).seeds == 3  # the room the champion's sets take would have gone to seeds
 
 
 def test_the_guard_runs_what_fits_and_records_the_rest(tmp_path):
@@ -127,3 +145,22 @@ def test_dry_run_is_bounded_by_its_cap_on_a_gpu(tmp_path):
     assert torch.cuda.get_per_process_memory_fraction(0) == 1.0
     big = torch.empty(int(free.input_bytes + 2 * free.peak_bytes), dtype=torch.uint8, device="cuda:0")
     del big  # the bound is gone: more than any cap above is allocated
+
+
+def test_a_worker_draws_the_next_staged_set_after_dropping_the_last():
+    """A checked burst's staged inputs are drawn anew before every such burst; drawn while the last set was still
+    held, two were alive at once, one input set more than the plan counts (12 GB for L2/024 on the H100)."""
+    from types import SimpleNamespace
+
+    from kernelarc.guard.worker import Harness
+
+    held_while_drawing = []
+
+    def draw(task, wl, seed, device):
+        held_while_drawing.append(sorted(h.staged))
+        return [f"set {wl}/{seed}"]
+
+    h = SimpleNamespace(staged={3: ["set 3/1"], 5: ["set 5/1"]}, fresh={3}, task=None, device="cpu", make_inputs=draw)
+    Harness.do_stage(h, 3, 2)
+    assert held_while_drawing == [[5]]  # workload 3's last set was gone; another workload's is not this call's
+    assert h.staged == {3: ["set 3/2"], 5: ["set 5/1"]} and h.fresh == {3}

@@ -6,8 +6,10 @@ The guard holds, per device:
   reference call's working memory, the candidate's outputs it received and the comparison's float32
   temporaries;
 - in each worker: every rotating input set with the outputs checked on it (per workload and seed, kept
-  until timing), one more input set and output (the pristine copy, the in-place reuse check), a candidate
-  call's working memory (taken as the reference's), the L2 flush buffer and a CUDA context.
+  until timing), one more input set and output (the pristine copy, the in-place reuse check, the staged set
+  of a checked burst), a candidate call's working memory (taken as the reference's), the L2 flush buffer and a
+  CUDA context. Workers are the challengers in flight and the champion's, which holds sets of its own while it
+  is timed beside each of them (and between evaluations, when it is reused).
 
 Sizes come from the definition (input and output bytes from shapes and dtypes) and from a dry run of the
 reference (peak allocation above its inputs: ``torch.cuda.max_memory_allocated`` on a GPU; on the CPU the
@@ -228,6 +230,16 @@ def _worker_bytes(fps: list[Footprint], seeds: int, cuda: bool, flush_bytes: int
     return held + call + reuse + (flush_bytes + CUDA_CONTEXT_BYTES if cuda else 0)
 
 
+def _champion_bytes(fps: list[Footprint], seeds: int, cuda: bool, flush_bytes: int) -> int:
+    """The champion's worker beside a challenger, its CUDA context left out: its own timing sets (inputs only:
+    it is never checked on them), and a staged set with one call's outputs and working memory."""
+    if not fps:
+        return 0
+    held = sum(seeds * f.input_bytes for f in fps)
+    call = max(f.input_bytes + max(f.peak_bytes, f.output_bytes) for f in fps)
+    return held + call + (flush_bytes if cuda else 0)
+
+
 def _judge_fixed(fps: list[Footprint], hp: bool) -> int:
     """The judge beside its cache, at its peak: a reference call (with its float64 run), or a received output
     and its comparison (chunked: bounded float32 temporaries; the float64 rel_err metric is not chunked)."""
@@ -259,17 +271,27 @@ def plan_memory(
     flush_bytes: int = 256 << 20,
     run: Callable[..., Any] | None = None,
     footprints: dict[int, Footprint] | None = None,
+    champion: bool = True,
 ) -> MemoryPlan:
     """Bound seeds, reference cache, float64 reference and workers per device by the memory cap.
 
     ``memory_gb`` caps the device (null: its whole memory); ``run`` is the reference, dry-run once per workload
     unless ``footprints`` are given. More seeds come first, then more workers, then the float64 reference,
-    then a larger cache.
+    then a larger cache. ``champion``: the champion's worker (one, shared by the evaluations in flight), timed
+    beside the challengers, holds timing sets of its own (its CUDA context is one of the ``prestart`` ones). Left
+    out, L2/024 on the H100 (12 GB per input set) was planned at 41 GB of workers and ran out of memory beside
+    its champion.
     """
     cap = int((memory_gb * GB) if memory_gb is not None else device_memory_bytes(device))
     usable = int(cap * HEADROOM)
     cuda = torch.device(device).type == "cuda"
     flush = flush_bytes if cuda else 0
+    ctx = CUDA_CONTEXT_BYTES if cuda else 0
+
+    def in_workers(fl: list[Footprint], s: int, n: int) -> int:
+        """``n`` challengers' workers and the champion's (its context counted with the resident ones)."""
+        return n * _worker_bytes(fl, s, cuda, flush) + (_champion_bytes(fl, s, cuda, flush) if champion else 0)
+
     if footprints is None:
         footprints = {}
         for i in workloads:
@@ -280,8 +302,8 @@ def plan_memory(
                 footprints[i] = dry_run(task, i, device, run, usable)
     plan = MemoryPlan(device, cap, dict(footprints))
     for i, f in footprints.items():
-        contexts = max(prestart, 0) * (CUDA_CONTEXT_BYTES if cuda else 0)
-        need = _worker_bytes([f], 1, cuda, flush) + _judge_fixed([f], False) + _entry(f, False) + contexts
+        contexts = max(prestart, 0) * ctx
+        need = in_workers([f], 1, 1) + _judge_fixed([f], False) + _entry(f, False) + contexts
         if f.error:
             log.warning("%s: workload %d: %s", getattr(task, "name", "task"), i, f.error)
             plan.verdicts[i] = f"{f.error} (memory cap {cap / GB:.2f} GB on {device})"
@@ -297,22 +319,18 @@ def plan_memory(
                 plan.verdicts[i] += f"; the guard needs {lower / GB:.2f} GB for one input set at least"
             continue
         if need > usable:
+            beside_words = ", and the champion's worker beside it" if champion else ""
             plan.verdicts[i] = (
                 f"the reference fits ({(f.peak_bytes + f.input_bytes) / GB:.2f} GB) but the guard needs "
                 f"{need / GB:.2f} GB for one input set (reference outputs in the judge; a candidate's inputs, "
-                f"outputs and working memory in its worker), above {usable / GB:.2f} GB usable of the "
+                f"outputs and working memory in its worker{beside_words}), above {usable / GB:.2f} GB usable of the "
                 f"{cap / GB:.2f} GB cap on {device}"
             )
     fps = [footprints[i] for i in plan.runnable]
 
     def total(s: int, hp: bool, workers: int, entries: int) -> int:
         biggest = max(_entry(f, hp) for f in fps)
-        return (
-            _judge_fixed(fps, hp)
-            + entries * biggest
-            + workers * _worker_bytes(fps, s, cuda, flush)
-            + max(prestart, 0) * (CUDA_CONTEXT_BYTES if cuda else 0)
-        )
+        return _judge_fixed(fps, hp) + entries * biggest + in_workers(fps, s, workers) + max(prestart, 0) * ctx
 
     choice = None
     while fps and choice is None:
@@ -324,7 +342,7 @@ def plan_memory(
         if choice is None:
             # Each fits alone, not all at once (a worker keeps every workload's input sets until timing):
             # the largest goes, with its verdict, so that the others run.
-            f = max(fps, key=lambda f: _worker_bytes([f], 1, cuda, flush) + _judge_fixed([f], False))
+            f = max(fps, key=lambda f: in_workers([f], 1, 1) + _judge_fixed([f], False))
             plan.verdicts[f.index] = (
                 f"fits alone but not beside the other workloads within {usable / GB:.2f} GB usable of the "
                 f"{cap / GB:.2f} GB cap on {device} (a worker keeps every workload's input sets until timing)"

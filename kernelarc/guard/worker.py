@@ -511,8 +511,13 @@ class Harness:
         return msg
 
     def do_stage(self, wl: int, seed: int) -> Ok:
-        """Fresh inputs for the next burst's checked call, generated before the burst starts."""
-        self.staged[wl] = self.make_inputs(self.task, wl, seed, self.device)  # replaces the last: same memory
+        """Fresh inputs for the next burst's checked call, generated before the burst starts. The last set goes
+        first: drawn while it was still held, two staged sets were alive at once, one input set more than the
+        memory plan counts (L2/024 on the H100: 12 GB more, and its baseline ran out of memory while timed). No
+        candidate code runs here, so the memory in use during a burst is the same, checked or not."""
+        self.staged.pop(wl, None)
+        self.fresh.discard(wl)
+        self.staged[wl] = self.make_inputs(self.task, wl, seed, self.device)
         self.fresh.add(wl)
         return Ok(kind=Kind.ok)
 
