@@ -107,30 +107,9 @@ fi
 # shard was killed before writing its table (run DW: an outer timeout cut this script 30 s after its suite, so no
 # table came back). Also on SIGTERM, so a call cut short still returns the rows its shards saved.
 collect_rows() {
-  python3 - "$OUT" <<'EOF0'
-import json, pathlib, sys
-rows = {}
-rank = lambda r: 0 if r.get("status") == "crashed" else 1 if r.get("stopped") else 2
-def keep(row):  # finished over stopped over crashed (an earlier call's crash restored beside this call's row)
-    old = rows.get(row["problem"])
-    if old is None or rank(row) >= rank(old):
-        rows[row["problem"]] = row
-for r in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/results/*.json")):
-    try:
-        keep(json.loads(r.read_text()))
-    except (OSError, ValueError, KeyError):
-        pass
-for t in sorted(pathlib.Path(".kernelarc").glob("suite_shard*/*/*/table.json")):
-    try:
-        data = json.loads(t.read_text())
-        for row in data if isinstance(data, list) else data.get("rows", data.get("results", [])):
-            keep(row)
-    except (OSError, ValueError, KeyError, AttributeError) as e:
-        print(f"{t}: unreadable ({e}); its result files stand in")
-out = sorted(rows.values(), key=lambda r: r["problem"])
-pathlib.Path(sys.argv[1], "suite_table.json").write_text(json.dumps(out, indent=1))
-print(f"suite_table.json: {len(out)} rows")
-EOF0
+  # finished over stopped over crashed, a later row over an earlier one of its rank (an earlier call's crash restored
+  # beside this call's row): suite_merge.py's rule, without torch
+  python3 "$(dirname "$0")/suite_merge.py" --collect "$OUT"
 }
 # A SIGTERM to this script (an outer timeout) stops the shards the same way (each `timeout` passes it on; the
 # suite saves its running problem's row within its grace), waits for them a bounded while, and keeps what they

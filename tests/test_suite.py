@@ -454,3 +454,49 @@ def test_suite_merge_joins_the_calls_of_one_suite(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         suite_merge.main([str(tmp_path / "a.json")])
     assert e.value.code == 2
+    # a later crash never replaces a row that ran (an earlier call's crash is replaced by any later row)
+    crashed = {"problem": "L1/001_a", "status": "crashed", "reason": "boom"}
+    again = suite_merge.merge([("A", first), ("C", [crashed, dict(crashed, problem="L2/005_e")]),
+                               ("D", [row("L2/005_e", speedup_vs_compile=1.5)])])  # fmt: skip
+    assert [(label, r.problem) for label, r in again if r.problem in ("L1/001_a", "L2/005_e")] == [
+        ("A", "L1/001_a"), ("D", "L2/005_e")]  # fmt: skip
+
+
+def test_a_cut_call_collects_its_shards_rows_by_the_merge_rule(tmp_path, monkeypatch, capsys):
+    """scripts/gpu_suite.sh's rows when its call is cut (run DW: no shard table came back): every shard's
+    table.json and, where a shard was killed before writing it, its result files; ranked as suite_merge ranks
+    the rows of several calls, and without importing torch."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import suite_merge
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    state = tmp_path / ".kernelarc"
+    one, two = state / "suite_shard0" / "h100" / "a1", state / "suite_shard1" / "h100" / "b2"
+    (one / "results").mkdir(parents=True)
+    (two / "results").mkdir(parents=True)
+    fin = {"problem": "L1/001_a", "status": "improved", "stopped": False}
+    (one / "results" / "a.json").write_text(json.dumps(dict(fin, stopped=True)))  # saved when the stop came
+    (one / "table.json").write_text(json.dumps([fin, {"problem": "L1/002_b", "status": "crashed"}]))
+    (two / "results" / "b.json").write_text(json.dumps({"problem": "L1/002_b", "status": "baseline", "stopped": True}))
+    (two / "results" / "c.json").write_text(json.dumps({"problem": "L2/003_c", "status": "baseline"}))
+    (two / "table.json").write_text("{not json")
+    monkeypatch.chdir(tmp_path)
+    assert suite_merge.main(["--collect", str(tmp_path)]) == 0
+    assert "unreadable" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "suite_table.json").read_text())
+    assert [(r["problem"], r["status"], r.get("stopped")) for r in rows] == [
+        ("L1/001_a", "improved", False), ("L1/002_b", "baseline", True), ("L2/003_c", "baseline", None)]  # fmt: skip
+    (tmp_path / "suite_table.json").unlink()
+    probe = (
+        "import runpy, sys\n"
+        f"sys.argv = ['suite_merge.py', '--collect', {str(tmp_path)!r}]\n"
+        "try:\n"
+        f"    runpy.run_path({str(ROOT / 'scripts' / 'suite_merge.py')!r}, run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "print('torch imported:', 'torch' in sys.modules)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "suite_table.json: 3 rows" in run.stdout and "torch imported: False" in run.stdout
