@@ -500,3 +500,23 @@ def test_a_cut_call_collects_its_shards_rows_by_the_merge_rule(tmp_path, monkeyp
     run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "suite_table.json: 3 rows" in run.stdout and "torch imported: False" in run.stdout
+
+
+def test_the_measured_runs_three_parts_cover_every_shared_problem_once():
+    """scripts/suite_45.sh: issue 14's run over all 45 problems in three device calls; a problem left out (or run
+    twice) would only show on the device."""
+    import re
+
+    from shared_dirs import SKIP_REASON, shared_path
+
+    tree = shared_path("sol-execbench")
+    if not tree.is_dir():
+        pytest.skip(SKIP_REASON)
+    script = (ROOT / "scripts" / "suite_45.sh").read_text()
+    lists = {k: v.split() for k, v in re.findall(r'^(LIST\d)="([^"]*)"', script, re.MULTILINE)}
+    alone = re.findall(r'folders "(L\d/\d+)"\)', script)
+    names = [*lists["LIST1"], *lists["LIST2"], *alone]
+    problems = sorted(str(d.parent.relative_to(tree)) for d in tree.glob("*/*/definition.json"))
+    assert len(names) == len(set(names)) == len(problems) == 45
+    matched = sorted(next(p for p in problems if p.startswith(n + "_")) for n in names)
+    assert matched == problems
