@@ -7,6 +7,10 @@
 #
 #   PART 1: 22 problems, 12 shards, a 460 s suite (the DQ list of the earlier runs)
 #   PART 2: the other 22 but L2/024, the same
+#   Each list is queued longest first (run DX's minutes per session, a stopped one counted 3 minutes longer), so
+#   that the slow sessions start at once and the short ones fill the shards' ends. MEM_GB (default 11) is each
+#   shard's guard.memory_gb: on an 80 GB card the 77 GB pool runs 7 sessions of 11 GB at a time (run DX: the
+#   shards that waited were stopped); on an H200 all 12.
 #   PART 3: L2/024 alone, its cap the GPU's memory less 2 GB (its guard needs about 100 GB for its two workloads
 #           beside a champion: an H200; on an 80 GB card it ends with that reason), then AGAIN="L1/094 L2/028"
 #           (problems parts 1 and 2 left stopped, as the merge's table names them) on their own shards
@@ -20,10 +24,10 @@ export OUT
 TREE=.shared/sol-execbench
 BUDGET=(suite.workloads=2 budget.candidates=8 budget.minutes=2 guard.target_ms=50 executor.parallel=2
   search.calibrate=false guard.timeout_s=40 guard.baseline_timeout_s=300 guard.compile_timeout_s=60)
-LIST1="L1/094 L1/002 L2/004 L2/015 L2/017 L1/089 L1/008 L1/087 L2/030 L1/072 L1/054 L1/045 L1/001 L2/001 L1/021
-  L2/049 Quant/004 L1/034 FlashInfer-Bench/024 L1/011 L1/085 L2/043"
-LIST2="L2/008 L1/043 FlashInfer-Bench/001 L1/006 L2/041 L2/055 L2/057 L2/059 Quant/001 Quant/003 Quant/015
-  Quant/021 FlashInfer-Bench/004 FlashInfer-Bench/010 L1/003 L1/013 L1/058 L1/061 L2/006 L2/028 L2/069 Quant/014"
+LIST1="L1/094 L2/043 L1/072 L1/021 L1/089 L1/045 L2/049 Quant/004 L1/001 L2/004 L1/034 L1/002 L1/087 L1/011
+  FlashInfer-Bench/024 L2/001 L2/017 L2/030 L1/008 L1/085 L2/015 L1/054"
+LIST2="L2/028 L2/041 Quant/003 L2/069 L2/059 L2/055 Quant/021 L1/043 L2/057 L2/008 Quant/015 L1/058 Quant/014
+  L2/006 L1/006 L1/003 Quant/001 L1/013 FlashInfer-Bench/010 L1/061 FlashInfer-Bench/001 FlashInfer-Bench/004"
 
 # "L1/094 L2/004" -> the problems' folders under the tree, in that order (a name that matches nothing fails the call)
 folders() {
@@ -43,12 +47,12 @@ timeout 50 python3 -m pip install -q --no-index --no-deps --no-compile --no-cach
 suite() {  # OUT SHARDS SUITE_S OUTER_S PROBLEMS overrides...
   local out=$1 shards=$2 suite_s=$3 outer_s=$4 probs=$5
   shift 5
-  OUT=$out SKIP_INSTALL=1 QUIET_CPUS=2 ORDER="Quant L2" PROBLEMS="$probs" SHARDS=$shards \
+  OUT=$out SKIP_INSTALL=1 QUIET_CPUS=2 PROBLEMS="$probs" SHARDS=$shards \
     timeout "$outer_s" bash scripts/gpu_suite.sh "$TREE" "$suite_s" 0 "${BUDGET[@]}" "$@" 2>&1 | tail -60
 }
 case $PART in
-  1) P=$(folders "$LIST1") || exit 2; suite "$OUT" 12 460 530 "$P" guard.memory_gb=11 ;;
-  2) P=$(folders "$LIST2") || exit 2; suite "$OUT" 12 460 530 "$P" guard.memory_gb=11 ;;
+  1) P=$(folders "$LIST1") || exit 2; suite "$OUT" 12 460 530 "$P" "guard.memory_gb=${MEM_GB:-11}" ;;
+  2) P=$(folders "$LIST2") || exit 2; suite "$OUT" 12 460 530 "$P" "guard.memory_gb=${MEM_GB:-11}" ;;
   3)
     gpu_gb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1 / 1024)}')
     P=$(folders "L2/024") || exit 2
@@ -58,7 +62,7 @@ case $PART in
       P=$(folders "$AGAIN") || exit 2
       n=$(wc -w <<<"$P")
       echo "== again: $P"
-      suite "$OUT/p2" $(( n < 12 ? n : 12 )) "${AGAIN_S:-220}" $(( ${AGAIN_S:-220} + 35 )) "$P" guard.memory_gb=11
+      suite "$OUT/p2" $(( n < 12 ? n : 12 )) "${AGAIN_S:-220}" $(( ${AGAIN_S:-220} + 35 )) "$P" "guard.memory_gb=${MEM_GB:-11}"
     fi
     ;;
   *) echo "PART is 1, 2 or 3" >&2; exit 2 ;;
