@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from typing import Any
 
@@ -73,6 +74,22 @@ def record_early_failure(reason: str, task: Task, gpu: str, state: StateLog, tra
     if tracker is not None:
         tracker.close("FAILED", summary, reason)
     return summary
+
+
+# A verdict's word for a workload the guard's memory plan left out (``MemoryPlan.warnings``)
+_NOT_RUN = re.compile(r"^workload (\d+) not run: (.*)$", re.DOTALL)
+
+
+def workloads_not_run(records: list[Record]) -> dict[int, str]:
+    """The workloads the guard's memory plan left out of a session (index -> why), as its verdicts say: its
+    figures cover the other workloads only (on the H100, run DX: L1/013's largest workload, 17.5 GB per input set,
+    was left out under an 11 GB share, and the row gave no sign of it)."""
+    out: dict[int, str] = {}
+    for r in records:
+        for w in r.verdict.warnings:
+            if m := _NOT_RUN.match(w):
+                out.setdefault(int(m.group(1)), m.group(2)[:300])
+    return dict(sorted(out.items()))
 
 
 # A champion's proof against torch.compile that reads faster by the medians but inside a bar above this (1 + the
@@ -582,6 +599,7 @@ class SessionPhases:
             "baseline_notes": dict(self.baseline_notes),
             # seconds torch.compile took when measured (correct) after the budget; None: within it, or not at all
             "compile_after_budget_s": self.compile_after_budget,
+            "workloads_not_run": workloads_not_run(self.records),
             **self._timing_health(),
         }
 

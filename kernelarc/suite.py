@@ -56,7 +56,8 @@ COLUMNS = (
     "speedup_vs_reference",
     "speedup_vs_compile", "compile_after_budget", "speedup_vs_reference_drift_corrected",
     "speedup_vs_compile_drift_corrected", "sol_score", "sol_fraction", "latency_ms", "evaluated", "elapsed_min",
-    "workloads", "reason", "mlflow_run_id", "registry_version", "harness_verdict", "harness_passed", "harness_speedup",
+    "workloads", "workloads_not_run", "reason", "mlflow_run_id", "registry_version", "harness_verdict",
+    "harness_passed", "harness_speedup",
     "verdicts", "void_comparisons", "timed_again", "stopped",
 )  # fmt: skip
 
@@ -118,6 +119,8 @@ class ProblemResult(BaseModel):
     stopped: bool = False  # the suite was stopped while this problem ran: its champion so far; run again on resume
     elapsed_min: float | None = None
     workloads: list[int] | None = None
+    # of those, the ones the guard's memory plan left out (index -> why): the row's figures cover the others only
+    workloads_not_run: dict[int, str] | None = None
     reason: str | None = None
     mlflow_run_id: str | None = None
     registry_version: int | None = None
@@ -225,6 +228,7 @@ def result_from_summary(problem: str, summary: dict[str, Any], workloads: list[i
         sol_score=summary.get("sol_score"),
         sol_fraction=summary.get("sol_fraction"), latency_ms=summary.get("latency_ms"),
         evaluated=int(summary.get("evaluated") or 0), elapsed_min=summary.get("elapsed_min"), workloads=workloads,
+        workloads_not_run=summary.get("workloads_not_run") or None,
         verdicts=int(summary.get("verdicts") or 0), void_comparisons=int(summary.get("void_comparisons") or 0),
         timed_again=int(summary.get("timed_again") or 0), stopped=stopped,
         reason=reason, mlflow_run_id=summary.get("mlflow_run_id"), registry_version=summary.get("registry_version"),
@@ -259,7 +263,7 @@ def write_table(results: list[ProblemResult], out: Path) -> tuple[Path, Path]:
         w = csv.DictWriter(f, fieldnames=list(COLUMNS))
         w.writeheader()
         for row in rows:
-            w.writerow({k: (json.dumps(v) if isinstance(v, list) else v) for k, v in row.items() if k in COLUMNS})
+            w.writerow({k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in row.items() if k in COLUMNS})
     return jpath, cpath
 
 
@@ -306,6 +310,11 @@ def render_table(results: list[ProblemResult]) -> str:
     if late:
         line += f"; * torch.compile measured after the budget on {late}"
     lines.append(line)
+    partial = [r for r in results if r.workloads_not_run]
+    if partial:
+        lines.append(f"memory: {len(partial)} judged without some of their workloads (left out by the guard's memory "
+                     f"plan): " + ", ".join(f"{r.problem.split('_')[0]} {sorted(r.workloads_not_run or {})}"
+                                            for r in partial))  # fmt: skip
     verdicts = sum(r.verdicts for r in results)
     if verdicts:
         lines.append(f"timing: {sum(r.void_comparisons for r in results)} of {verdicts} verdicts void (champion "
@@ -568,6 +577,41 @@ MEMORY_RETRIES = 5
 OOM_SHARES = 3  # a reference out of the shared GPU's memory with no need named: once more with this many shares
 
 
+def first_cap_gb(cfg: DictConfig, problem: Path, on_cpu: bool, share: float, pool_gb: float) -> float | None:
+    """A first run's ``guard.memory_gb`` above the share, where the definition's sizes alone (no dry run: a lower
+    bound of the need) show that the share cannot hold one input set of every workload the session runs beside
+    the others: its plan would leave workloads out, and its row would count fewer (at an 11 GB share, L2/001 and
+    L2/008 once the plan counted the champion's worker). The smallest cap, in 0.5 GB steps up to the pool, that
+    holds them all; None where the share does, or nothing in the pool does (the run's refusal names its need, and
+    the retries go on from there)."""
+    from kernelarc.app import typed
+    from kernelarc.guard.memory import plan_memory
+    from kernelarc.wiring import guard_settings, load_task_from_config
+
+    workloads, task = choose_workloads(cfg, problem, on_cpu)
+    c = typed(_problem_cfg(cfg, problem, None))
+    if task is None:
+        task = load_task_from_config(c, on_cpu)
+    gs = guard_settings(c, task, on_cpu)
+    if workloads is None:
+        workloads = list(gs.workloads) if gs.workloads is not None else list(range(len(task.workloads)))
+    device = "cpu" if on_cpu else "cuda"
+
+    def holds(gb: float) -> bool:
+        plan = plan_memory(task, workloads, device, memory_gb=gb, seeds=gs.seeds, seed_pool=gs.seed_pool, parallel=1,
+                           prestart=gs.resident_workers(), hp_reference=False, flush_bytes=gs.flush_bytes)  # fmt: skip
+        return len(plan.runnable) == len(workloads)
+
+    if holds(share):
+        return None
+    gb = share
+    while gb < pool_gb:
+        gb = min(math.floor(gb * 2 + 1) / 2, pool_gb)
+        if holds(gb):
+            return gb
+    return None
+
+
 def memory_retry_gb(r: ProblemResult, share: float, pool_gb: float) -> float | None:
     """The cap a failed row runs again with in the suite's memory pool: the need its plan named where above the
     share; where the task's reference itself ran out of the GPU's memory and no need was named (the plan's dry run
@@ -789,9 +833,15 @@ def run_suite(cfg: DictConfig, overrides: list[str]) -> list[ProblemResult]:
                 continue
             if claims is not None and not claim(claims, rel):
                 continue  # another process of the same queue runs (or ran) it: its row is in that table
-            r = run_one(i, rel, problem, None)
+            first = None
+            if pool is not None and c.suite.memory_estimate:
+                try:
+                    first = first_cap_gb(cfg, problem, bool(getattr(target, "is_cpu", True)), share, pool.total_gb)
+                except Exception as e:  # noqa: BLE001 - an estimate; the session reports a task that cannot load
+                    log.warning("%s: no first memory estimate (%s: %s)", rel, type(e).__name__, e)
+            r = run_one(i, rel, problem, first)
             if pool is not None and r.status is ProblemStatus.failed:
-                need = memory_retry_gb(r, share, pool.total_gb)
+                need = memory_retry_gb(r, first or share, pool.total_gb)
                 if need is not None and claims is not None and claim(claims, f"{rel}#memory"):
                     # right away, not at the end of the queue: a suite cut by its time limit never reached the
                     # end (on the H200, run DH: L2/004's 24 GB reference); its row says so until the run ends

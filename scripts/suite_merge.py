@@ -111,6 +111,8 @@ def report(merged: list[tuple[str, ProblemResult]]) -> str:
             champ += " (graph-level only)"
         if r.stopped:
             champ += " (stopped)"
+        if r.workloads_not_run and r.workloads:
+            champ += f" ({len(r.workloads) - len(r.workloads_not_run)} of {len(r.workloads)} workloads)"
         built = is_kernelarc_built(r)
         tc = f"{_f(r.speedup_vs_compile)}{'*' if r.compile_after_budget else ''} "
         tc += f"({_f(r.speedup_vs_compile_drift_corrected)})"

@@ -240,8 +240,9 @@ def test_a_problem_refused_for_memory_runs_again_with_the_cap_it_needs(tmp_path,
     (p / "workload.jsonl").write_text(json.dumps(wl) + "\n")
     _problem(tree, "L1/002_small", "small", "import torch\n\ndef run(x, weight):\n    return x * weight\n")
     assert "budget.candidates=2" in ARGS
+    # (suite.memory_estimate off: on the CPU the sizes-only estimate is the dry run's plan, and no run is refused)
     r = _suite(tmp_path, tree, "guard.memory_gb=0.004", "suite.memory_pool_gb=2", f"suite.claims={tmp_path / 'claims'}",
-               "budget.candidates=1", f"suite.isolation={isolation}")  # fmt: skip
+               "budget.candidates=1", f"suite.isolation={isolation}", "suite.memory_estimate=false")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert "(guard.memory_gb=" in r.stdout  # the second run says its cap
     # right away, before the next problem: a suite cut by its time limit never reaches the end of its queue
@@ -360,3 +361,35 @@ def test_which_failures_ran_out_beside_other_processes():
     assert not ran_out_beside_others(row("workload 1: the guard needs 30.00 GB for one input set"))
     assert not ran_out_beside_others(row("workload 8: the reference alone runs out of memory within the cap's 9.9 GB"))
     assert not ran_out_beside_others(row("the task's reference failed in the guard (incorrect): nan"))
+
+
+def test_a_first_run_starts_with_the_cap_its_workloads_need_beside_each_other(tmp_path):
+    """suite.memory_estimate: where the definition's sizes show that the share holds each workload alone but not
+    all of them (the plan would leave the largest out, and the row would count one workload fewer: L2/001 and
+    L2/008 at an 11 GB share once the champion's worker was counted), the first run gets the smallest cap, in
+    0.5 GB steps within the pool, that holds them all."""
+    from hydra import compose, initialize_config_dir
+
+    from kernelarc.suite import first_cap_gb
+
+    ref = json.loads((RMSNORM / "definition.json").read_text())["reference"]
+    p = _problem(tmp_path / "tree", "L1/001_rmsnorm", "rmsnorm", ref)
+    inputs = {"x": {"type": "random"}, "weight": {"type": "random"}}
+    wls = [{"uuid": f"m{m}", "axes": {"M": m, "N": 4096}, "inputs": inputs} for m in (64, 512)]
+    (p / "workload.jsonl").write_text("\n".join(json.dumps(w) for w in wls) + "\n")
+    task = load_task(p)
+
+    def runs(gb: float, which: list[int]) -> bool:
+        plan = plan_memory(task, which, "cpu", memory_gb=gb, seeds=1, parallel=1, prestart=0, hp_reference=False)
+        return len(plan.runnable) == len(which)
+
+    alone = next(gb / 1000 for gb in range(1, 500) if runs(gb / 1000, [1]))
+    both = next(gb / 1000 for gb in range(1, 500) if runs(gb / 1000, [0, 1]))
+    assert alone < both < 0.5
+    share = (alone + both) / 2
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose(config_name="config", overrides=["suite.workloads=2", "guard.seeds=1", "executor.prestart=0"])
+    first = first_cap_gb(cfg, p, True, share, 2.0)
+    assert first == 0.5 and runs(first, [0, 1]) and not runs(share, [0, 1])
+    assert first_cap_gb(cfg, p, True, both, 2.0) is None  # the share holds them all
+    assert first_cap_gb(cfg, p, True, share, share) is None  # nothing in the pool does: the run's refusal says so

@@ -70,12 +70,14 @@ def test_problem_discovery_filter_and_representative_workloads(tmp_path):
 
 
 def test_table_round_trips_with_harness_columns(tmp_path):
-    rows = [ProblemResult(problem="a", status=ProblemStatus.improved, speedup_vs_reference=1.5, workloads=[0, 3]),
+    rows = [ProblemResult(problem="a", status=ProblemStatus.improved, speedup_vs_reference=1.5, workloads=[0, 3],
+                          workloads_not_run={3: "above the cap"}),
             ProblemResult(problem="b", status=ProblemStatus.failed, reason="the reference raises")]  # fmt: skip
     jpath, cpath = write_table(rows, tmp_path)
     assert [ProblemResult.model_validate(r) for r in json.loads(jpath.read_text())] == rows
     header = cpath.read_text().splitlines()[0].split(",")
     assert header[:3] == ["problem", "definition", "status"] and "harness_verdict" in header
+    assert '"{""3"": ""above the cap""}"' in cpath.read_text()  # a dict cell as JSON, as a list's is
 
 
 def test_the_table_says_how_far_the_timings_could_be_trusted():
@@ -520,3 +522,33 @@ def test_the_measured_runs_three_parts_cover_every_shared_problem_once():
     assert len(names) == len(set(names)) == len(problems) == 45
     matched = sorted(next(p for p in problems if p.startswith(n + "_")) for n in names)
     assert matched == problems
+
+
+def test_a_row_names_the_workloads_the_memory_plan_left_out(tmp_path, capsys):
+    """Run DX (H100, an 11 GB share): L1/013's largest workload (17.5 GB per input set) was left out by the guard's
+    memory plan, the session judged the other one, and its row gave no sign of it. The verdicts' warnings say it;
+    the session's summary, the row, the table's closing lines and the merged table now do."""
+    from kernelarc.models import Candidate, Status, Verdict
+    from kernelarc.session_phases import workloads_not_run
+    from kernelarc.state import Record
+    from kernelarc.suite import render_table, result_from_summary
+
+    why = "its inputs and outputs alone take 17.50 GB, above the cap 9.90 GB (memory cap 11.00 GB on cuda:0)"
+    v = Verdict(candidate_id="c", status=Status.correct_slower,
+                warnings=[f"workload 1 not run: {why}", "memory: 1 seed(s) per workload instead of 3"])  # fmt: skip
+    rec = Record(-1, "baseline", Candidate(source="def run(x):\n    return x\n", language="pytorch"), v)
+    assert workloads_not_run([rec, rec]) == {1: why}
+    built = {"status": "finished", "champion_agent": "fusion", "champion_family": "composed.x.fused.rowblock"}
+    row = result_from_summary("L1/013_x", dict(built, workloads_not_run={"1": why}), [1, 8])
+    assert row.workloads_not_run == {1: why}
+    assert result_from_summary("L1/014_y", built, [0, 3]).workloads_not_run is None
+    assert "memory: 1 judged without some of their workloads (left out by the guard's memory plan): L1/013 [1]" in (
+        render_table([row])
+    )
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import suite_merge
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    out = suite_merge.report(suite_merge.merge([("A", [row.model_dump(mode="json")])]))
+    assert "**composed fused.rowblock (1 of 2 workloads)**" in out

@@ -326,6 +326,7 @@ def plan_memory(
                 f"outputs and working memory in its worker{beside_words}), above {usable / GB:.2f} GB usable of the "
                 f"{cap / GB:.2f} GB cap on {device}"
             )
+            log.warning("%s: workload %d not run: %s", getattr(task, "name", "task"), i, plan.verdicts[i])
     fps = [footprints[i] for i in plan.runnable]
 
     def total(s: int, hp: bool, workers: int, entries: int) -> int:
@@ -347,6 +348,7 @@ def plan_memory(
                 f"fits alone but not beside the other workloads within {usable / GB:.2f} GB usable of the "
                 f"{cap / GB:.2f} GB cap on {device} (a worker keeps every workload's input sets until timing)"
             )
+            log.warning("%s: workload %d not run: %s", getattr(task, "name", "task"), f.index, plan.verdicts[f.index])
             fps.remove(f)
     if choice is None:
         return plan
