@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import time
 from typing import Any
 
@@ -17,6 +16,7 @@ from kernelarc import dispatch
 from kernelarc.families.composed import graph_level_only
 from kernelarc.guard.decision import decide, geomean, median
 from kernelarc.guard.judge import Evaluation, compiled_candidate, reference_candidate
+from kernelarc.guard.memory import NOT_RUN
 from kernelarc.models import GRAPH_LEVEL_ONLY, Candidate, Status, Verdict
 from kernelarc.sinks import RegistrySink, TrackerSink
 from kernelarc.state import Record, StateLog
@@ -76,10 +76,6 @@ def record_early_failure(reason: str, task: Task, gpu: str, state: StateLog, tra
     return summary
 
 
-# A verdict's word for a workload the guard's memory plan left out (``MemoryPlan.warnings``)
-_NOT_RUN = re.compile(r"^workload (\d+) not run: (.*)$", re.DOTALL)
-
-
 def workloads_not_run(records: list[Record]) -> dict[int, str]:
     """The workloads the guard's memory plan left out of a session (index -> why), as its verdicts say: its
     figures cover the other workloads only (on the H100, run DX: L1/013's largest workload, 17.5 GB per input set,
@@ -87,7 +83,7 @@ def workloads_not_run(records: list[Record]) -> dict[int, str]:
     out: dict[int, str] = {}
     for r in records:
         for w in r.verdict.warnings:
-            if m := _NOT_RUN.match(w):
+            if m := NOT_RUN.match(w):
                 out.setdefault(int(m.group(1)), m.group(2)[:300])
     return dict(sorted(out.items()))
 

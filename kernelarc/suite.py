@@ -445,19 +445,24 @@ def _problem_cfg(base: DictConfig, problem: Path, workloads: list[int] | None) -
     return cfg
 
 
+def _default_workloads(cfg: DictConfig, problem: Path, on_cpu: bool) -> tuple[Any, Any, list[int]]:
+    """The problem's task, its session's guard settings and the workloads a session would run by default."""
+    from kernelarc.app import typed
+    from kernelarc.wiring import guard_settings, load_task_from_config
+
+    c = typed(_problem_cfg(cfg, problem, None))
+    task = load_task_from_config(c, on_cpu)
+    gs = guard_settings(c, task, on_cpu)
+    return task, gs, list(gs.workloads) if gs.workloads is not None else list(range(len(task.workloads)))
+
+
 def choose_workloads(cfg: DictConfig, problem: Path, on_cpu: bool) -> tuple[list[int] | None, Any]:
     """``suite.workloads`` representative workloads of the ones a session would run by default, and the
     task loaded to choose them (the session reuses it: loaded once); (None, None) when there is no choice."""
     n = cfg.suite.workloads
     if n is None:
         return None, None
-    from kernelarc.app import typed
-    from kernelarc.wiring import guard_settings, load_task_from_config
-
-    c = typed(_problem_cfg(cfg, problem, None))
-    task = load_task_from_config(c, on_cpu)
-    default = guard_settings(c, task, on_cpu).workloads
-    pool = list(default) if default is not None else list(range(len(task.workloads)))
+    task, _, pool = _default_workloads(cfg, problem, on_cpu)
     return representative(pool, int(n), task.io_bytes), task
 
 
@@ -584,22 +589,17 @@ def first_cap_gb(cfg: DictConfig, problem: Path, on_cpu: bool, share: float, poo
     L2/008 once the plan counted the champion's worker). The smallest cap, in 0.5 GB steps up to the pool, that
     holds them all; None where the share does, or nothing in the pool does (the run's refusal names its need, and
     the retries go on from there)."""
-    from kernelarc.app import typed
-    from kernelarc.guard.memory import plan_memory
-    from kernelarc.wiring import guard_settings, load_task_from_config
+    from kernelarc.guard.memory import plan_memory, plan_settings
 
-    workloads, task = choose_workloads(cfg, problem, on_cpu)
-    c = typed(_problem_cfg(cfg, problem, None))
-    if task is None:
-        task = load_task_from_config(c, on_cpu)
-    gs = guard_settings(c, task, on_cpu)
-    if workloads is None:
-        workloads = list(gs.workloads) if gs.workloads is not None else list(range(len(task.workloads)))
+    task, gs, workloads = _default_workloads(cfg, problem, on_cpu)
+    if cfg.suite.workloads is not None:
+        workloads = representative(workloads, int(cfg.suite.workloads), task.io_bytes)
     device = "cpu" if on_cpu else "cuda"
+    # one input set each, one challenger: what the plan gives up last before it leaves a workload out
+    settings = {**plan_settings(gs), "parallel": 1, "hp_reference": False}
 
     def holds(gb: float) -> bool:
-        plan = plan_memory(task, workloads, device, memory_gb=gb, seeds=gs.seeds, seed_pool=gs.seed_pool, parallel=1,
-                           prestart=gs.resident_workers(), hp_reference=False, flush_bytes=gs.flush_bytes)  # fmt: skip
+        plan = plan_memory(task, workloads, device, **{**settings, "memory_gb": gb})
         return len(plan.runnable) == len(workloads)
 
     if holds(share):

@@ -97,6 +97,10 @@ class MemoryPlan:
         return [f"workload {i} not run: {why}" for i, why in sorted(self.verdicts.items())] + self.notes
 
 
+# how ``MemoryPlan.warnings`` words a workload it left out (read back by ``kernelarc.session_phases.workloads_not_run``)
+NOT_RUN = re.compile(r"^workload (\d+) not run: (.*)$", re.DOTALL)
+
+
 _NEEDS = re.compile(r"the guard needs ([0-9.]+) GB for one input set")
 
 
@@ -301,11 +305,12 @@ def plan_memory(
             else:
                 footprints[i] = dry_run(task, i, device, run, usable)
     plan = MemoryPlan(device, cap, dict(footprints))
+    name = getattr(task, "name", "task")
     for i, f in footprints.items():
         contexts = max(prestart, 0) * ctx
         need = in_workers([f], 1, 1) + _judge_fixed([f], False) + _entry(f, False) + contexts
         if f.error:
-            log.warning("%s: workload %d: %s", getattr(task, "name", "task"), i, f.error)
+            log.warning("%s: workload %d: %s", name, i, f.error)
             plan.verdicts[i] = f"{f.error} (memory cap {cap / GB:.2f} GB on {device})"
             if f.unrun:
                 # what one input set needs with the reference's working memory left out (it was not run): a
@@ -326,7 +331,7 @@ def plan_memory(
                 f"outputs and working memory in its worker{beside_words}), above {usable / GB:.2f} GB usable of the "
                 f"{cap / GB:.2f} GB cap on {device}"
             )
-            log.warning("%s: workload %d not run: %s", getattr(task, "name", "task"), i, plan.verdicts[i])
+            log.warning("%s: workload %d not run: %s", name, i, plan.verdicts[i])
     fps = [footprints[i] for i in plan.runnable]
 
     def total(s: int, hp: bool, workers: int, entries: int) -> int:
@@ -348,7 +353,7 @@ def plan_memory(
                 f"fits alone but not beside the other workloads within {usable / GB:.2f} GB usable of the "
                 f"{cap / GB:.2f} GB cap on {device} (a worker keeps every workload's input sets until timing)"
             )
-            log.warning("%s: workload %d not run: %s", getattr(task, "name", "task"), f.index, plan.verdicts[f.index])
+            log.warning("%s: workload %d not run: %s", name, f.index, plan.verdicts[f.index])
             fps.remove(f)
     if choice is None:
         return plan
@@ -371,7 +376,6 @@ def plan_memory(
         plan.notes.append(f"memory: no float64 reference (rel_err not measured) ({where})")
     if workers < parallel:
         plan.notes.append(f"memory: at most {workers} worker(s) in flight instead of {parallel} ({where})")
-    name = getattr(task, "name", "task")
     for note in plan.notes:
         log.warning("%s: %s", name, note)
     return plan
@@ -389,22 +393,25 @@ def memory_plan(guard: Any) -> MemoryPlan:
     with _LOCK:
         plan = getattr(guard, "_memory_plan", None)
         if plan is None:
-            cfg = guard.cfg
             plan = plan_memory(
-                guard.task,
-                list(guard.workloads),
-                guard.device,
-                memory_gb=getattr(cfg, "memory_gb", None),
-                seeds=cfg.seeds,
-                seed_pool=cfg.seed_pool,
-                parallel=getattr(cfg, "parallel", 3),
-                prestart=cfg.resident_workers() if hasattr(cfg, "resident_workers") else cfg.prestart,
-                hp_reference=cfg.hp_reference,
-                flush_bytes=cfg.flush_bytes,
-                run=guard._ref_mod.run,
+                guard.task, list(guard.workloads), guard.device, **plan_settings(guard.cfg), run=guard._ref_mod.run
             )
             guard._memory_plan = plan
         return plan
+
+
+def plan_settings(cfg: Any) -> dict[str, Any]:
+    """The keywords of ``plan_memory`` that a guard's settings give (``GuardSettings``, or a judge's config):
+    memory_gb, seeds, seed_pool, parallel where set (else 3), the resident workers, hp_reference, flush_bytes."""
+    return {
+        "memory_gb": getattr(cfg, "memory_gb", None),
+        "seeds": cfg.seeds,
+        "seed_pool": cfg.seed_pool,
+        "parallel": getattr(cfg, "parallel", 3),
+        "prestart": cfg.resident_workers() if hasattr(cfg, "resident_workers") else cfg.prestart,
+        "hp_reference": cfg.hp_reference,
+        "flush_bytes": cfg.flush_bytes,
+    }
 
 
 def max_parallel(guard: Any, parallel: int) -> int:
