@@ -107,6 +107,9 @@ class Verdict(BaseModel):
     tbps: float | None = None
     eval_seconds: float | None = None
     phases: dict[str, float] = Field(default_factory=dict, description="Wall seconds per guard phase.")
+    workloads_not_run: dict[int, str] = Field(
+        default_factory=dict, description="Workloads the guard's memory plan left out, and why (the figures omit them)."
+    )
 
     @property
     def correct(self) -> bool:

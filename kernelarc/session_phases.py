@@ -16,7 +16,6 @@ from kernelarc import dispatch
 from kernelarc.families.composed import graph_level_only
 from kernelarc.guard.decision import decide, geomean, median
 from kernelarc.guard.judge import Evaluation, compiled_candidate, reference_candidate
-from kernelarc.guard.memory import NOT_RUN
 from kernelarc.models import GRAPH_LEVEL_ONLY, Candidate, Status, Verdict
 from kernelarc.sinks import RegistrySink, TrackerSink
 from kernelarc.state import Record, StateLog
@@ -82,9 +81,8 @@ def workloads_not_run(records: list[Record]) -> dict[int, str]:
     was left out under an 11 GB share, and the row gave no sign of it)."""
     out: dict[int, str] = {}
     for r in records:
-        for w in r.verdict.warnings:
-            if m := NOT_RUN.match(w):
-                out.setdefault(int(m.group(1)), m.group(2)[:300])
+        for i, why in r.verdict.workloads_not_run.items():
+            out.setdefault(i, why[:300])
     return dict(sorted(out.items()))
 
 

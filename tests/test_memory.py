@@ -7,7 +7,7 @@ import pytest
 
 from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
 from kernelarc.guard.memory import GB, Footprint, dry_run, io_sizes, max_parallel, memory_plan, plan_memory
-from kernelarc.models import Status
+from kernelarc.models import Status, Verdict
 from kernelarc.tasks import load_task
 from kernelarc.tasks.inputs import load_module
 
@@ -108,6 +108,8 @@ def test_the_guard_runs_what_fits_and_records_the_rest(tmp_path):
         assert v.correct, v.errors
         assert [w.index for w in v.workloads] == [0]
         assert any("workload 1 not run" in w and "above the cap" in w for w in v.warnings)
+        assert list(v.workloads_not_run) == [1] and "above the cap" in v.workloads_not_run[1]
+        assert Verdict.model_validate_json(v.model_dump_json()).workloads_not_run == v.workloads_not_run
         assert max_parallel(g, 3) >= 1
     cfg.memory_gb = 1e-5
     with Guard(task, None, "cpu", cfg) as g:

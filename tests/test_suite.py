@@ -534,7 +534,7 @@ def test_a_row_names_the_workloads_the_memory_plan_left_out(tmp_path, capsys):
     from kernelarc.suite import render_table, result_from_summary
 
     why = "its inputs and outputs alone take 17.50 GB, above the cap 9.90 GB (memory cap 11.00 GB on cuda:0)"
-    v = Verdict(candidate_id="c", status=Status.correct_slower,
+    v = Verdict(candidate_id="c", status=Status.correct_slower, workloads_not_run={1: why},
                 warnings=[f"workload 1 not run: {why}", "memory: 1 seed(s) per workload instead of 3"])  # fmt: skip
     rec = Record(-1, "baseline", Candidate(source="def run(x):\n    return x\n", language="pytorch"), v)
     assert workloads_not_run([rec, rec]) == {1: why}

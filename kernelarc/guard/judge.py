@@ -347,6 +347,7 @@ class Guard:
         warnings += res["warnings"]
         ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference,
                           trusted)  # fmt: skip
+        ev.verdict.workloads_not_run = dict(sorted(plan.verdicts.items()))
         return ev
 
     def compile_allowance_s(self, cand: Candidate) -> float:

@@ -97,10 +97,6 @@ class MemoryPlan:
         return [f"workload {i} not run: {why}" for i, why in sorted(self.verdicts.items())] + self.notes
 
 
-# how ``MemoryPlan.warnings`` words a workload it left out (read back by ``kernelarc.session_phases.workloads_not_run``)
-NOT_RUN = re.compile(r"^workload (\d+) not run: (.*)$", re.DOTALL)
-
-
 _NEEDS = re.compile(r"the guard needs ([0-9.]+) GB for one input set")
 
 
