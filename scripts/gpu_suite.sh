@@ -39,8 +39,9 @@ fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 # the device's copy of the checkout carries the working tree's files but not always its git metadata (run 19 printed
 # the session's first commit): the hash of kernelarc/'s sources says which tree ran; the same command on a checkout
-# of a commit gives that commit's
-src_hash=$(cd kernelarc && find . -name '*.py' -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -c1-12)
+# of a commit gives that commit's. LC_ALL=C: the device's locale collates without punctuation, and its hash differed
+# from the same command's here (E1/E2: 8ce028614ac6 on the device, 6d6ac8ffa008 here, both commit 44dff96)
+src_hash=$(cd kernelarc && find . -name '*.py' -print0 | LC_ALL=C sort -z | xargs -0 sha1sum | sha1sum | cut -c1-12)
 say "installed; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') (git metadata of the copy); kernelarc sources $src_hash"
 
 if [ -n "${PROBLEMS:-}" ]; then read -r -a PROBS <<<"$PROBLEMS"  # a chosen subset, in this order
