@@ -5,15 +5,18 @@
 #   python3 scripts/suite_merge.py 1=<part 1>/suite_table.json 2=<part 2>/suite_table.json \
 #     3=<part 3>/p1/suite_table.json 3=<part 3>/p2/suite_table.json
 #
-#   PART 1: 22 problems, 12 shards (SHARDS), a 460 s suite (SUITE_S; the DQ list of the earlier runs)
-#   PART 2: the other 22 but L2/024, the same
-#   Each list is queued longest first (run DX's minutes per session, a stopped one counted 3 minutes longer), so
-#   that the slow sessions start at once and the short ones fill the shards' ends. MEM_GB (default 11) is each
-#   shard's guard.memory_gb: on an 80 GB card the 77 GB pool runs 7 sessions of 11 GB at a time (run DX: the
-#   shards that waited were stopped); on an H200 all 12.
+#   SHARDS sessions at once (default 8). Run E2 (H100, 12 at once) lost champions to noisy final proofs that run DX
+#   (at most 7 at a time) did not (BENCHMARKS.md, twenty-ninth session): on the H200, whose pool would hold 12 shares
+#   of 11 GB, the run keeps to 8. MEM_GB (default 11) is each shard's guard.memory_gb.
+#   PART 1: 16 problems, a 460 s suite (SUITE_S)
+#   PART 2: 16 others, the same
 #   PART 3: L2/024 alone, its cap the GPU's memory less 2 GB (its guard needs about 100 GB for its two workloads
-#           beside a champion: an H200; on an 80 GB card it ends with that reason), then AGAIN="L1/094 L2/028"
-#           (problems parts 1 and 2 left stopped, as the merge's table names them) on their own shards
+#           beside a champion: an H200; on an 80 GB card it ends with that reason), BIG_S seconds; then the last 12
+#           (LIST3, LIST3_S seconds) with AGAIN="L1/094 L2/028" (problems parts 1 and 2 left stopped, as the merge's
+#           table names them) queued after them
+#   The lists balance the three calls on 8 shards by the sessions' minutes in runs DX and E2 (the larger, a stopped
+#   one counted 3 minutes longer; about 8 minutes each, part 3 with L2/024's), and each is queued longest first, so
+#   that the slow sessions start at once and the short ones fill the shards' ends.
 #
 # On the device (repo root; wheels in .whl and .whl/solx, the problems and the harness in .shared; OUT set by the
 # device tool): bash scripts/suite_45.sh PART. The run's call: timeout_s 590, carry [".whl", ".shared"].
@@ -22,17 +25,16 @@ PART=${1:?usage: bash scripts/suite_45.sh 1|2|3}
 OUT=${OUT:-/tmp/kernelarc-out}
 export OUT
 SUITE_S=${SUITE_S:-460}  # parts 1 and 2: the suite's seconds (the call's limit less the install and the harness-free tail)
-# SHARDS: sessions at once (default 12). Run E2 (H100, 12 at once in 6 GB shares) lost champions to noisy proofs that
-# run DX (at most 7 at a time) did not: on the H200, whose pool holds 12 shares of 11 GB, fewer (about 8) may judge
-# better; BENCHMARKS.md, twenty-ninth session
-SHARDS=${SHARDS:-12}
+SHARDS=${SHARDS:-8}
 TREE=.shared/sol-execbench
 BUDGET=(suite.workloads=2 budget.candidates=8 budget.minutes=2 guard.target_ms=50 executor.parallel=2
   search.calibrate=false guard.timeout_s=40 guard.baseline_timeout_s=300 guard.compile_timeout_s=60)
-LIST1="L1/094 L2/043 L1/072 L1/021 L1/089 L1/045 L2/049 Quant/004 L1/001 L2/004 L1/034 L1/002 L1/087 L1/011
-  FlashInfer-Bench/024 L2/001 L2/017 L2/030 L1/008 L1/085 L2/015 L1/054"
-LIST2="L2/028 L2/041 Quant/003 L2/069 L2/059 L2/055 Quant/021 L1/043 L2/057 L2/008 Quant/015 L1/058 Quant/014
-  L2/006 L1/006 L1/003 Quant/001 L1/013 FlashInfer-Bench/010 L1/061 FlashInfer-Bench/001 FlashInfer-Bench/004"
+LIST1="L2/028 L1/094 L2/057 L1/089 L2/043 L2/041 Quant/003 Quant/004 L1/034 L2/004 L2/008 FlashInfer-Bench/024
+  L1/008 L2/006 L1/054 L2/015"
+LIST2="L2/001 L1/087 L2/069 L2/017 L2/049 L2/055 L1/002 L1/001 Quant/021 L1/043 L1/045 Quant/015 L1/011 L1/058
+  Quant/014 L1/006"
+LIST3="L1/072 L2/059 L1/021 L2/030 L1/085 L1/003 Quant/001 L1/013 FlashInfer-Bench/010 L1/061 FlashInfer-Bench/001
+  FlashInfer-Bench/004"
 
 # "L1/094 L2/004" -> the problems' folders under the tree, in that order (a name that matches nothing fails the call)
 folders() {
@@ -62,13 +64,10 @@ case $PART in
     gpu_gb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1 / 1024)}')
     P=$(folders "L2/024") || exit 2
     echo "== L2/024 alone, guard.memory_gb=$((gpu_gb - 2))"
-    suite "$OUT/p1" 1 "${BIG_S:-250}" $(( ${BIG_S:-250} + 30 )) "$P" "guard.memory_gb=$((gpu_gb - 2))"
-    if [ -n "${AGAIN:-}" ]; then
-      P=$(folders "$AGAIN") || exit 2
-      n=$(wc -w <<<"$P")
-      echo "== again: $P"
-      suite "$OUT/p2" $(( n < SHARDS ? n : SHARDS )) "${AGAIN_S:-220}" $(( ${AGAIN_S:-220} + 35 )) "$P" "guard.memory_gb=${MEM_GB:-11}"
-    fi
+    suite "$OUT/p1" 1 "${BIG_S:-220}" $(( ${BIG_S:-220} + 30 )) "$P" "guard.memory_gb=$((gpu_gb - 2))"
+    P=$(folders "$LIST3 ${AGAIN:-}") || exit 2
+    echo "== the last $(wc -w <<<"$P"): $P"
+    suite "$OUT/p2" "$SHARDS" "${LIST3_S:-270}" $(( ${LIST3_S:-270} + 35 )) "$P" "guard.memory_gb=${MEM_GB:-11}"
     ;;
   *) echo "PART is 1, 2 or 3" >&2; exit 2 ;;
 esac
