@@ -7,7 +7,9 @@
 #
 #   SHARDS sessions at once (default 8). Run E2 (H100, 12 at once) lost champions to noisy final proofs that run DX
 #   (at most 7 at a time) did not (BENCHMARKS.md, twenty-ninth session): on the H200, whose pool would hold 12 shares
-#   of 11 GB, the run keeps to 8. MEM_GB (default 11) is each shard's guard.memory_gb.
+#   of 11 GB, the run keeps to 8. MEM_GB is each shard's guard.memory_gb, by default the pool (the GPU's memory less
+#   2 GB) over the shards: 17 GB on the H200, where an 11 GB share would leave 50 GB idle and, by the definitions'
+#   sizes (a lower bound: no working memory), 12 problems without a workload and 14 with fewer seeds (7 and 9 at 17).
 #   PART 1: 16 problems, a 460 s suite (SUITE_S)
 #   PART 2: 16 others, the same
 #   PART 3: L2/024 alone, its cap the GPU's memory less 2 GB (its guard needs about 100 GB for its two workloads
@@ -51,6 +53,10 @@ timeout 100 python3 -m pip install -q --no-index --no-deps --no-compile --no-cac
   .whl/*.whl || exit 1
 timeout 50 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/solx \
   .whl/solx/*.whl || exit 1
+gpu_gb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1 / 1024)}')
+[ -n "$gpu_gb" ] || { echo "no GPU (nvidia-smi)" >&2; exit 2; }
+MEM_GB=${MEM_GB:-$(( (gpu_gb - 2) / SHARDS ))}
+echo "== $SHARDS shards of guard.memory_gb=$MEM_GB on a $gpu_gb GB GPU"
 suite() {  # OUT SHARDS SUITE_S OUTER_S PROBLEMS overrides...
   local out=$1 shards=$2 suite_s=$3 outer_s=$4 probs=$5
   shift 5
@@ -58,16 +64,15 @@ suite() {  # OUT SHARDS SUITE_S OUTER_S PROBLEMS overrides...
     timeout "$outer_s" bash scripts/gpu_suite.sh "$TREE" "$suite_s" 0 "${BUDGET[@]}" "$@" 2>&1 | tail -60
 }
 case $PART in
-  1) P=$(folders "$LIST1") || exit 2; suite "$OUT" "$SHARDS" "$SUITE_S" $((SUITE_S + 70)) "$P" "guard.memory_gb=${MEM_GB:-11}" ;;
-  2) P=$(folders "$LIST2") || exit 2; suite "$OUT" "$SHARDS" "$SUITE_S" $((SUITE_S + 70)) "$P" "guard.memory_gb=${MEM_GB:-11}" ;;
+  1) P=$(folders "$LIST1") || exit 2; suite "$OUT" "$SHARDS" "$SUITE_S" $((SUITE_S + 70)) "$P" "guard.memory_gb=$MEM_GB" ;;
+  2) P=$(folders "$LIST2") || exit 2; suite "$OUT" "$SHARDS" "$SUITE_S" $((SUITE_S + 70)) "$P" "guard.memory_gb=$MEM_GB" ;;
   3)
-    gpu_gb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1 / 1024)}')
     P=$(folders "L2/024") || exit 2
     echo "== L2/024 alone, guard.memory_gb=$((gpu_gb - 2))"
     suite "$OUT/p1" 1 "${BIG_S:-220}" $(( ${BIG_S:-220} + 30 )) "$P" "guard.memory_gb=$((gpu_gb - 2))"
     P=$(folders "$LIST3 ${AGAIN:-}") || exit 2
     echo "== the last $(wc -w <<<"$P"): $P"
-    suite "$OUT/p2" "$SHARDS" "${LIST3_S:-270}" $(( ${LIST3_S:-270} + 35 )) "$P" "guard.memory_gb=${MEM_GB:-11}"
+    suite "$OUT/p2" "$SHARDS" "${LIST3_S:-270}" $(( ${LIST3_S:-270} + 35 )) "$P" "guard.memory_gb=$MEM_GB"
     ;;
   *) echo "PART is 1, 2 or 3" >&2; exit 2 ;;
 esac
