@@ -9,7 +9,8 @@
 #   (at most 7 at a time) did not (BENCHMARKS.md, twenty-ninth session): on the H200, whose pool would hold 12 shares
 #   of 11 GB, the run keeps to 8. MEM_GB is each shard's guard.memory_gb, by default the pool (the GPU's memory less
 #   2 GB) over the shards: 17 GB on the H200, where an 11 GB share would leave 50 GB idle and, by the definitions'
-#   sizes (a lower bound: no working memory), 12 problems without a workload and 14 with fewer seeds (7 and 9 at 17).
+#   sizes (a lower bound: no working memory), 12 problems without a workload and 12 with fewer seeds (7 and 7 at 17;
+#   scripts/share_plan.py).
 #   PART 1: 16 problems, a 460 s suite (SUITE_S)
 #   PART 2: 16 others, the same
 #   PART 3: L2/024 alone, its cap the GPU's memory less 2 GB (its guard needs about 100 GB for its two workloads

@@ -552,3 +552,28 @@ def test_a_row_names_the_workloads_the_memory_plan_left_out(tmp_path, capsys):
         sys.path.remove(str(ROOT / "scripts"))
     out = suite_merge.report(suite_merge.merge([("A", [row.model_dump(mode="json")])]))
     assert "**composed fused.rowblock (1 of 2 workloads)**" in out
+
+
+def test_the_share_planner_names_what_each_share_leaves_out(tmp_path, capsys):
+    """scripts/share_plan.py (how suite_45.sh's MEM_GB was chosen): on real problems, L2/024 (12 GB per input set)
+    runs nothing at an 11 GB share and FlashInfer 024 runs both of its workloads with every seed."""
+    import shutil
+
+    from shared_dirs import SKIP_REASON, shared_path
+
+    tree = shared_path("sol-execbench")
+    if not tree.is_dir():
+        pytest.skip(SKIP_REASON)
+    for rel in ("L2/024_moe_expert_parallel_execution", "FlashInfer-Bench/024_rmsnorm_h2048"):
+        shutil.copytree(tree / rel, tmp_path / rel)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import share_plan
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert share_plan.main([str(tmp_path), "11"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    big = next(ln for ln in lines if ln.startswith("L2/024"))
+    small = next(ln for ln in lines if ln.startswith("FlashInfer-Bench/024"))
+    assert "11 GB: 0/2 workloads" in big and "11 GB: 2/2 workloads, 3 seeds" in small
+    assert lines[-1] == "at 11 GB: 1 without a workload, 0 with fewer seeds, 0 with fewer workers"
