@@ -445,25 +445,27 @@ def _problem_cfg(base: DictConfig, problem: Path, workloads: list[int] | None) -
     return cfg
 
 
-def _default_workloads(cfg: DictConfig, problem: Path, on_cpu: bool) -> tuple[Any, Any, list[int]]:
-    """The problem's task, its session's guard settings and the workloads a session would run by default."""
+def session_workloads(cfg: DictConfig, problem: Path, on_cpu: bool) -> tuple[Any, Any, list[int]]:
+    """The problem's task, its session's guard settings and the workloads the suite's session runs: ``suite.workloads``
+    representative ones of those a session would run by default, or all of those where it is null."""
     from kernelarc.app import typed
     from kernelarc.wiring import guard_settings, load_task_from_config
 
     c = typed(_problem_cfg(cfg, problem, None))
     task = load_task_from_config(c, on_cpu)
     gs = guard_settings(c, task, on_cpu)
-    return task, gs, list(gs.workloads) if gs.workloads is not None else list(range(len(task.workloads)))
+    pool = list(gs.workloads) if gs.workloads is not None else list(range(len(task.workloads)))
+    n = cfg.suite.workloads
+    return task, gs, pool if n is None else representative(pool, int(n), task.io_bytes)
 
 
 def choose_workloads(cfg: DictConfig, problem: Path, on_cpu: bool) -> tuple[list[int] | None, Any]:
     """``suite.workloads`` representative workloads of the ones a session would run by default, and the
     task loaded to choose them (the session reuses it: loaded once); (None, None) when there is no choice."""
-    n = cfg.suite.workloads
-    if n is None:
+    if cfg.suite.workloads is None:
         return None, None
-    task, _, pool = _default_workloads(cfg, problem, on_cpu)
-    return representative(pool, int(n), task.io_bytes), task
+    task, _, workloads = session_workloads(cfg, problem, on_cpu)
+    return workloads, task
 
 
 def run_inline(cfg: DictConfig, problem: Path, rel: str, target: Any, log_path: Path,
@@ -591,9 +593,7 @@ def first_cap_gb(cfg: DictConfig, problem: Path, on_cpu: bool, share: float, poo
     the retries go on from there)."""
     from kernelarc.guard.memory import plan_memory, plan_settings
 
-    task, gs, workloads = _default_workloads(cfg, problem, on_cpu)
-    if cfg.suite.workloads is not None:
-        workloads = representative(workloads, int(cfg.suite.workloads), task.io_bytes)
+    task, gs, workloads = session_workloads(cfg, problem, on_cpu)
     device = "cpu" if on_cpu else "cuda"
     # one input set each, one challenger: what the plan gives up last before it leaves a workload out
     settings = {**plan_settings(gs), "parallel": 1, "hp_reference": False}

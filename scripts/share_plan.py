@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from hydra import compose, initialize_config_dir
 
     from kernelarc.guard.memory import plan_memory, plan_settings
-    from kernelarc.suite import _default_workloads, representative
+    from kernelarc.suite import session_workloads
 
     overrides = [f"suite.workloads={a.workloads}", "executor.parallel=2", f"dir={a.tree.resolve()}", *a.override]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
@@ -36,8 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     totals = {s: [0, 0, 0] for s in a.shares}
     for d in sorted(a.tree.glob("*/*/definition.json")):
         problem = d.parent
-        task, gs, wls = _default_workloads(cfg, problem, False)
-        wls = representative(wls, a.workloads, task.io_bytes)
+        task, gs, wls = session_workloads(cfg, problem, False)
         settings = plan_settings(gs)
         cells = []
         for share in a.shares:

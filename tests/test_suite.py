@@ -524,7 +524,7 @@ def test_the_measured_runs_three_parts_cover_every_shared_problem_once():
     assert matched == problems
 
 
-def test_a_row_names_the_workloads_the_memory_plan_left_out(tmp_path, capsys):
+def test_a_row_names_the_workloads_the_memory_plan_left_out():
     """Run DX (H100, an 11 GB share): L1/013's largest workload (17.5 GB per input set) was left out by the guard's
     memory plan, the session judged the other one, and its row gave no sign of it. The verdicts' warnings say it;
     the session's summary, the row, the table's closing lines and the merged table now do."""
