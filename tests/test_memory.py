@@ -115,6 +115,7 @@ def test_the_guard_runs_what_fits_and_records_the_rest(tmp_path):
     with Guard(task, None, "cpu", cfg) as g:
         v = g.evaluate(reference_candidate(task), trusted=True).verdict
         assert v.status is Status.runtime_error and any("above the cap" in e for e in v.errors)
+        assert sorted(v.workloads_not_run) == [0, 1]  # an early verdict names them too
         assert memory_plan(g) is memory_plan(g)  # made once
 
 

@@ -297,18 +297,24 @@ class Guard:
             plan = memory_plan(self)  # once per guard: dry runs of the reference, on the device
         finally:
             self._gpu.release()
+        not_run = dict(sorted(plan.verdicts.items()))
+
+        def planned(ev: Evaluation) -> Evaluation:  # every verdict after the plan names the workloads it left out
+            ev.verdict.workloads_not_run = dict(not_run)
+            return ev
+
         if not plan.runnable:
-            return self._verdict(cand, Status.runtime_error, plan.errors(), t_start)
+            return planned(self._verdict(cand, Status.runtime_error, plan.errors(), t_start))
         self.workloads = plan.runnable
         warnings += plan.warnings()
         seeds = [base + j for j in range(plan.seeds)]
         if (waited := self._take_gpu(hard)) is not None:
-            return self._verdict(cand, Status.timeout, [gpu_wait_message(waited)], t_start)
+            return planned(self._verdict(cand, Status.timeout, [gpu_wait_message(waited)], t_start))
         try:
             self.reference(self.workloads[0], seeds[0])
         except Exception as e:  # noqa: BLE001
             msg = f"reference failed on workload {self.workloads[0]}: {type(e).__name__}: {e}"
-            return self._verdict(cand, Status.runtime_error, [msg], t_start)
+            return planned(self._verdict(cand, Status.runtime_error, [msg], t_start))
         finally:
             self._gpu.release()
         job = {
@@ -347,8 +353,7 @@ class Guard:
         warnings += res["warnings"]
         ev = self._finish(cand, status, errors, warnings, res, t_start, champion is not None, champion_reference,
                           trusted)  # fmt: skip
-        ev.verdict.workloads_not_run = dict(sorted(plan.verdicts.items()))
-        return ev
+        return planned(ev)
 
     def compile_allowance_s(self, cand: Candidate) -> float:
         """Seconds of ``guard.compile_timeout_s`` a warm-up of ``cand`` may take beyond the plain limit: searched code
