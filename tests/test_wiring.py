@@ -24,7 +24,7 @@ GUARD_KEYS = {
     "seeds", "seed_pool", "timeout_s", "baseline_timeout_s", "build_timeout_s", "compile_timeout_s", "warmup_ms",
     "target_ms",
     "min_iters", "max_iters", "flush_mb", "min_gain", "noise_factor", "consistency", "hp_reference",
-    "compile_baseline", "compile_after_budget", "prove_vs_compile", "warmup_lock_s", "memory_gb",
+    "compile_baseline", "compile_after_budget", "prove_vs_compile", "warmup_lock_s", "bench_lock_s", "memory_gb",
 }  # fmt: skip
 
 

@@ -337,12 +337,22 @@ class Driver:
             self.g._gpu.release_shared(token)
 
     def warm_up(self, side: Side, wl: int, seed: int) -> None:
-        """One warm-up command (JIT compilation and first calls), its kernels never beside another's timing."""
+        """One warm-up command (JIT compilation and first calls), its kernels never beside another's timing: the
+        whole of it under the shared lock for up to ``guard.warmup_lock_s``, its GPU benchmarking for up to
+        ``guard.bench_lock_s`` of waits in all (benchlock: not while this evaluation holds the lock itself). The
+        deadline moves on by ``bench_lock_s`` while the worker may wait, and back by what it did not wait."""
         self.lock_shared()
+        allow = self.cfg.bench_lock_s if self.cfg.bench_lock_s > 0 and not self.holding else 0.0
+        fields = {"bench_lock": True} if allow else {}
+        self.clock.excluded(allow)
         try:
-            self.command(side, Cmd.warmup, Ok, wl=wl, seed=seed)
+            msg = self.command(side, Cmd.warmup, Ok, wl=wl, seed=seed, **fields)
         finally:
             self.unlock_shared()
+        if allow:
+            waited = min(msg.waited_s, allow)
+            self.clock.excluded(waited - allow)
+            self.res["phases"]["gpu_wait_bench"] = self.res["phases"].get("gpu_wait_bench", 0.0) + waited
 
     def setup_champion(self, champ: Side) -> None:
         """A new champion worker's import and warm-up (JIT compilation) on every workload, once for all the

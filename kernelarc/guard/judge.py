@@ -177,7 +177,8 @@ class Guard:
                 # to POOL_BUFFER_MAX (larger ones get a buffer per evaluation: idle workers would hold them).
                 nbytes = buffer_bytes(self.task, self.workloads)
                 self._pool = WorkerPool(self.device, self.cfg.pool_size(),
-                                        buffer_bytes=nbytes if nbytes <= POOL_BUFFER_MAX else 0)  # fmt: skip
+                                        buffer_bytes=nbytes if nbytes <= POOL_BUFFER_MAX else 0,
+                                        bench_lock=(self._gpu.path, self.cfg.bench_lock_s))  # fmt: skip
             return self._pool
 
     def device_wait_s(self) -> float:

@@ -26,8 +26,10 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from kernelarc.guard.benchlock import open_for_worker
 from kernelarc.guard.protocol import Channel, ProtocolError, Ready
 from kernelarc.guard.sandbox import Identity, sandbox
 
@@ -98,9 +100,10 @@ def join_cleanups(timeout: float = 30.0) -> None:
         t.join(max(deadline - time.monotonic(), 0.0))
 
 
-def _spawn(device: str, buffer_bytes: int = 0) -> Worker:
+def _spawn(device: str, buffer_bytes: int = 0, bench_lock: tuple[Path | None, float] = (None, 0.0)) -> Worker:
     """A worker process; with ``buffer_bytes``, an output buffer of that size that it maps (and, on a GPU,
-    page-locks) while it starts, where an evaluation's own buffer would pay for it on the judge's path."""
+    page-locks) while it starts, where an evaluation's own buffer would pay for it on the judge's path; with
+    ``bench_lock`` (the device's lock file, seconds), the descriptors its warm-ups' benchmarking locks (benchlock)."""
     sb = sandbox()
     ident = sb.allocate()
     judge_end, worker_end = socket.socketpair()
@@ -121,10 +124,12 @@ def _spawn(device: str, buffer_bytes: int = 0) -> Worker:
 
         buf = JudgeBuffer(device, buffer_bytes, pin_now=False)
     argv = [str(worker_end.fileno()), device] + ([buf.path, str(buf.nbytes)] if buf is not None else [])
+    lock_fds, lock_env = open_for_worker(*bench_lock)
+    env.update(lock_env)
     try:
         p = subprocess.Popen(
             [sys.executable, "-c", _BOOT, *argv],
-            pass_fds=(worker_end.fileno(),),
+            pass_fds=(worker_end.fileno(), *lock_fds),
             stdin=subprocess.DEVNULL,
             stdout=fd,
             stderr=fd,
@@ -139,6 +144,8 @@ def _spawn(device: str, buffer_bytes: int = 0) -> Worker:
     finally:
         worker_end.close()
         os.close(fd)
+        for lfd in lock_fds:
+            os.close(lfd)
     w = Worker(p, Channel(judge_end), time.monotonic(), ident, log_path, since=sb.start_ticks(p.pid), buffer=buf)
     if buf is not None:
         w.keep.append(buf)
@@ -177,8 +184,10 @@ class WorkerPool:
     """Keeps ``size`` workers for one device started: every acquisition starts its replacement at once, so
     the next one finds a worker that started while the previous candidates were judged."""
 
-    def __init__(self, device: str, size: int = 2, start_timeout: float = 120.0, buffer_bytes: int = 0):
+    def __init__(self, device: str, size: int = 2, start_timeout: float = 120.0, buffer_bytes: int = 0,
+                 bench_lock: tuple[Path | None, float] = (None, 0.0)):  # fmt: skip
         self.device = device
+        self.bench_lock = bench_lock  # (the device's lock file, seconds): see _spawn
         self.size = max(1, size)
         self.buffer_bytes = buffer_bytes  # each worker's output buffer, made at its start (0: none)
         self.start_timeout = start_timeout
@@ -191,7 +200,7 @@ class WorkerPool:
 
     def _spawn(self) -> Worker:
         self.stats.starts += 1
-        return _spawn(self.device, self.buffer_bytes)
+        return _spawn(self.device, self.buffer_bytes, self.bench_lock)
 
     @staticmethod
     def _poll(w: Worker) -> None:

@@ -118,6 +118,7 @@ class Imported(BaseModel):
 class Ok(BaseModel):
     model_config = _STRICT
     kind: Literal[Kind.ok]
+    waited_s: Ms = 0.0  # a warm-up's: seconds its benchmarking waited for other processes' timings (benchlock)
 
 
 class Outputs(BaseModel):

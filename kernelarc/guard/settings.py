@@ -54,6 +54,10 @@ class GuardSettings:
     # suite (8 sessions on one GPU, 15 s): void comparisons 11% instead of 14.5%, but half the candidates judged
     # in L1 and a fifth in L2 (BENCHMARKS.md, runs Y-Z2): worth it for a few sessions on a GPU, not for eight.
     warmup_lock_s: float = 0.0
+    # Seconds a worker may wait, in all, for other processes' timings on its device before its warm-ups' GPU
+    # benchmarking (Triton's and Inductor's autotuning) runs, under the device lock taken shared (guard/benchlock.py):
+    # the heaviest kernels of a warm-up never beside a timing, its compilation free to run. 0 (the default): off.
+    bench_lock_s: float = 0.0
     memory_gb: float | None = None  # memory cap per device for the guard's memory plan (null: the device's memory)
 
     # -- resolved by the wiring from other config keys ----------------------------------------

@@ -150,6 +150,7 @@ class Harness:
     """Executes the judge's commands for one job (see ``protocol.Cmd``); the judge decides everything."""
 
     profile: StepProfile | None = None  # the harness's own profiler (KERNELARC_PROFILE_DIR), set before serve()
+    bench_lock: Any = None  # benchlock.BenchLock where the judge passed its descriptors, set before serve()
 
     def __init__(self, chan: Channel, job: dict[str, Any], mapped: tuple | None = None):
         import threading
@@ -468,12 +469,24 @@ class Harness:
         self._note_cutlass_builds(cand)
         self.send(Imported(kind=Kind.imported, notes=self.warnings[:64]))
 
-    def do_warmup(self, wl: int, seed: int) -> Ok:
+    def do_warmup(self, wl: int, seed: int, bench_lock: bool = False) -> Ok:
+        """``bench_lock``: the judge allows this warm-up's GPU benchmarking to wait for other processes' timings
+        (benchlock; it holds no exclusive lock of its own now, which the wait would deadlock on)."""
+        bl = self.bench_lock
+        waited0 = bl.waited_s if bl is not None else 0.0
         inputs = self.make_inputs(self.task, wl, seed, self.device)
-        out = self.call(self.fn, inputs, warm=True)
+        if bl is not None:
+            bl.armed = bench_lock
+        try:
+            out = self.call(self.fn, inputs, warm=True)
+        finally:
+            if bl is not None:
+                bl.armed = False
         del out, inputs
         self.fail_if_tampered()
-        return Ok(kind=Kind.ok)
+        if bl is None:
+            return Ok(kind=Kind.ok)
+        return Ok(kind=Kind.ok, waited_s=bl.waited_s - waited0)
 
     def do_prepare(self, wl: int, seed: int, fresh: bool = False) -> Ok:
         if fresh:  # a reused champion worker: the last evaluation's sets go before this one's are made
@@ -774,6 +787,9 @@ def main() -> None:
 
         with contextlib.suppress(Exception):
             import triton  # noqa: F401 - imported ahead so candidates do not pay for it
+        from kernelarc.guard import benchlock
+
+        bench_lock = benchlock.install()  # before any candidate code
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
             torch.empty(1, device=device).fill_(1.0)
@@ -791,6 +807,7 @@ def main() -> None:
         try:
             prof = _profiler()  # before the integrity snapshot (its class wrappers are the harness's own)
             harness = Harness(chan, job, mapped)
+            harness.bench_lock = bench_lock
             if prof is not None:
                 _profile_harness(prof, harness)
                 harness.profile = prof
