@@ -30,6 +30,9 @@ export OUT
 SUITE_S=${SUITE_S:-460}  # parts 1 and 2: the suite's seconds (the call's limit less the install and the harness-free tail)
 SHARDS=${SHARDS:-8}
 TREE=.shared/sol-execbench
+# ONLY="L1/094 L2/004 ...": part 1 or 2 runs these instead of its list (an A/B on a list of one's own);
+# EXTRA="guard.bench_lock_s=20 ...": overrides added to every session of the call
+read -r -a EXTRA <<<"${EXTRA:-}"
 BUDGET=(suite.workloads=2 budget.candidates=8 budget.minutes=2 guard.target_ms=50 executor.parallel=2
   search.calibrate=false guard.timeout_s=40 guard.baseline_timeout_s=300 guard.compile_timeout_s=60)
 LIST1="L2/028 L1/094 L2/057 L1/089 L2/043 L2/041 Quant/003 Quant/004 L1/034 L2/004 L2/008 FlashInfer-Bench/024
@@ -65,15 +68,18 @@ suite() {  # OUT SHARDS SUITE_S OUTER_S PROBLEMS overrides...
     timeout "$outer_s" bash scripts/gpu_suite.sh "$TREE" "$suite_s" 0 "${BUDGET[@]}" "$@" 2>&1 | tail -60
 }
 case $PART in
-  1) P=$(folders "$LIST1") || exit 2; suite "$OUT" "$SHARDS" "$SUITE_S" $((SUITE_S + 70)) "$P" "guard.memory_gb=$MEM_GB" ;;
-  2) P=$(folders "$LIST2") || exit 2; suite "$OUT" "$SHARDS" "$SUITE_S" $((SUITE_S + 70)) "$P" "guard.memory_gb=$MEM_GB" ;;
+  1 | 2)
+    [ "$PART" = 1 ] && L=$LIST1 || L=$LIST2
+    P=$(folders "${ONLY:-$L}") || exit 2
+    suite "$OUT" "$SHARDS" "$SUITE_S" $((SUITE_S + 70)) "$P" "guard.memory_gb=$MEM_GB" "${EXTRA[@]}"
+    ;;
   3)
     P=$(folders "L2/024") || exit 2
     echo "== L2/024 alone, guard.memory_gb=$((gpu_gb - 2))"
-    suite "$OUT/p1" 1 "${BIG_S:-220}" $(( ${BIG_S:-220} + 30 )) "$P" "guard.memory_gb=$((gpu_gb - 2))"
+    suite "$OUT/p1" 1 "${BIG_S:-220}" $(( ${BIG_S:-220} + 30 )) "$P" "guard.memory_gb=$((gpu_gb - 2))" "${EXTRA[@]}"
     P=$(folders "$LIST3 ${AGAIN:-}") || exit 2
     echo "== the last $(wc -w <<<"$P"): $P"
-    suite "$OUT/p2" "$SHARDS" "${LIST3_S:-270}" $(( ${LIST3_S:-270} + 35 )) "$P" "guard.memory_gb=$MEM_GB"
+    suite "$OUT/p2" "$SHARDS" "${LIST3_S:-270}" $(( ${LIST3_S:-270} + 35 )) "$P" "guard.memory_gb=$MEM_GB" "${EXTRA[@]}"
     ;;
   *) echo "PART is 1, 2 or 3" >&2; exit 2 ;;
 esac
