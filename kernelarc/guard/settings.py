@@ -56,7 +56,9 @@ class GuardSettings:
     warmup_lock_s: float = 0.0
     # Seconds a worker may wait, in all, for other processes' timings on its device before its warm-ups' GPU
     # benchmarking (Triton's and Inductor's autotuning) runs, under the device lock taken shared (guard/benchlock.py):
-    # the heaviest kernels of a warm-up never beside a timing, its compilation free to run. 0 (the default): off.
+    # the heaviest kernels of a warm-up never beside a timing, its compilation free to run. 0 (the default): off. On
+    # an H100 with 12 sessions (BENCHMARKS.md, runs F1/F2) it judged a fifth fewer candidates for 6.2% void
+    # comparisons against 7.0%.
     bench_lock_s: float = 0.0
     memory_gb: float | None = None  # memory cap per device for the guard's memory plan (null: the device's memory)
 
