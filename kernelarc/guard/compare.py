@@ -16,8 +16,9 @@ and the other way round (``tests/test_compare.py`` runs both on the same tensors
 
 One contract of ours comes on top (issue 15, output layout): a tensor output is on the reference output's
 device and is contiguous row-major or laid out as the reference output is, so right values in a
-column-major buffer are ``incorrect``. The float64 run of the reference (``ref_hp``) only yields the
-``rel_err`` metric: as a rejection rule it could reject outputs NVIDIA's harness accepts, so it is none.
+column-major buffer are ``incorrect``. The float64 run of the reference (``ref_hp``) yields the ``rel_err``
+metric and one rule more (``_gross_error``): an output grossly off an accurate reference is ``incorrect`` even
+where the element-wise rule passes it (values below atol).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Comparison:
     rel_err: float | None = None
     matched: int | None = None  # elements within tolerance ...
     total: int | None = None  # ... of this many compared
+    ref_rel: float | None = None  # the reference's own relative L2 error against its float64 run, where there was one
 
 
 def stride_mismatch(strides: list[int] | tuple[int, ...], want: list[int] | tuple[int, ...], shape) -> bool:
@@ -144,21 +146,27 @@ GROSS_REL = 0.2
 GROSS_REF = 0.05
 
 
-def _gross_error(rf: torch.Tensor, *, hp_rel: float | None, ref_hp: Any, ref: torch.Tensor) -> str | None:
-    """Why the output is grossly wrong against the float64 reference while the reference itself is accurate (an
-    output of cancellation noise, where honest kernels differ by 100%, has an inaccurate reference too and is left
-    to the element-wise rule); None otherwise, and where there is no float64 reference."""
-    if hp_rel is None or hp_rel <= GROSS_REL:
-        return None
-    try:
-        ref_rel = _rel(rf.reshape(ref.shape), ref_hp.detach().to(device=ref.device, dtype=torch.float64))
-    except Exception:  # noqa: BLE001 - no verdict from a metric that cannot be computed
-        return None
-    if ref_rel >= GROSS_REF:
+def _gross_error(*, hp_rel: float | None, ref_rel: float | None, lp_rel: float | None,
+                 ref_rel_known: float | None) -> str | None:  # fmt: skip
+    """Why the output is grossly wrong while the reference itself is accurate (an output of cancellation noise, where
+    honest kernels differ by 100%, has an inaccurate reference too and is left to the element-wise rule); None
+    otherwise. Against the float64 reference where this check has one (``hp_rel``, ``ref_rel``); else against the
+    reference itself (``lp_rel``), where an earlier check of the same workload and input distribution measured the
+    reference's own error (``ref_rel_known``) and found it accurate: its error widens the bound. A red team's kernel
+    returned a constant softmax only on calls past the first seed (the checked timed calls had no float64 run)."""
+    if hp_rel is not None and ref_rel is not None:
+        if hp_rel <= GROSS_REL or ref_rel >= GROSS_REF:
+            return None
+        return (
+            f"relative L2 error {hp_rel:.3g} against the float64 reference (the reference's own: {ref_rel:.2g}): the "
+            "output is wrong, passing element by element only where values are below atol"
+        )
+    if lp_rel is None or ref_rel_known is None or ref_rel_known >= GROSS_REF or lp_rel <= GROSS_REL + ref_rel_known:
         return None
     return (
-        f"relative L2 error {hp_rel:.3g} against the float64 reference (the reference's own: {ref_rel:.2g}): the "
-        "output is wrong, passing element by element only where values are below atol"
+        f"relative L2 error {lp_rel:.3g} against the reference (whose own against float64 was {ref_rel_known:.2g} on "
+        "this workload and input distribution): the output is wrong, passing element by element only where values "
+        "are below atol"
     )
 
 
@@ -187,8 +195,11 @@ def compare_output(
     max_error_cap: float | None = None,
     allow_negative_inf: bool = False,
     check_layout: bool = True,
+    ref_rel_known: float | None = None,
 ) -> Comparison:
-    """Compare one output with its reference under the harness's rule (module docstring)."""
+    """Compare one output with its reference under the harness's rule (module docstring). ``ref_rel_known``: the
+    reference's own relative L2 error on this workload and input distribution, from an earlier check that had a
+    float64 run, for the gross-error rule where this one has none (``_gross_error``)."""
     if not isinstance(ref, torch.Tensor):
         return _scalar(name, out, ref, atol, rtol)
     if not isinstance(out, torch.Tensor):
@@ -229,7 +240,10 @@ def compare_output(
         x, y, x_bad, y_bad, bni, (xnz, ynz), diff, exceeds = chunk(lo)
         excluded = bni.sum() if bni is not None else torch.zeros((), device=x.device)
         worst = diff.max() if diff.numel() else torch.zeros((), device=x.device)
-        parts = (x_bad.sum(), y_bad.sum(), xnz, ynz, excluded, exceeds.sum(), worst)
+        d64, y64 = diff.to(torch.float64), y.to(torch.float64)  # the squared norms for the relative L2 error
+        parts = (x_bad.sum(), y_bad.sum(), xnz, ynz, excluded, exceeds.sum(), worst, (d64 * d64).sum(),
+                 (y64 * y64).sum())  # fmt: skip
+        del d64, y64
         stats.append(torch.stack([p.to(torch.float64) for p in parts]))
         del x, y, x_bad, y_bad, bni, diff, exceeds
     rows = torch.stack(stats).tolist() if stats else []
@@ -240,6 +254,8 @@ def compare_output(
     total = of.numel() - int(sum(r[4] for r in rows))
     n_bad = int(sum(r[5] for r in rows))
     max_abs = max((r[6] for r in rows), default=0.0)
+    sq_diff, sq_ref = sum(r[7] for r in rows), sum(r[8] for r in rows)
+    lp_rel = math.sqrt(sq_diff) / math.sqrt(sq_ref) if sq_ref > 0 else None
     first_bad = first_exceeding = None
     if n_x_bad:
         k = next(i for i, r in enumerate(rows) if r[0])
@@ -264,19 +280,21 @@ def compare_output(
         return Comparison(True, "", 0.0, 1.0, matched=0, total=0)
     matched = total - n_bad
     r = matched_ratio(matched, total)
-    rel = None
+    rel = ref_rel = None
     if isinstance(ref_hp, torch.Tensor) and tuple(ref_hp.shape) == tuple(out.shape):
         try:
             hp = ref_hp.detach().to(device=ref.device, dtype=torch.float64)
             if bool(torch.isfinite(hp).all()):
                 rel = _rel(out.detach().to(device=ref.device), hp)
+                ref_rel = _rel(rf.reshape(ref.shape), hp)
+            del hp
         except Exception:  # noqa: BLE001 - a metric, never a reason to fail
-            rel = None
+            rel = ref_rel = None
     ok = r >= ratio
     why = []
     if not ok:
         why.append(f"{matched} of {total} elements ({r:.4%}) within atol={atol:g} rtol={rtol:g}, required {ratio:.4%}")
-    gross = _gross_error(rf, hp_rel=rel, ref_hp=ref_hp, ref=ref)
+    gross = _gross_error(hp_rel=rel, ref_rel=ref_rel, lp_rel=lp_rel, ref_rel_known=ref_rel_known)
     if gross:
         ok = False
         why.append(gross)
@@ -284,6 +302,6 @@ def compare_output(
         ok = False
         why.append(f"max abs err {max_abs:.4g} exceeds the cap {max_error_cap:g}")
     if ok:
-        return Comparison(True, "", max_abs, r, rel, matched, total)
+        return Comparison(True, "", max_abs, r, rel, matched, total, ref_rel)
     msg = f"{name}: {'; '.join(why)}; max abs err {max_abs:.4g}; {first_exceeding or 'no element beyond tolerance'}"
-    return Comparison(False, msg, max_abs, r, rel, matched, total)
+    return Comparison(False, msg, max_abs, r, rel, matched, total, ref_rel)

@@ -115,6 +115,16 @@ class Integrity:
         self.modules = {m.__name__: m for m in harness_modules}
         self.globals = {m.__name__: _callables(m) for m in harness_modules}  # data globals (caches) may change
         self.codes = {m.__name__: _codes(m) for m in harness_modules}
+        self.instances: dict[str, tuple[Any, type, dict[str, Any], frozenset[str]]] = {}
+
+    def watch(self, label: str, obj: Any, mutable: frozenset[str] | set[str] = frozenset()) -> None:
+        """An object of the harness's (its timer, its channel to the judge, the harness itself), from now on: its
+        class and every instance attribute but ``mutable`` stay as they are, and no attribute is added. The module
+        and class checks above do not see instances: a red team set the timer object's own ``_host`` and the
+        channel's own ``send_message`` (instance attributes shadowing the class's methods) and reported every
+        sample at an eighth."""
+        frozen = {k: v for k, v in vars(obj).items() if k not in mutable}
+        self.instances[label] = (obj, type(obj), frozen, frozenset(mutable))
 
     def quick(self) -> str | None:
         """Mode stacks and trace hooks (cheap: no torch op runs)."""
@@ -157,6 +167,16 @@ class Integrity:
                 now = d.get(k)
                 if now is not v and not _torch_rewrap(v, now, self.torch_roots):
                     return f"{name}.{k} was replaced or removed (harness/timer patching)"
+        for label, (obj, cls, frozen, mutable) in list(self.instances.items()):
+            if type(obj) is not cls:
+                return f"the class of the harness's {label} was replaced"
+            now = vars(obj)
+            for k, v in frozen.items():
+                if k not in now or now[k] is not v:
+                    return f"the harness's {label}.{k} was replaced or removed (harness patching)"
+            added = sorted(set(now) - set(frozen) - mutable)
+            if added:
+                return f"the harness's {label} got attributes of its own: {', '.join(added[:3])} (harness patching)"
         for mname, mod in self.modules.items():
             if sys.modules.get(mname) is not mod:
                 return f"sys.modules[{mname!r}] was replaced"

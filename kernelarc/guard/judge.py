@@ -36,7 +36,7 @@ from kernelarc.guard.sandbox import Role
 from kernelarc.guard.settings import GuardSettings
 from kernelarc.guard.static import calls_torch_compile, check_source
 from kernelarc.models import LANGUAGES, Candidate, Status, Verdict, WorkloadResult
-from kernelarc.tasks.inputs import load_module, make_inputs
+from kernelarc.tasks.inputs import distribution_for, load_module, make_inputs
 from kernelarc.tasks.loader import Task
 
 log = logging.getLogger(__name__)
@@ -164,6 +164,9 @@ class Guard:
         # never two at once): the problem's cost, which the session's budget does not count (SearchSession)
         self.reference_s = 0.0
         self.compile_ms: dict[int, float] = {}
+        # (workload, output, input distribution) -> the reference's own relative L2 error against its float64 run,
+        # the largest seen: the gross-error rule of the checks that have no float64 run (compare._gross_error)
+        self._ref_rel: dict[tuple[int, str, str], float] = {}
         self._champ: ChampionWorker | None = None
         self._champ_lock = threading.Lock()
         self._pool_lock = threading.Lock()
@@ -585,10 +588,14 @@ class Guard:
         """Read the outputs from the judge's buffer, as the dtype and shape the task declares, and
         compare them with the reference of this seed. The worker's message only says what its tensors
         looked like; shape, dtype and layout are checked against the reference's here."""
-        refs, hps = self.reference(wl, seed, hp=j == 0)  # float64 (a metric): the first checked seed
+        # float64 (a metric): the first checked seed, and any check of an input distribution whose reference error
+        # (the gross-error rule's yardstick) is not known yet for this workload
+        slots = layout(self.task, wl)
+        dist = distribution_for(seed).value
+        known = {sl.name: self._ref_rel.get((wl, sl.name, dist)) for sl in slots if sl.shape is not None}
+        refs, hps = self.reference(wl, seed, hp=j == 0 or None in known.values())
         where = f"workload {wl} ({msg.tag.value}, seed {j})" if j >= 0 else f"workload {wl} (a checked timed call)"
         res["failed_matched"] = None  # where a value comparison fails: its share of elements within the tolerance
-        slots = layout(self.task, wl)
         if [m.name for m in msg.outputs] != [sl.name for sl in slots]:
             names = [m.name for m in msg.outputs]
             res["errors"].append(f"{where}: outputs {names}, expected {[sl.name for sl in slots]}")
@@ -620,7 +627,12 @@ class Guard:
             tol = self.task.tolerance_rule(wl, name)
             hp = hps[k] if hps is not None else None
             c = compare_output(name, outs[k], refs[k], hp, tol.atol, tol.rtol, tol.ratio,
-                               max_error_cap=tol.max_error_cap, allow_negative_inf=tol.allow_negative_inf)  # fmt: skip
+                               max_error_cap=tol.max_error_cap, allow_negative_inf=tol.allow_negative_inf,
+                               ref_rel_known=known.get(name))  # fmt: skip
+            if c.ref_rel is not None:
+                self._ref_rel[(wl, name, dist)] = max(c.ref_rel, known.get(name) or 0.0)
+            elif hp is not None and c.ok and name in known:  # a float64 run that was not finite: no yardstick
+                self._ref_rel[(wl, name, dist)] = math.inf
             if c.max_abs_err is not None:
                 entry["max_abs_err"] = max(entry["max_abs_err"], c.max_abs_err)
             if c.matched_ratio is not None:

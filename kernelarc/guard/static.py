@@ -5,8 +5,10 @@ CUTLASS and has no business reaching the interpreter's internals, so the checks 
 
 * imports of modules that reach the harness or the OS (``sys``, ``gc``, ``inspect``, ``ctypes``,
   ``importlib``, ``subprocess``, ``threading``, payload decoders such as ``base64`` / ``zlib`` /
-  ``codecs``, ...), however spelt: ``import sys``, ``from os import sys``, ``os.sys``,
-  ``torch.multiprocessing`` as an attribute;
+  ``codecs``, name resolvers such as ``pkgutil`` / ``pydoc`` / ``unittest.mock``, ...), however spelt:
+  ``import sys``, ``from os import sys``, ``os.sys``, ``torch.multiprocessing`` as an attribute, and a dotted
+  or ``module:attr`` string that names one of them or a forbidden attribute (``"sys:_getframe"``: what a
+  resolver would turn into the object);
 * any dunder attribute outside a short list of ordinary ones (``__self__``, ``__globals__``,
   ``__code__``, ``__builtins__``, ``__subclasses__``, ``__class__``, ``__dict__``, ...), and frame /
   traceback / generator internals (``f_back``, ``tb_frame``, ``gi_frame``, ``_getframe``);
@@ -27,6 +29,7 @@ syntax. The guard's runtime checks catch what slips through.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 # Modules a kernel has no business importing: processes, threads, introspection of the
@@ -73,6 +76,19 @@ BANNED_MODULES = {
     "sys": "can reach the harness through sys.modules/frames",
     "torch.multiprocessing": "starts processes",
     "torch.cuda.nvtx": "profiler ranges",
+    # name resolvers: "sys:_getframe" as data becomes the object, past every rule on names (a red team's
+    # pkgutil.resolve_name reached the timer's frame and forged its samples)
+    "pkgutil": "resolves names given as strings to any module or attribute",
+    "pydoc": "resolves names given as strings to any module or attribute",
+    "unittest": "mock.patch resolves and patches names given as strings",
+    "logging.config": "resolves names given as strings (ext://)",
+    "zipimport": "dynamic imports",
+    "copyreg": "pickling machinery: arbitrary calls",
+    "shelve": "arbitrary deserialization",
+    "dill": "arbitrary deserialization",
+    "cloudpickle": "arbitrary deserialization",
+    "torch.utils.cpp_extension": "compiles C++ into the worker (raw memory access)",
+    "torch.package": "imports and deserializes arbitrary code",
 }
 ALLOWED_KERNELARC = {"kernelarc.cutlass"}  # the trusted CUTLASS build helper (kernelarc/cutlass.py)
 BANNED_CALLS = {
@@ -263,8 +279,14 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                 flag(node, f"uses .{node.attr} (reaches a module that is not allowed through another module)")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
             # A forbidden attribute spelt as data is one about to be reached by a computed name.
-            if _forbidden_attr(node.value) and (node.value.startswith("__") or node.value in _FRAME_ATTRS):
+            if (_forbidden_attr(node.value) and (node.value.startswith("__") or node.value in _FRAME_ATTRS)
+                    and node.value not in _HARMLESS_STRINGS):  # fmt: skip
                 flag(node, f"string {node.value!r} names a forbidden attribute")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _DOTTED.match(node.value):
+            # "sys:_getframe", "inspect.currentframe": a module or attribute spelt for a resolver to reach
+            why = _names_forbidden(node.value, banned_module)
+            if why:
+                flag(node, f"string {node.value!r} names {why}")
         elif isinstance(node, ast.Name) and node.id in ("__builtins__", "__loader__", "__spec__", "__import__"):
             flag(node, f"uses {node.id}")
         elif isinstance(node, ast.Name) and node.id in _DYNAMIC and node not in called and node.id not in bound:
@@ -319,6 +341,30 @@ def _bindings(tree: ast.AST) -> list[tuple[str, ast.AST]]:
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
             pair(node.optional_vars, node.context_expr)
     return out
+
+
+# dunder strings ordinary code spells: ``if __name__ == "__main__":`` (a reference's own test block)
+_HARMLESS_STRINGS = {"__main__"}
+_DOTTED = re.compile(r"^[A-Za-z_][\w]*(?:[.:][A-Za-z_][\w]*)+$")
+
+
+def _names_forbidden(text: str, banned_module) -> str | None:
+    """What a dotted or ``module:attr`` string names that the rules forbid: a banned module (its name or a prefix
+    of it, "sys.modules", "unittest.mock"), the harness ("kernelarc.guard.timer"), or a forbidden attribute anywhere
+    in it ("os:_exit", "x.f_back", "f.__code__")."""
+    mod, _, attr = text.partition(":")
+    parts = mod.split(".")
+    for i in range(len(parts), 0, -1):
+        why = banned_module(".".join(parts[:i]))
+        if why:
+            return f"module {'.'.join(parts[:i])} ({why})"
+    if parts[0] == "kernelarc" and not any(mod == a or mod.startswith(a + ".") for a in ALLOWED_KERNELARC):
+        return f"module {mod} (the harness)"
+    for part in [*parts[1:], *attr.split(".")]:
+        why = _forbidden_attr(part) if part not in _HARMLESS_STRINGS else None
+        if why or part in _FRAME_ATTRS:
+            return f"attribute {part} ({why or 'reads frames'})"
+    return None
 
 
 _FRAME_ATTRS = {"_getframe", "f_back", "f_globals", "f_locals", "f_code", "f_builtins", "tb_frame", "tb_next",

@@ -164,6 +164,9 @@ class Harness:
         from kernelarc.tasks.loader import load_task
 
         self.torch = torch
+        from torch.autograd.graph import increment_version
+
+        self.increment_version = increment_version  # bound before any candidate code runs (_version_step)
         self.chan = chan
         self.job = job
         self.device = torch.device(job["device"])
@@ -213,13 +216,15 @@ class Harness:
         self.integrity = integrity.Integrity(
             [sys.modules[__name__], protocol, buffers, integrity, timer, sandbox, inputs_mod, loader]
         )
+        self._full, self._quick = integrity.Integrity.full, integrity.Integrity.quick
 
     # -- messaging ---------------------------------------------------------------------
     def send(self, msg: Any) -> None:
         self.chan.send_message(msg)
 
     def fail_if_tampered(self, full: bool = True) -> None:
-        msg = self.integrity.full() if full else self.integrity.quick()
+        # through the class's functions taken at the start (an instance attribute could shadow them)
+        msg = self._full(self.integrity) if full else self._quick(self.integrity)
         if msg:
             raise CandidateFailure("rejected_hack", msg)
 
@@ -423,6 +428,11 @@ class Harness:
 
     # -- commands ------------------------------------------------------------------------
     def serve(self) -> None:
+        # the harness's objects, as they are before any candidate code runs (attributes the harness itself sets
+        # later are mutable; the timer is watched once it exists)
+        self.integrity.watch("harness", self, {"timer", "fn", "thread_base"})
+        self.integrity.watch("channel", self.chan, {"_buf"})
+        self.integrity.watch("integrity", self.integrity, {"n_impls", "impls0"})
         handlers = {
             Cmd.warmup: self.do_warmup,
             Cmd.check: self.do_check,
@@ -551,6 +561,24 @@ class Harness:
         return out
 
     @staticmethod
+    def _versions(inputs: list[Any]) -> list[tuple[Any, int, int]]:
+        """(tensor, its version counter now, the step every timed call moves it by) for each tensor input."""
+        import torch
+
+        step = len(inputs) + 1
+        return [(x, x._version, step) for x in inputs if isinstance(x, torch.Tensor) and not x.is_inference()]
+
+    def _version_step(self, versions: list[tuple[Any, int, int]]) -> None:
+        """Every input's version counter moved by the same step before every timed call, checked or not. The
+        rewrites differ (a refresh's ``copy_`` moves the rotated tensors' counters by one and no other's; a checked
+        call's refill copies storages, which moves none), and a red team told the checked call from the others by
+        ``x._version`` alone: skipping the work when an input's version moved by one was crowned 126x on a GEMM.
+        The step exceeds what either rewrite can move a counter by (views sharing one counter included)."""
+        for x, v0, step in versions:
+            while x._version < v0 + step:
+                self.increment_version(x)
+
+    @staticmethod
     def _seed() -> int:
         return int.from_bytes(os.urandom(8), "little") >> 2
 
@@ -605,6 +633,7 @@ class Harness:
                 use_cupti=bool(tcfg.get("cupti", True)),
             )  # fmt: skip
             self.warnings += self.timer.notes
+            self.integrity.watch("timer", self.timer, {"notes", "_session", "cupti_used", "method"})
         sets = self.sets[wl]
         rot = self._rotatable(wl)
         if warm:  # the judge times one workload after the other: one staged set at a time, as before
@@ -631,12 +660,14 @@ class Harness:
             i = self.uses.get(wl, 0)
             self.uses[wl] = i + 1
             inputs = sets[i % len(sets)]
+            versions = self._versions(inputs)
             if staged is not None and k == at:
                 self.refill(inputs, staged)
                 last_set[:] = inputs
                 prints[i % len(sets)] = self._fingerprint(inputs, rot)
             else:
                 self._refresh(inputs, rot)
+            self._version_step(versions)
             self._poison(wl)  # before every call, so that a checked one looks like any other
             return inputs
 

@@ -227,7 +227,7 @@ if __name__ == "__main__":
 def test_a_references_script_block_is_dropped_from_the_candidate(tmp_path):
     # the "__main__" literal is what the guard's static check rejects (sys.modules["__main__"]); the block
     # is dead code in an imported candidate, so the composition drops it and the candidate passes
-    assert not check_source(RMS_SCRIPT).ok
+    assert check_source(RMS_SCRIPT).ok  # "__main__" is no forbidden name (thirtieth session)
     task = make_task(tmp_path, "p_rms_script", RMS_SCRIPT,
                      {"h": (["B", "S", "H"], "bfloat16"), "gamma": (["H"], "bfloat16")},
                      {"y": (["B", "S", "H"], "bfloat16")}, [{"B": 2, "S": 3, "H": 64}])  # fmt: skip
@@ -258,7 +258,7 @@ def test_drop_main_guard_drops_only_the_script_block():
 @pytest.mark.parametrize("problem", ["Quant/003_fp8_mlp_gate_up_projection", "Quant/014_fp8_yarn_rope_embedding"])
 def test_sol_references_with_a_script_block_compose_past_the_static_check(problem):
     task = load_task(SOL / problem)
-    assert not check_source(task.definition.reference).ok  # the reference itself carries the block
+    assert "__main__" in task.definition.reference  # the reference itself carries the block
     fams = families_for(task)
     assert fams
     for fam in fams:
@@ -268,7 +268,8 @@ def test_sol_references_with_a_script_block_compose_past_the_static_check(proble
 
 def test_generic_variants_of_a_reference_with_a_main_block_pass_the_static_check(tmp_path):
     # The generic family (torch.compile variants, offered for any problem) embeds the reference too: without its
-    # `if __name__ == "__main__":` demo, whose "__main__" literal the static check rejects.
+    # `if __name__ == "__main__":` demo (whose "__main__" literal the static check rejected until the thirtieth
+    # session; a demo is no part of a kernel either way).
     from kernelarc.agents.search import generic_families
     from kernelarc.guard.static import check_source
 
@@ -277,7 +278,6 @@ def test_generic_variants_of_a_reference_with_a_main_block_pass_the_static_check
         'if __name__ == "__main__":\n    print(run(torch.randn(4, device="cuda")))\n'
     )
     task = make_task(tmp_path, "g_main_block", ref, {"x": (["N"], "float32")}, {"y": (["N"], "float32")}, [{"N": 16}])
-    assert not check_source(ref).ok  # the rule the block trips
     fam = generic_families(task)[0]
     for knob in fam.knobs:
         for value in knob.values:

@@ -251,6 +251,83 @@ def guard():
         yield g
 
 
+# -- name resolvers (thirtieth session's red team): a module or attribute spelt as a string, resolved at run time,
+# passes every rule on names. pkgutil.resolve_name reached the timer's frame (skip every call but the checked one:
+# 61x on a GEMM) and the harness's channel (its samples reported at an eighth: 8x).
+RESOLVER_FRAMES = (
+    """import pkgutil
+import torch
+_frame = pkgutil.resolve_name("sys:_getframe")
+_args = pkgutil.resolve_name("inspect:getargvalues")
+def run(x, weight):
+    loc = _args(_frame(1)).locals
+    if "keep_at" in loc and loc["k"] != loc["keep_at"]:
+        return torch.empty_like(x)
+"""
+    + HONEST
+)
+RESOLVER_CHANNEL = (
+    """from pydoc import locate
+import torch
+_frame = locate("sys._getframe")
+def run(x, weight):
+    f = _frame(1)
+    h = f.f_locals.get("self")
+    if h is not None and hasattr(h, "chan"):
+        real = h.chan.send_message
+        h.chan.send_message = lambda m: real(m)
+"""
+    + HONEST
+)
+MOCK_PATCH = (
+    """from unittest import mock
+import torch
+mock.patch("kernelarc.guard.timer._perf_counter", lambda: 0.0).start()
+def run(x, weight):
+"""
+    + HONEST
+)
+
+# Past the static checks: instance attributes of the harness's own objects shadowing their classes' methods (the
+# module and class checks of the integrity layer did not see instances): every sample reported at an eighth.
+CHANNEL_INSTANCE = (
+    """import sys
+import torch
+_DONE = []
+def run(x, weight):
+    if not _DONE:
+        f = sys._getframe(1)
+        while f is not None:
+            h = f.f_locals.get("self")
+            if h is not None and hasattr(h, "chan") and hasattr(h, "timer"):
+                real = h.chan.send_message
+                def send_message(msg):
+                    s = getattr(msg, "samples_ms", None)
+                    return real(msg.model_copy(update={"samples_ms": [t / 8 for t in s]}) if s else msg)
+                h.chan.send_message = send_message
+                _DONE.append(1)
+                break
+            f = f.f_back
+"""
+    + HONEST
+)
+TIMER_INSTANCE = (
+    """import sys
+import torch
+_DONE = []
+def run(x, weight):
+    if not _DONE:
+        loc = sys._getframe(1).f_locals
+        if "keep_at" in loc:
+            timer = loc["self"]
+            real = timer._host
+            timer._host = lambda n, setup, fn, keep_at: (lambda r: ([s / 8 for s in r[0]], r[1], r[2]))(
+                real(n, setup, fn, keep_at))
+            _DONE.append(1)
+"""
+    + HONEST
+)
+
 BAD = {
     # rejected either way: a hack where the rewritten-in-place check catches it; incorrect where the allocator gives
     # the first check's inputs the warm-up's addresses and the memo answers it stale (seen once in CI, under xdist)
@@ -275,6 +352,11 @@ BAD = {
     "finaliser_via_type": (FINALISER, False, Status.rejected_hack),
     "finaliser_past_static": (FINALISER_PAST_STATIC, True, Status.rejected_hack),
     "posix_spawn": (POSIX_SPAWN, False, Status.rejected_hack),
+    "name_resolver_frames": (RESOLVER_FRAMES, False, Status.rejected_hack),
+    "name_resolver_channel_forge": (RESOLVER_CHANNEL, False, Status.rejected_hack),
+    "mock_patch_by_name": (MOCK_PATCH, False, Status.rejected_hack),
+    "channel_instance_forge_past_static": (CHANNEL_INSTANCE, True, Status.rejected_hack),
+    "timer_instance_forge_past_static": (TIMER_INSTANCE, True, Status.rejected_hack),
     "column_major_output": (
         GOOD.replace(".to(x.dtype)\n", ".to(x.dtype).t().contiguous().t()\n"),
         False,
@@ -324,6 +406,32 @@ def run(x, weight):
     # the correctness phase re-uses one set's content once on purpose (the in-place rewrite test)
     said = log.read_text() if log.exists() else ""
     assert said.split().count("repeat") <= len(v.workloads), said
+
+
+def test_no_version_counter_tells_the_checked_timed_call_from_the_others(guard):
+    """Red team (thirtieth session): an unchecked timed call's refresh moved the rotated inputs' version counters by
+    one (``copy_``), the checked call's refill by none (a storage copy), so skipping the work when ``x._version`` moved
+    by one was crowned 126x on a GEMM. Every input's counter now moves by one step before every timed call, checked
+    or not: a candidate (past the static checks) that logs the steps it sees between calls on the same buffers sees
+    one step only."""
+    log = _world_writable_dir() / "steps.txt"
+    src = (
+        f"""import torch
+_SEEN = {{}}
+def run(x, weight):
+    for t in (x, weight):
+        seen = _SEEN.get(t.data_ptr())
+        if seen is not None and seen[0] is t:
+            with open({str(log)!r}, "a") as f:
+                f.write(f"{{t._version - seen[1]}}\\n")
+        _SEEN[t.data_ptr()] = (t, t._version)
+"""
+        + HONEST
+    )
+    v = guard.evaluate(_cand(src), reference_candidate(guard.task), trusted=True, timeout_s=15).verdict
+    assert v.correct, v.errors
+    steps = log.read_text().split() if log.exists() else []
+    assert steps and len(set(steps[-20:])) == 1, steps[-40:]
 
 
 ROPE_MARK = """import torch
@@ -383,8 +491,27 @@ def test_a_constant_softmax_that_passes_element_by_element_is_incorrect(tmp_path
         low = "import torch\n\n\ndef run(x):\n    return torch.softmax(x.to(torch.bfloat16), -1).to(x.dtype)\n"
         v = g.evaluate(_cand(low), timeout_s=30).verdict
         assert v.correct, v.errors
+        # Red team (thirtieth session): the rule ran on the first checked seed only, so a kernel that returned 1/N
+        # once its inputs had been rewritten in place (the timed calls) was crowned. The checks without a float64
+        # run hold the output to the reference, where an earlier one measured the reference accurate.
+        for _ in range(2):  # (a second candidate: every distribution's yardstick known by then)
+            v = g.evaluate(_cand(CONST_WHEN_REWRITTEN), timeout_s=30).verdict
+            assert v.status in (Status.incorrect, Status.rejected_hack), (v.status, v.errors)
+            assert "relative L2 error" in " ".join(v.errors), v.errors
     finally:
         g.close()
+
+
+CONST_WHEN_REWRITTEN = """import torch
+_SEEN = {}
+def run(x):
+    seen = _SEEN.get(x.data_ptr())
+    if seen is not None and seen[0] is x and x._version != seen[1]:
+        return torch.full_like(x, 1.0 / x.shape[-1])
+    if seen is None or seen[0] is not x:
+        _SEEN[x.data_ptr()] = (x, x._version)
+    return torch.softmax(x.to(torch.float32), dim=-1).to(x.dtype)
+"""
 
 
 def test_no_timed_call_repeats_an_input(guard, tmp_path):
@@ -553,6 +680,8 @@ def test_a_worker_that_exits_at_import_is_a_runtime_error(guard):
 
 # -- honest kernels in unusual styles -----------------------------------------------------------
 HONEST_STYLES = {
+    # a reference's own test block (Quant/003, Quant/014): the string "__main__" was taken for a forbidden attribute
+    "main_block": GOOD + '\n\nif __name__ == "__main__":\n    print(run(torch.randn(4, 8), torch.ones(8)).shape)\n',
     "lazy_global_setup": """import torch
 _EPS = None
 def _setup():

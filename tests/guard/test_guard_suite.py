@@ -180,6 +180,29 @@ def test_static_checks_allow_ordinary_kernels():
     ).ok
 
 
+def test_names_spelt_as_strings_for_a_resolver_are_rejected_and_ordinary_strings_are_not():
+    """pkgutil.resolve_name("sys:_getframe") turned a string into the frame reader past every rule on names (the
+    thirtieth session's red team): the resolvers are banned modules, and a dotted or module:attr string that names a
+    banned module or a forbidden attribute is flagged wherever it appears."""
+    body = "import torch\ndef run(x):\n    return x + 1\n"
+    for bad in (
+        "sys:_getframe",
+        "inspect.currentframe",
+        "os:_exit",
+        "unittest.mock",
+        "builtins.getattr",
+        "x.f_back",
+        "kernelarc.guard.timer:_perf_counter.__code__",
+        "torch.utils.cpp_extension.load_inline",
+    ):
+        rep = check_source(f"N = {bad!r}\n" + body)
+        assert not rep.ok and any(bad in v for v in rep.violations), (bad, rep)
+    for mod in ("pkgutil", "pydoc", "unittest.mock", "logging.config", "torch.utils.cpp_extension"):
+        assert not check_source(f"import {mod}\n" + body).ok, mod
+    for fine in ("torch.float16", "x.shape", "cuda:0", "a.b.c", "triton.language", "os.environ", "__main__"):
+        assert check_source(f"N = {fine!r}\n" + body).ok, fine
+
+
 def test_every_family_renders_sources_the_static_checks_accept():
     import random
 
