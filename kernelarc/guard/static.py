@@ -73,6 +73,7 @@ BANNED_MODULES = {
     "code": "executes code",
     "types": "builds code and frames",
     "timeit": "timing",
+    "datetime": "reads the clock (the gaps between calls tell a checked call's set-up from the others')",
     "sys": "can reach the harness through sys.modules/frames",
     "torch.multiprocessing": "starts processes",
     "torch.cuda.nvtx": "profiler ranges",
@@ -106,6 +107,8 @@ BANNED_CALLS = {
     "open": "file I/O",
     "input": "reads stdin",
 }
+_CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time", "thread_time",
+           "clock_gettime", "clock_gettime_ns", "times", "uuid1")  # fmt: skip
 BANNED_ATTRS = {
     "system": "os.system starts processes",
     "fork": "starts processes",
@@ -144,6 +147,9 @@ BANNED_ATTRS = {
     "_C": "torch._C internals bypass the harness's view of streams and allocators",
     "__dict__": "reaches module or object state",
     "putenv": "changes the environment",
+    # clocks: the gap between two calls tells a checked call's set-up (a copy) from an unchecked one's (a draw); a
+    # red team skipped the work on calls after a long gap (datetime.now())
+    **dict.fromkeys(_CLOCKS, "reads the clock"),
     "set_num_threads": "takes more CPU threads than the worker's share",
     "set_num_interop_threads": "takes more CPU threads than the worker's share",
     "sched_setaffinity": "takes CPUs outside the worker's share",
