@@ -7,7 +7,6 @@ import fcntl
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -140,45 +139,18 @@ def test_a_guards_warm_up_benchmarking_waits_for_another_process_timing(tmp_path
     """End to end through a real worker (its own uid where the judge is root): the descriptors reach it, its
     benchmarking waits while another process times, and the judge does not charge the wait to the candidate."""
     pytest.importorskip("triton")
-    from kernelarc.guard.judge import Guard, GuardConfig
-    from kernelarc.models import Candidate
-    from kernelarc.tasks import load_builtin
+    from cpu_guard import judging_beside_another_process
 
-    monkeypatch.setenv("KERNELARC_DEVICE_LOCK_DIR", str(tmp_path))
-    shared = Path(tempfile.mkdtemp(prefix="kernelarc-test-", dir="/tmp"))
-    shared.chmod(0o777)  # the worker may run as its own uid
-    marker = shared / "warming"
-    task = load_builtin("rmsnorm", cpu=True)
-    cfg = GuardConfig(timeout_s=60, target_ms=5, min_iters=3, max_iters=20, prestart=1, bench_lock_s=bench_lock_s)
-    g = Guard(task, None, "cpu", cfg)
-    g._gpu = DeviceLock("cuda:0", key="gpu-shared")  # as two processes on one GPU see it
-    other = DeviceLock("cuda:0", key="gpu-shared")
-    res: dict = {}
-
-    def evaluate() -> None:
-        try:
-            res["v"] = g.evaluate(Candidate(source=_first_call_benchmarks(marker), language="pytorch"), trusted=True)
-        except BaseException as e:  # noqa: BLE001 - reported by the test below
-            res["e"] = e
-
-    t = threading.Thread(target=evaluate, daemon=True)
-    try:
-        t.start()
-        deadline = time.monotonic() + 60
-        while not Path(str(marker) + ".ready").exists() and "e" not in res and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with judging_beside_another_process(tmp_path, monkeypatch, _first_call_benchmarks, ".ready",
+                                        bench_lock_s=bench_lock_s) as (other, marker, res):  # fmt: skip
         assert other.acquire(timeout=30), res.get("e")  # another process's timing, before the benchmarking
         time.sleep(2.0)
         held_back = not Path(str(marker) + ".done").exists()
         other.release()
-        t.join(90)
-        assert "v" in res, res.get("e")
-        v = res["v"].verdict
-        assert v.correct, v.errors
-        if bench_lock_s:
-            assert held_back and v.phases.get("gpu_wait_bench", 0.0) >= 1.0, v.phases
-        else:
-            assert not held_back and "gpu_wait_bench" not in v.phases
-    finally:
-        t.join(60)
-        g.close()
+    assert "v" in res, res.get("e")
+    v = res["v"].verdict
+    assert v.correct, v.errors
+    if bench_lock_s:
+        assert held_back and v.phases.get("gpu_wait_bench", 0.0) >= 1.0, v.phases
+    else:
+        assert not held_back and "gpu_wait_bench" not in v.phases

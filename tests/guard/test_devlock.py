@@ -202,47 +202,19 @@ def run(x, weight):
 def _timing_waits_for_the_warm_up(tmp_path, monkeypatch, warmup_lock_s: float) -> bool:
     """Whether another process's timing, asked for once a guard's candidate has started its warm-up's 4 s first
     call, got the device only after that call ended."""
-    import tempfile
+    from cpu_guard import judging_beside_another_process
 
-    from kernelarc.guard.judge import Guard, GuardConfig
-    from kernelarc.models import Candidate
-    from kernelarc.tasks import load_builtin
-
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setenv("KERNELARC_DEVICE_LOCK_DIR", str(tmp_path))
-    shared = Path(tempfile.mkdtemp(prefix="kernelarc-test-", dir="/tmp"))
-    shared.chmod(0o777)  # the worker may run as its own uid
-    marker = shared / "warming"
-    task = load_builtin("rmsnorm", cpu=True)
-    cfg = GuardConfig(timeout_s=60, target_ms=5, min_iters=3, max_iters=20, prestart=1, warmup_lock_s=warmup_lock_s)
-    g = Guard(task, None, "cpu", cfg)
-    g._gpu = DeviceLock("cuda:0", key="gpu-shared")  # as two processes on one GPU see it
-    other = DeviceLock("cuda:0", key="gpu-shared")
-    res: dict = {}
-
-    def evaluate() -> None:
-        try:
-            res["v"] = g.evaluate(Candidate(source=_slow_first_call(marker), language="pytorch"), trusted=True)
-        except BaseException as e:  # noqa: BLE001 - reported by the test below
-            res["e"] = e
-
-    t = threading.Thread(target=evaluate, daemon=True)
-    try:
-        t.start()
-        deadline = time.monotonic() + 60
-        while not marker.exists() and "e" not in res and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert marker.exists(), res.get("e")
+    with judging_beside_another_process(tmp_path, monkeypatch, _slow_first_call, "", warmup_lock_s=warmup_lock_s) as (
+        other,
+        marker,
+        res,
+    ):
         assert other.acquire(timeout=30)
         waited = Path(str(marker) + ".done").exists()
         other.release()
-        t.join(60)
-        assert "v" in res, res.get("e")
-        assert res["v"].verdict.correct, res["v"].verdict.errors
-        return waited
-    finally:
-        t.join(60)
-        g.close()
+    assert "v" in res, res.get("e")
+    assert res["v"].verdict.correct, res["v"].verdict.errors
+    return waited
 
 
 def test_a_guard_warms_up_under_the_shared_lock_for_at_most_warmup_lock_s(tmp_path, monkeypatch):
