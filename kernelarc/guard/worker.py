@@ -211,6 +211,7 @@ class Harness:
         self.fresh: set[int] = set()  # workloads whose staged set came from the judge and is not used yet
         self.uses: dict[int, int] = {}
         self.fn: Any = None
+        self.cand_files: set[str] = set()  # the candidate module's file (threads running its code)
         self.timer: Any = None
         self.timer_mod = timer
         self.integrity = integrity.Integrity(
@@ -365,6 +366,8 @@ class Harness:
         otherwise hide in a later warm-up."""
         alive = self._candidate_threads()
         extra = [name for name in alive.values() if name not in TORCH_THREADS]
+        extra += [f"{name} (named like torch's, running the candidate's code)" for ident, name in alive.items()
+                  if name in TORCH_THREADS and self._runs_candidate_code(ident)]  # fmt: skip
         if extra:
             names = ", ".join(extra)
             raise CandidateFailure("rejected_hack", f"candidate started threads that outlive the call: {names}")
@@ -382,6 +385,23 @@ class Harness:
             )
         if _children():
             raise CandidateFailure("rejected_hack", "candidate started processes that outlive the call")
+
+    def _runs_candidate_code(self, ident: int | None) -> bool:
+        """Whether the thread's target (or its class's ``run``) is defined in the candidate's source: a red team's
+        thread named like Inductor's helper was taken for torch's and never counted."""
+        files = self.cand_files
+        t = next((t for t in self.threading.enumerate() if t.ident == ident), None)
+        if t is None or not files:
+            return False
+        target = getattr(t, "_target", None)
+        for _ in range(4):  # functools.partial and bound methods around it
+            target = getattr(target, "func", None) or getattr(target, "__func__", None) or target
+        run = getattr(type(t), "run", None)
+        for f in (target, run):
+            code = getattr(f, "__code__", None)
+            if code is not None and code.co_filename in files:
+                return True
+        return False
 
     def _no_daemons(self) -> None:
         """Processes of this worker that are not its children (double-forked, setsid): the judge kills
@@ -430,7 +450,7 @@ class Harness:
     def serve(self) -> None:
         # the harness's objects, as they are before any candidate code runs (attributes the harness itself sets
         # later are mutable; the timer is watched once it exists)
-        self.integrity.watch("harness", self, {"timer", "fn", "thread_base"})
+        self.integrity.watch("harness", self, {"timer", "fn", "thread_base", "cand_files"})
         self.integrity.watch("channel", self.chan, {"_buf"})
         self.integrity.watch("integrity", self.integrity, {"n_impls", "impls0"})
         handlers = {
@@ -475,6 +495,7 @@ class Harness:
         self.fail_if_tampered()
         self._no_strays()
         self.fn = fn
+        self.cand_files = {getattr(cand, "__file__", None)} - {None}
         self.phases["import"] = _perf_counter() - t0
         self._note_cutlass_builds(cand)
         self.send(Imported(kind=Kind.imported, notes=self.warnings[:64]))

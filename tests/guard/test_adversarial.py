@@ -328,6 +328,21 @@ def run(x, weight):
     + HONEST
 )
 
+# A thread started at import under the name of Inductor's helper thread, which the name rule exempts and the count
+# rule takes into its baseline: it ran the candidate's own code beside every call, never counted.
+TORCH_NAMED_THREAD = (
+    """import threading
+import time
+import torch
+def _loop():
+    while True:
+        time.sleep(0.05)
+threading.Thread(target=_loop, name="InductorSubproc", daemon=True).start()
+def run(x, weight):
+"""
+    + HONEST
+)
+
 BAD = {
     # rejected either way: a hack where the rewritten-in-place check catches it; incorrect where the allocator gives
     # the first check's inputs the warm-up's addresses and the memo answers it stale (seen once in CI, under xdist)
@@ -357,6 +372,7 @@ BAD = {
     "mock_patch_by_name": (MOCK_PATCH, False, Status.rejected_hack),
     "channel_instance_forge_past_static": (CHANNEL_INSTANCE, True, Status.rejected_hack),
     "timer_instance_forge_past_static": (TIMER_INSTANCE, True, Status.rejected_hack),
+    "thread_named_like_torchs_past_static": (TORCH_NAMED_THREAD, True, Status.rejected_hack),
     "column_major_output": (
         GOOD.replace(".to(x.dtype)\n", ".to(x.dtype).t().contiguous().t()\n"),
         False,
