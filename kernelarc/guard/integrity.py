@@ -103,6 +103,16 @@ class Integrity:
         spaces.update({"builtins": builtins, "os": os, "os.path": os.path, "json": json, "random": random,
                        "random.Random": random.Random, "pydantic.BaseModel": pydantic.BaseModel,
                        "threading": threading, "threading.Thread": threading.Thread})  # fmt: skip
+        # Classes whose methods the harness calls on its own objects (its channel's socket, the storages its refill
+        # copies through, math in its draws): a second red team patched socket.socket.send (every timing sample at a
+        # third) and torch.UntypedStorage.copy_ (only a checked call's refill uses it: it told that call apart).
+        # Methods added to them count as patches too (``added``: a class attribute shadowing an inherited one).
+        import math
+        import select
+        import socket
+
+        self.added_watch = {"socket.socket": socket.socket, "torch.UntypedStorage": torch.UntypedStorage}
+        spaces.update({**self.added_watch, "math": math, "select": select})
         for name in ("triton", "triton.testing", "triton.language"):
             if name in sys.modules:
                 spaces[name] = sys.modules[name]
@@ -167,6 +177,10 @@ class Integrity:
                 now = d.get(k)
                 if now is not v and not _torch_rewrap(v, now, self.torch_roots):
                     return f"{name}.{k} was replaced or removed (harness/timer patching)"
+            if name in self.added_watch:
+                added = sorted(k for k in d if k not in before and callable(d[k]))
+                if added:
+                    return f"{name} got methods of its own: {', '.join(added[:3])} (harness patching)"
         for label, (obj, cls, frozen, mutable) in list(self.instances.items()):
             if type(obj) is not cls:
                 return f"the class of the harness's {label} was replaced"

@@ -147,6 +147,15 @@ BANNED_ATTRS = {
     "_C": "torch._C internals bypass the harness's view of streams and allocators",
     "__dict__": "reaches module or object state",
     "putenv": "changes the environment",
+    # name resolvers and hidden evals inside allowed modules (a second red team: torch._utils._import_dotted_name,
+    # string.Formatter().get_field, typing.get_type_hints on string annotations)
+    "_import_dotted_name": "resolves names given as strings",
+    "import_module": "dynamic imports",
+    "get_field": "resolves dotted names given as strings",
+    "get_type_hints": "evaluates string annotations (a hidden eval)",
+    "ForwardRef": "evaluates strings (a hidden eval)",
+    "_eval_type": "evaluates strings (a hidden eval)",
+    "_forward_from_src": "executes generated code",
     # clocks: the gap between two calls tells a checked call's set-up (a copy) from an unchecked one's (a draw); a
     # red team skipped the work on calls after a long gap (datetime.now())
     **dict.fromkeys(_CLOCKS, "reads the clock"),
@@ -169,7 +178,9 @@ ALLOWED_DUNDERS = {
     "__version__", "__post_init__", "__annotations__",
 }  # fmt: skip
 # Modules reachable as attributes of other modules (os.sys, torch.multiprocessing, ...).
-_MODULE_ATTRS = {m.split(".")[-1] for m in BANNED_MODULES} - {"time", "code", "io", "types", "operator", "signal"}
+# (not the names ordinary code reaches as attributes: torch._inductor.config, a dataclass's .config, .package)
+_MODULE_ATTRS = {m.split(".")[-1] for m in BANNED_MODULES} - {"time", "code", "io", "types", "operator", "signal",
+                                                              "config", "package", "mock"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -236,6 +247,11 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
     bound |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
     bound |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
               for a in n.names}  # fmt: skip
+    # ... except the dynamic builtins: ``def _pick(getattr=getattr)`` exempted every bare getattr of the file (a
+    # second red team), so a binding of one of them is flagged itself
+    for name in sorted(bound & _NEVER_REBOUND):
+        found.append(f"binds the name {name} (hides the builtin's calls from these checks)")
+    bound -= _NEVER_REBOUND
     has_run = False
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "run" and node in tree.body:
@@ -317,6 +333,8 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
 
 # Builtins whose calls the checks inspect: a candidate may call them directly, never pass or bind them.
 _DYNAMIC = set(BANNED_CALLS) | {"getattr", "hasattr"}
+# ... and those whose name the source may not bind at all (``input``, ``open`` are ordinary parameter names)
+_NEVER_REBOUND = {"getattr", "hasattr", "setattr", "delattr", "eval", "exec", "__import__", "globals", "vars", "locals"}
 
 
 def _bindings(tree: ast.AST) -> list[tuple[str, ast.AST]]:
@@ -351,6 +369,9 @@ def _bindings(tree: ast.AST) -> list[tuple[str, ast.AST]]:
 
 # dunder strings ordinary code spells: ``if __name__ == "__main__":`` (a reference's own test block)
 _HARMLESS_STRINGS = {"__main__"}
+# attributes whose names are ordinary words in a dotted string ("timing.times", "cuda.synchronize" in a message)
+_HARMLESS_IN_STRINGS = {*_CLOCKS, "synchronize", "Stream", "ExternalStream", "set_stream", "elapsed_time", "do_bench",
+                        "_C", "set_num_threads", "set_num_interop_threads"}  # fmt: skip
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(?:[.:][A-Za-z_][\w]*)+$")
 
 
@@ -367,6 +388,8 @@ def _names_forbidden(text: str, banned_module) -> str | None:
     if parts[0] == "kernelarc" and not any(mod == a or mod.startswith(a + ".") for a in ALLOWED_KERNELARC):
         return f"module {mod} (the harness)"
     for part in [*parts[1:], *attr.split(".")]:
+        if part in _HARMLESS_IN_STRINGS:
+            continue
         why = _forbidden_attr(part) if part not in _HARMLESS_STRINGS else None
         if why or part in _FRAME_ATTRS:
             return f"attribute {part} ({why or 'reads frames'})"

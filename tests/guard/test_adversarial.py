@@ -343,6 +343,49 @@ def run(x, weight):
     + HONEST
 )
 
+# A second red team, past the static checks: classes the harness calls on its own objects. The checked call's refill
+# copies through UntypedStorage.copy_ (an unchecked call's refresh does not): a hook on it told the checked call apart
+# with no frame access (16x on a GEMM). A patched socket.socket.send rewrote every timing message (3x).
+STORAGE_COPY_HOOK = (
+    """import torch
+_copy = torch.UntypedStorage.copy_
+_FLAG = [False]
+_SEEN = []
+def _hook(self, *a, **k):
+    _FLAG[0] = True
+    return _copy(self, *a, **k)
+torch.UntypedStorage.copy_ = _hook
+def run(x, weight):
+    if _FLAG[0]:
+        _FLAG[0] = False
+    elif any(t is x for t in _SEEN):
+        return torch.empty_like(x)
+    else:
+        _SEEN.append(x)
+"""
+    + HONEST
+)
+SOCKET_SEND_FORGE = (
+    """import json
+import socket
+import struct
+import torch
+_send = socket.socket.send
+def _forged(self, data, *a):
+    raw = bytes(data)
+    if len(raw) > 4 and b'"samples_ms"' in raw:
+        msg = json.loads(raw[4:])
+        msg["samples_ms"] = [s / 3 for s in msg["samples_ms"]]
+        body = json.dumps(msg).encode()
+        self.sendall(struct.pack(">I", len(body)) + body)
+        return len(raw)
+    return _send(self, data, *a)
+socket.socket.send = _forged
+def run(x, weight):
+"""
+    + HONEST
+)
+
 BAD = {
     # rejected either way: a hack where the rewritten-in-place check catches it; incorrect where the allocator gives
     # the first check's inputs the warm-up's addresses and the memo answers it stale (seen once in CI, under xdist)
@@ -373,6 +416,8 @@ BAD = {
     "channel_instance_forge_past_static": (CHANNEL_INSTANCE, True, Status.rejected_hack),
     "timer_instance_forge_past_static": (TIMER_INSTANCE, True, Status.rejected_hack),
     "thread_named_like_torchs_past_static": (TORCH_NAMED_THREAD, True, Status.rejected_hack),
+    "storage_copy_hook_past_static": (STORAGE_COPY_HOOK, True, Status.rejected_hack),
+    "socket_send_forge_past_static": (SOCKET_SEND_FORGE, True, Status.rejected_hack),
     "column_major_output": (
         GOOD.replace(".to(x.dtype)\n", ".to(x.dtype).t().contiguous().t()\n"),
         False,

@@ -199,8 +199,29 @@ def test_names_spelt_as_strings_for_a_resolver_are_rejected_and_ordinary_strings
         assert not rep.ok and any(bad in v for v in rep.violations), (bad, rep)
     for mod in ("pkgutil", "pydoc", "unittest.mock", "logging.config", "torch.utils.cpp_extension"):
         assert not check_source(f"import {mod}\n" + body).ok, mod
-    for fine in ("torch.float16", "x.shape", "cuda:0", "a.b.c", "triton.language", "os.environ", "__main__"):
+    for fine in (
+        "torch.float16",
+        "x.shape",
+        "cuda:0",
+        "a.b.c",
+        "triton.language",
+        "os.environ",
+        "__main__",
+        "timing.times",
+        "torch.cuda.synchronize",
+    ):
         assert check_source(f"N = {fine!r}\n" + body).ok, fine
+    # a second red team: resolvers and hidden evals inside allowed modules, and a parameter named like a builtin
+    for bad in (
+        "_r = torch._utils._import_dotted_name\n",
+        "import string\n_g = string.Formatter().get_field\n",
+        "import typing\n_h = typing.get_type_hints\n",
+        "def _pick(getattr=getattr):\n    return getattr\n",
+    ):
+        assert not check_source(bad + body).ok, bad
+    # ... and no rule on ordinary attributes named like a banned module's last part
+    for fine in ("c = torch._inductor.config.max_autotune\n", "class C:\n    config = 1\nc = C().config\n"):
+        assert check_source(fine + body).ok, fine
 
 
 def test_every_family_renders_sources_the_static_checks_accept():
