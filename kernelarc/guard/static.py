@@ -371,7 +371,7 @@ def _bindings(tree: ast.AST) -> list[tuple[str, ast.AST]]:
 _HARMLESS_STRINGS = {"__main__"}
 # attributes whose names are ordinary words in a dotted string ("timing.times", "cuda.synchronize" in a message)
 _HARMLESS_IN_STRINGS = {*_CLOCKS, "synchronize", "Stream", "ExternalStream", "set_stream", "elapsed_time", "do_bench",
-                        "_C", "set_num_threads", "set_num_interop_threads"}  # fmt: skip
+                        "_C", "set_num_threads", "set_num_interop_threads", *_HARMLESS_STRINGS}  # fmt: skip
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(?:[.:][A-Za-z_][\w]*)+$")
 
 
@@ -390,7 +390,7 @@ def _names_forbidden(text: str, banned_module) -> str | None:
     for part in [*parts[1:], *attr.split(".")]:
         if part in _HARMLESS_IN_STRINGS:
             continue
-        why = _forbidden_attr(part) if part not in _HARMLESS_STRINGS else None
+        why = _forbidden_attr(part)
         if why or part in _FRAME_ATTRS:
             return f"attribute {part} ({why or 'reads frames'})"
     return None

@@ -581,21 +581,17 @@ class Harness:
             out.append((name, spec.dtype, getattr(spec, "description", None)) if ok else None)
         return out
 
-    @staticmethod
-    def _versions(inputs: list[Any]) -> list[tuple[Any, int, int]]:
-        """(tensor, its version counter now, the step every timed call moves it by) for each tensor input."""
-        import torch
+    def _versions(self, inputs: list[Any]) -> list[tuple[Any, int]]:
+        """(tensor, its version counter now) for each tensor input."""
+        return [(x, x._version) for x in inputs if isinstance(x, self.torch.Tensor) and not x.is_inference()]
 
-        step = len(inputs) + 1
-        return [(x, x._version, step) for x in inputs if isinstance(x, torch.Tensor) and not x.is_inference()]
-
-    def _version_step(self, versions: list[tuple[Any, int, int]]) -> None:
+    def _version_step(self, versions: list[tuple[Any, int]], step: int) -> None:
         """Every input's version counter moved by the same step before every timed call, checked or not. The
         rewrites differ (a refresh's ``copy_`` moves the rotated tensors' counters by one and no other's; a checked
         call's refill copies storages, which moves none), and a red team told the checked call from the others by
         ``x._version`` alone: skipping the work when an input's version moved by one was crowned 126x on a GEMM.
         The step exceeds what either rewrite can move a counter by (views sharing one counter included)."""
-        for x, v0, step in versions:
+        for x, v0 in versions:
             try:
                 while x._version < v0 + step:
                     self.increment_version(x)
@@ -691,7 +687,7 @@ class Harness:
                 prints[i % len(sets)] = self._fingerprint(inputs, rot)
             else:
                 self._refresh(inputs, rot)
-            self._version_step(versions)
+            self._version_step(versions, len(inputs) + 1)  # more than either rewrite moves a counter by
             self._poison(wl)  # before every call, so that a checked one looks like any other
             return inputs
 
