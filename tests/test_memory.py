@@ -167,3 +167,22 @@ def test_a_worker_draws_the_next_staged_set_after_dropping_the_last():
     Harness.do_stage(h, 3, 2)
     assert held_while_drawing == [[5]]  # workload 3's last set was gone; another workload's is not this call's
     assert h.staged == {3: ["set 3/2"], 5: ["set 5/1"]} and h.fresh == {3}
+
+
+def test_a_problem_drawn_by_its_own_get_inputs_is_planned_with_a_redrawn_set_in_every_worker():
+    """Its timed calls get whole new draws of its inputs (the worker's ``_redraw``): a transient input set more in
+    every challenger's worker and in the champion's."""
+    from types import SimpleNamespace
+
+    def task(kind):
+        return SimpleNamespace(name="t", workloads=[SimpleNamespace(inputs={"x": SimpleNamespace(type=kind)})])
+
+    fps = {0: _fp(0, 1_000, 10, 100)}
+
+    def need(kind, workers):
+        p = plan_memory(task(kind), [0], "cuda:0", memory_gb=200, footprints=fps, seeds=1, parallel=workers)
+        assert p.max_workers == workers and p.seeds == 1
+        return p.need_bytes
+
+    for workers in (1, 2):
+        assert need("custom", workers) - need("random", workers) == (workers + 1) * fps[0].input_bytes

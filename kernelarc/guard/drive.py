@@ -89,6 +89,7 @@ class Side:
     events: dict[int, list[float]] = field(default_factory=dict)
     wall_ms: dict[int, float] = field(default_factory=dict)
     unexplained: dict[int, list[float]] = field(default_factory=dict)  # judge wall minus reported, per call
+    checked: dict[int, list[float]] = field(default_factory=dict)  # the checked timed calls' own samples
     method: TimerMethod | None = None
     done: Done | None = None
     busy: bool = False  # a command sent, its reply not read yet (a worker in that state is not reused)
@@ -217,6 +218,7 @@ class Driver:
         self.measured: list[int] = []  # the worker pids moved onto the quiet cores while the lock is held
         self.trusted = False  # the challenger is a trusted baseline (torch.compile of the reference): it cannot cheat
         self.baseline = False  # the challenger is the judge's own reference or its torch.compile, to the byte
+        self.fresh: dict[int, bool] = {}  # per workload: its timed calls get whole new draws (Guard.fresh_inputs)
 
     # -- messages ------------------------------------------------------------------------
     def recv(self, side: Side, expect: type) -> Any:
@@ -444,7 +446,8 @@ class Driver:
         # which call of the burst is checked: the judge's secret, so that a kernel counting its calls
         # cannot do the work only on the checked one
         at = secrets.randbelow(n) if check_seed is not None else None
-        msg = self.command(side, Cmd.time, Timing, wl=wl, n=n, check=check_seed is not None, check_at=at)
+        msg = self.command(side, Cmd.time, Timing, wl=wl, n=n, check=check_seed is not None, check_at=at,
+                           fresh=self.fresh.get(wl, False))  # fmt: skip
         wall = (time.perf_counter() - t) * 1e3
         if msg.wl != wl or (check_seed is not None) != (msg.check is not None):
             raise Stop(Status.rejected_hack, "timing reply does not match the burst asked for", side.label)
@@ -457,6 +460,8 @@ class Driver:
             if note not in self.res["warnings"]:
                 self.res["warnings"].append(note)
         side.wall_ms[wl] = side.wall_ms.get(wl, 0.0) + wall
+        if at is not None and len(msg.samples_ms) == n:
+            side.checked.setdefault(wl, []).append(msg.samples_ms[at])
         if side.label != "champion" or check_seed is None:
             # A checked burst's time includes the copy of its outputs and their check: the champion's typical
             # unexplained time (the judge-clock rule's yardstick) is taken from its plain bursts only.
@@ -484,7 +489,12 @@ class Driver:
         for an honest challenger (the reference's own code). ``later``: the workloads still to time in this
         evaluation, whose time a retime must leave."""
         kept: tuple[list[float], list[float]] = ([], [])
-        left = {"inconsistent": max(self.cfg.retimes, 0), "undecided": min(max(self.cfg.retimes, 0), 1), "clock": 1}
+        left = {
+            "inconsistent": max(self.cfg.retimes, 0),
+            "undecided": min(max(self.cfg.retimes, 0), 1),
+            "clock": 1,
+            "skipped": 1,
+        }
         attempt = 0
         while True:
             t = time.monotonic()
@@ -505,6 +515,10 @@ class Driver:
                 why = None
             if why is not None and (not left["clock"] or not room):
                 raise Stop(Status.rejected_hack, f"workload {wl}: {why}")
+            if why is None and not self.baseline:
+                why, trigger = self.skipped_work(wl, cand), "skipped"
+                if why is not None and (not left["skipped"] or not room):
+                    raise Stop(Status.rejected_hack, f"workload {wl}: {why}")
             if why is None:
                 why, trigger = self.inconsistent(wl, cand, champ), "inconsistent"
             if why is None:
@@ -518,13 +532,34 @@ class Driver:
                 kept[0].extend(cand.samples.get(wl, []))
                 kept[1].extend(cand.events.get(wl, []))
             for s in (cand, champ):
-                for per_wl in (s.samples, s.events, s.wall_ms, s.unexplained):
+                for per_wl in (s.samples, s.events, s.wall_ms, s.unexplained, s.checked):
                     per_wl.pop(wl, None)
             time.sleep(0.25 * attempt)
         if kept[0]:
             cand.samples[wl] = kept[0] + cand.samples.get(wl, [])
         if kept[1]:
             cand.events[wl] = kept[1] + cand.events.get(wl, [])
+
+    def skipped_work(self, wl: int, cand: Side) -> str | None:
+        """Why the challenger's checked timed calls say it skips work on the others (None: they do not). A checked
+        call's inputs are a set the judge drew just before the burst; where the other calls' inputs repeat a content
+        (a problem whose inputs all come from its own ``get_inputs`` and cost too much to draw before every call, or
+        the inputs that keep their content: masks, tables, files), a result kept by content pays on those calls
+        only, and the checked calls, which always pay in full, stand out: the red team's c02 (a memo keyed on
+        sampled elements, L1/008) was crowned so. Every checked call (``timed_checks`` a timing) slower than
+        ``skip_factor`` times the median of all the timed calls, beyond the slack, is the sign: an honest kernel's
+        checked calls run as the others do (the same buffers, the same cache flush, inputs from the same draw).
+        Interference that slows both checked calls of a timing and not its median passes on the second timing."""
+        chk, every = cand.checked.get(wl), cand.samples.get(wl)
+        if not chk or not every or len(every) < len(chk) + 3:
+            return None
+        lo, med = min(chk), median(every)
+        slack = self.cfg.clock_slack_ms * (0.1 if self.g.device.startswith("cuda") else 1)
+        if lo <= med * self.cfg.skip_factor + slack:
+            return None
+        return (f"its {len(chk)} checked timed call(s), whose inputs are new, took {lo:.4g} ms or more, "
+                f"{lo / max(med, 1e-9):.3g}x the median of its timed calls ({med:.4g} ms): work skipped on "
+                "inputs seen before")  # fmt: skip
 
     def undecided(self, wl: int, cand: Side, champ: Side | None) -> str | None:
         """Why this workload's timing cannot tell a gain from noise (None: it can, or there is no gain to tell): the
@@ -561,10 +596,12 @@ class Driver:
         cfg = self.cfg
         sides = [cand] + ([champ] if champ else [])
         n_for: dict[str, int] = {}
+        self.fresh[wl] = self.g.fresh_inputs(wl)  # asked once: the same for both sides and every burst of the timing
         for s in sides:
             t = time.perf_counter()
             # The warm-up time is shared by the sides, as when both ran in one worker.
-            msg = self.command(s, Cmd.time, Timing, wl=wl, n=0, warm=True, warm_ms=cfg.warmup_ms / len(sides))
+            msg = self.command(s, Cmd.time, Timing, wl=wl, n=0, warm=True, warm_ms=cfg.warmup_ms / len(sides),
+                               fresh=self.fresh[wl])  # fmt: skip
             wall = (time.perf_counter() - t) * 1e3
             est = max(wall / max(len(msg.samples_ms), 1), 1e-3)  # the judge's clock, not the worker's word
             # The timed time is shared by the sides too, as when both ran in one worker (before round 2):

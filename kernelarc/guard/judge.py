@@ -36,7 +36,7 @@ from kernelarc.guard.sandbox import Role
 from kernelarc.guard.settings import GuardSettings
 from kernelarc.guard.static import calls_torch_compile, check_source
 from kernelarc.models import LANGUAGES, Candidate, Status, Verdict, WorkloadResult
-from kernelarc.tasks.inputs import distribution_for, load_module, make_inputs
+from kernelarc.tasks.inputs import all_custom, distribution_for, load_module, make_inputs
 from kernelarc.tasks.loader import Task
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,7 @@ class Guard:
         # (workload, output, input distribution) -> the reference's own relative L2 error against its float64 run,
         # the largest seen: the gross-error rule of the checks that have no float64 run (compare._gross_error)
         self._ref_rel: dict[tuple[int, str, str], float] = {}
+        self._draw_s: dict[int, float] = {}  # the cheapest draw of each workload's inputs seen, in seconds
         self._champ: ChampionWorker | None = None
         self._champ_lock = threading.Lock()
         self._pool_lock = threading.Lock()
@@ -220,6 +221,11 @@ class Guard:
                     return cached[0], cached[1]
         t_ref = time.monotonic()
         inputs = make_inputs(self.task, wl, seed, self.device)
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        drawn = time.monotonic() - t_ref
+        with self._refs_lock:
+            self._draw_s[wl] = min(self._draw_s.get(wl, math.inf), drawn)
         if cached is not None:  # computed without its float64 run: only that is missing
             outs = cached[0]
         else:
@@ -260,6 +266,18 @@ class Guard:
             while len(self._refs) > memory_plan(self).ref_cache_entries:
                 self._refs.popitem(last=False)
         return outs, hps
+
+    def fresh_inputs(self, wl: int) -> bool:
+        """Whether every timed call of workload ``wl`` gets a whole new draw of its inputs (the worker's
+        ``_redraw``): on a problem whose inputs all come from its own ``get_inputs`` (which the plain inputs' cheap
+        in-place redraw cannot make), where one draw cost at most ``guard.fresh_inputs_ms`` the cheapest time the
+        judge made one (the first, with the module's import, is one of them). The same answer for both sides of a
+        timing: the judge asks once per timing."""
+        if not all_custom(self.task) or self.cfg.fresh_inputs_ms <= 0:
+            return False
+        with self._refs_lock:
+            drawn = self._draw_s.get(wl)
+        return drawn is not None and drawn * 1e3 <= self.cfg.fresh_inputs_ms
 
     # -- evaluation ------------------------------------------------------------------
     def evaluate(

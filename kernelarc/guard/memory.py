@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from kernelarc.guard.compare import CHUNK
-from kernelarc.tasks.inputs import make_inputs, torch_dtype
+from kernelarc.tasks.inputs import all_custom, make_inputs, torch_dtype
 from kernelarc.tasks.loader import Task
 
 log = logging.getLogger(__name__)
@@ -288,9 +288,16 @@ def plan_memory(
     flush = flush_bytes if cuda else 0
     ctx = CUDA_CONTEXT_BYTES if cuda else 0
 
+    # a problem whose inputs all come from its own get_inputs has them drawn again, whole, before its timed calls
+    # (the worker's _redraw): a transient input set more in every worker, challenger and champion
+    fresh = all_custom(task)
+
     def in_workers(fl: list[Footprint], s: int, n: int) -> int:
         """``n`` challengers' workers and the champion's (its context counted with the resident ones)."""
-        return n * _worker_bytes(fl, s, cuda, flush) + (_champion_bytes(fl, s, cuda, flush) if champion else 0)
+        redraw = max(f.input_bytes for f in fl) if fresh and fl else 0
+        return n * (_worker_bytes(fl, s, cuda, flush) + redraw) + (
+            _champion_bytes(fl, s, cuda, flush) + redraw if champion else 0
+        )
 
     if footprints is None:
         footprints = {}

@@ -78,6 +78,12 @@ class GuardSettings:
     timed_checks: int = field(default=2, metadata=_INTERNAL)  # rounds whose challenger burst ends in a check
     clock_factor: float = field(default=3.0, metadata=_INTERNAL)  # unexplained judge wall time per call ...
     clock_slack_ms: float = field(default=0.2, metadata=_INTERNAL)  # ... plus half its median plus this
+    # a challenger's checked timed calls (new inputs) all slower than this times the median of its timed calls (plus
+    # a slack) skip no work only by chance: timed again once, then rejected (drive.Driver.skipped_work)
+    skip_factor: float = field(default=1.5, metadata=_INTERNAL)
+    # a problem whose inputs all come from its own get_inputs: a whole new draw before every timed call where one
+    # costs at most this (the judge's cheapest draw; 0: never), else the calls repeat one content (Guard.fresh_inputs)
+    fresh_inputs_ms: float = field(default=10.0, metadata=_INTERNAL)
     cupti: bool = field(default=True, metadata=_INTERNAL)  # CUPTI activity records where importable
     # One champion worker serves at most this many evaluations (0: a fresh one for each, as for every
     # challenger). It only ever runs the champion's code, and its timed outputs are checked like a

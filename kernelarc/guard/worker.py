@@ -616,6 +616,17 @@ class Harness:
                 name, dtype, desc = spec
                 x.copy_(self.random_tensor(name, tuple(x.shape), dtype, gen, self.device, dist, desc))
 
+    def _redraw(self, wl: int, inputs: list[Any]) -> None:
+        """New content in the same buffers for a problem whose inputs all come from its own ``get_inputs``: a whole
+        set drawn by it from a seed of os.urandom and copied in as a checked call's staged set is (``refill``: the
+        same copies, so no counter, pointer or layout tells the two apart). Without it such a problem's timed
+        calls repeat one content, and a result kept by content (the red team's c02) pays on all but the checked
+        call. The judge asks for it where a draw is cheap (``Guard.fresh_inputs``); the memory plan counts the
+        transient set (``plan_memory``'s ``fresh``)."""
+        new = self.make_inputs(self.task, wl, self._seed(), self.device)
+        self.refill(inputs, new)
+        del new
+
     def _fingerprint(self, inputs: list[Any], rot: list[Any]) -> list[tuple[int, int]]:
         """An exact, order-sensitive fingerprint of the inputs that keep their content between timed calls: the
         sum of their bit patterns and that sum weighted by position (int64, wrapping), a chunk at a time."""
@@ -645,6 +656,7 @@ class Harness:
         check: bool = False,
         warm_ms: float | None = None,
         check_at: int | None = None,
+        fresh: bool = False,
     ) -> Timing:
         tcfg = self.job["timing"]
         if self.timer is None:
@@ -673,8 +685,10 @@ class Harness:
             raise CandidateFailure("runtime_error", f"internal: checked call {at} outside a burst of {n}")
         last_set: list[Any] = []
         # what the inputs that keep their content hold now; the checked call's set is fingerprinted again after
-        # its refill (outside the timed region, like the refill)
-        prints = [self._fingerprint(s, rot) for s in sets]
+        # its refill (outside the timed region, like the refill). ``fresh``: every call's set is rewritten whole
+        # from a new draw of the problem's own inputs (``_redraw``), so nothing keeps its content and a mark
+        # written into an input is gone by the next call.
+        prints = None if fresh else [self._fingerprint(s, rot) for s in sets]
 
         def setup(k: int) -> list[Any]:
             i = self.uses.get(wl, 0)
@@ -684,7 +698,10 @@ class Harness:
             if staged is not None and k == at:
                 self.refill(inputs, staged)
                 last_set[:] = inputs
-                prints[i % len(sets)] = self._fingerprint(inputs, rot)
+                if prints is not None:
+                    prints[i % len(sets)] = self._fingerprint(inputs, rot)
+            elif fresh:
+                self._redraw(wl, inputs)
             else:
                 self._refresh(inputs, rot)
             self._version_step(versions, len(inputs) + 1)  # more than either rewrite moves a counter by
@@ -714,7 +731,10 @@ class Harness:
             self.threads0 |= {t.ident for t in self.threading.enumerate() if t.name.startswith("Dummy-")}
         self.fail_if_tampered(full=False)
         self._no_strays()
-        if any(self._fingerprint(s, rot) != before for s, before in zip(sets, prints, strict=True)):
+        wrote = prints is not None and any(
+            self._fingerprint(s, rot) != before for s, before in zip(sets, prints, strict=True)
+        )
+        if wrote:
             raise CandidateFailure(
                 "rejected_hack", f"workload {wl}: candidate wrote into its inputs during timed calls"
             )
@@ -790,7 +810,8 @@ def _profiler() -> StepProfile | None:
 
 def _profile_harness(prof: StepProfile, h: Harness) -> None:
     names = ["do_warmup", "do_check", "do_prepare", "do_reuse", "do_stage", "do_time", "make_inputs", "snapshot"]
-    names += ["refill", "_refresh", "_poison", "_validate", "emit", "fail_if_tampered", "_no_strays", "_sync"]
+    names += ["refill", "_refresh", "_redraw", "_poison", "_validate", "emit", "fail_if_tampered", "_no_strays"]
+    names += ["_sync"]
     for name in names:
         prof.wrap(h, name, name)
 
