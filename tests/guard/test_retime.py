@@ -10,7 +10,7 @@ import pytest
 from test_consistency import FAST, crowned_within, guard, slow  # noqa: F401 - module-scoped fixtures
 
 from kernelarc.guard.drive import Clock, Driver, Side, Stop
-from kernelarc.guard.protocol import Cmd, Kind, TimerMethod, Timing
+from kernelarc.guard.protocol import Cmd, Kind, Ok, Outputs, Tag, TimerMethod, Timing
 from kernelarc.guard.settings import GuardSettings
 from kernelarc.models import Candidate, Status
 
@@ -23,7 +23,11 @@ class _Scripted(Driver):
         # calls per burst fixed: the driver sizes them from the warm-up's wall time, which a busy host varies
         cfg = replace(GuardSettings(), retimes=retimes, timed_checks=0, champion_checks=0, rounds=4, min_iters=40,
                       max_iters=40)  # fmt: skip
-        super().__init__(SimpleNamespace(cfg=cfg, device="cuda:0"), Clock(60.0), {"warnings": [], "phases": {}})
+        super().__init__(
+            SimpleNamespace(cfg=cfg, device="cuda:0", fresh_inputs=lambda wl: False),
+            Clock(60.0),
+            {"warnings": [], "phases": {}},
+        )
         self.script = {"champion": champion_ms, "candidate": challenger_ms or [1.0]}
         self.attempt = {"candidate": -1, "champion": -1}
         self.champ_ref = {0: 1.0}  # the consistency factor: the GPU's 1.5 (the settings' default)
@@ -40,6 +44,30 @@ class _Scripted(Driver):
     def cross_check(self, wl, cand, champ):  # the integrity rules themselves are tested on real workers elsewhere
         self.checked.append(tuple(sorted(set(cand.samples[wl]) | set(champ.samples[wl]))))
         assert len(cand.unexplained[wl]) == len(champ.unexplained[wl]) == self.cfg.rounds  # this timing's alone
+
+
+class _Checked(_Scripted):
+    """The challenger's checked timed calls (``timed_checks`` a timing) take ``checked_ms`` per timing attempt, its
+    other calls 1 ms: a memo keyed on content pays on the calls whose inputs repeat, never on the checked ones."""
+
+    def __init__(self, checked_ms: list[float]):
+        super().__init__([1.0], challenger_ms=[1.0])
+        self.cfg = replace(self.cfg, timed_checks=2)
+        self.checked_ms = checked_ms
+
+    def command(self, side, cmd, expect, meanwhile=None, **f):
+        if cmd is Cmd.stage:
+            return Ok(kind=Kind.ok)
+        msg = super().command(side, cmd, expect, meanwhile, **f)
+        if f.get("check") and side.label == "candidate":
+            samples = list(msg.samples_ms)
+            samples[f["check_at"]] = self.checked_ms[min(self.attempt["candidate"], len(self.checked_ms) - 1)]
+            out = Outputs.model_construct(kind=Kind.outputs, tag=Tag.timed, wl=0)
+            return msg.model_copy(update={"samples_ms": samples, "check": out})
+        return msg
+
+    def compare(self, side, msg, wl, seed, j):  # the outputs' check itself is tested on real workers elsewhere
+        return None
 
 
 def _sides() -> tuple[Side, Side]:
@@ -295,3 +323,20 @@ def test_only_the_judges_own_sources_are_baselines():
     forged = Candidate(source=comp.source + "\n# same name, other code\n", language="pytorch", agent="baseline",
                        strategy="torch.compile")  # fmt: skip
     assert not is_judge_baseline(task, forged, True)
+
+
+def test_checked_timed_calls_that_stand_out_are_timed_again_then_rejected():
+    """A content memo (the red team's c02) runs its checked calls (new inputs) at full cost and the rest at once:
+    timed again once, then rejected as skipping work. Slow checked calls in one timing only (interference) are
+    the noise the second timing clears; checked calls within ``skip_factor`` of the median are no sign at all."""
+    drv = _Checked([5.0])
+    cand, champ = _sides()
+    with pytest.raises(Stop) as stop:
+        drv.time_workload(0, cand, champ)
+    assert stop.value.status is Status.rejected_hack and "work skipped on inputs seen before" in str(stop.value)
+    assert len([w for w in drv.res["warnings"] if "timed again" in w]) == 1
+    for script in ([5.0, 1.0], [1.4]):
+        drv = _Checked(script)
+        cand, champ = _sides()
+        drv.time_workload(0, cand, champ)
+        assert len(drv.res["warnings"]) == len(script) - 1, drv.res["warnings"]
