@@ -597,6 +597,10 @@ class Driver:
         sides = [cand] + ([champ] if champ else [])
         n_for: dict[str, int] = {}
         self.fresh[wl] = self.g.fresh_inputs(wl)  # asked once: the same for both sides and every burst of the timing
+        if not self.fresh[wl] and (why := self.g.stale_inputs(wl)):
+            note = f"workload {wl}: {why}"
+            if note not in self.res["warnings"]:
+                self.res["warnings"].append(note)
         for s in sides:
             t = time.perf_counter()
             # The warm-up time is shared by the sides, as when both ran in one worker.

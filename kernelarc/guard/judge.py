@@ -279,6 +279,17 @@ class Guard:
             drawn = self._draw_s.get(wl)
         return drawn is not None and drawn * 1e3 <= self.cfg.fresh_inputs_ms
 
+    def stale_inputs(self, wl: int) -> str | None:
+        """Why workload ``wl``'s timed calls repeat one content where ``fresh_inputs`` would not have them (None: they
+        do not): a warning on the verdict, since only the checked calls' rule (``Driver.skipped_work``) then stands
+        between a content memo and a gain of up to ``skip_factor``."""
+        if not all_custom(self.task) or self.fresh_inputs(wl):
+            return None
+        drawn = self._draw_s.get(wl)
+        cost = f"a draw of its inputs took {drawn * 1e3:.3g} ms" if drawn is not None else "no draw of its inputs timed"
+        return (f"timed calls repeat one content ({cost}; guard.fresh_inputs_ms is {self.cfg.fresh_inputs_ms:g}): "
+                "its checked timed calls alone tell a kept result")  # fmt: skip
+
     # -- evaluation ------------------------------------------------------------------
     def evaluate(
         self,

@@ -129,6 +129,7 @@ def test_a_content_memo_where_draws_are_dear_is_told_by_its_checked_calls():
     # processes on CI's two cores read the champion 22x its crowned time; the rule itself: test_retime.py)
     assert memo.status is not Status.champion, (memo.status, memo.speedup_vs_champion)
     assert memo.status in (Status.rejected_hack, Status.correct_slower), (memo.status, memo.errors)
+    assert any("timed calls repeat one content" in w for w in memo.warnings), memo.warnings
     if memo.status is Status.rejected_hack:
         assert "work skipped on inputs seen before" in " ".join(memo.errors), memo.errors
     assert honest.correct, (honest.status, honest.errors)

@@ -24,7 +24,7 @@ class _Scripted(Driver):
         cfg = replace(GuardSettings(), retimes=retimes, timed_checks=0, champion_checks=0, rounds=4, min_iters=40,
                       max_iters=40)  # fmt: skip
         super().__init__(
-            SimpleNamespace(cfg=cfg, device="cuda:0", fresh_inputs=lambda wl: False),
+            SimpleNamespace(cfg=cfg, device="cuda:0", fresh_inputs=lambda wl: False, stale_inputs=lambda wl: None),
             Clock(60.0),
             {"warnings": [], "phases": {}},
         )
