@@ -39,6 +39,7 @@ from typing import Any
 
 from kernelarc.agents.base import AgentContext, Proposal
 from kernelarc.dispatch import FAMILY as DISPATCH_FAMILY
+from kernelarc.guard.static import allowed_imports
 from kernelarc.models import LANGUAGES, Candidate, Finding, Verdict
 
 log = logging.getLogger(__name__)
@@ -550,6 +551,7 @@ only if it is correct on every workload and measurably faster than the current c
   Besides the CUTLASS/CuTe headers, CUTLASS's example kernels are on the include path (e.g. the Hopper FMHA:
   `#include "88_hopper_fmha/kernel/fmha_kernel_builder.hpp"`, as in templates/cutlass/fmha_sm90.cu.in).
   pytorch: PyTorch operators only.
+- Imports: only {allowed_imports()}; any other module is rejected.
 - Forbidden: threads, processes, subprocess/multiprocessing, side CUDA streams or events, caching outputs or inputs
   across calls (memoized results, global buffers that carry results), reading the reference's results, printing or
   logging, writing files, network access, monkey-patching torch/triton/time or any other module, changing

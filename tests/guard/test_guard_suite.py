@@ -408,3 +408,45 @@ def run(x, weight):
         guard.cfg = cfg
     assert v.status is Status.timeout, (v.status, v.errors)
     assert took < 30, took
+
+
+def test_only_modules_on_the_allow_list_may_be_imported():
+    """A module nobody banned was a hole until a red team found it (pkgutil, pydoc, datetime, ...): anything outside
+    the allow-list is refused, with the list in the message. Every SOL-ExecBench reference in ../shared (whose code
+    composed candidates carry) and the ordinary computational imports pass."""
+    import json
+
+    from shared_dirs import shared_path
+
+    from kernelarc.guard.static import ALLOWED_IMPORT_ROOTS
+
+    body = "\ndef run(x):\n    return x\n"
+    bads = (
+        "import mmap",
+        "import atexit",
+        "import faulthandler",
+        "import ast",
+        "import dis",
+        "import urllib.request",
+        "from http import client",
+        "import tracemalloc",
+        "from sysconfig import get_paths",
+        "import select",
+    )
+    for bad in bads:
+        rep = check_source(bad + body)
+        assert not rep.ok and any("not among the modules a candidate may import" in v for v in rep.violations), rep
+    assert not check_source("from . import sibling" + body).ok
+    for fine in ("import torch.nn.functional as F", "from typing import Optional", "import triton.language as tl",
+                 "from functools import lru_cache", "import numpy as np", "from collections import OrderedDict",
+                 "from __future__ import annotations", "import math, enum"):  # fmt: skip
+        assert check_source(fine + body).ok, fine
+    assert check_source("import sys" + body).violations == ("line 1: imports sys (can reach the harness through "
+                                                            "sys.modules/frames)",)  # fmt: skip
+    tree = shared_path("sol-execbench")
+    refs = sorted(tree.glob("*/*/definition.json"))
+    for d in refs:
+        rep = check_source(json.loads(d.read_text())["reference"])
+        assert not [v for v in rep.violations if "imports" in v], (d.parent.name, rep.violations)
+    assert len(refs) == 45 or not tree.is_dir()
+    assert {"torch", "triton", "math", "os"} <= ALLOWED_IMPORT_ROOTS
