@@ -99,9 +99,15 @@ ALLOWED_KERNELARC = {"kernelarc.cutlass"}  # the trusted CUTLASS build helper (k
 # memory) is refused before anyone finds it: the list of bans had been extended after each red team (pkgutil, pydoc,
 # unittest.mock, datetime), and the standard library holds more of the kind (mmap, atexit, faulthandler, ast, dis).
 # SOL-ExecBench's references import torch, torch.nn.functional, math, enum and typing; NVIDIA's example solutions
-# torch, triton and math; KernelArc's families emit torch, triton, math and os.
+# torch, triton and math; KernelArc's families emit torch, triton, math and os. Not numpy (its ctypeslib and memmap
+# reach raw memory and files) nor the cutlass Python package (raw device copies; CUTLASS candidates are C++ built by
+# kernelarc.cutlass).
+# What a candidate may use of os (a kernel reads its environment): os.write on the worker's socket would forge the
+# harness's replies, os.open("/proc/self/mem") would patch the worker's own memory.
+OS_ALLOWED_ATTRS = frozenset({"environ", "getenv", "path", "cpu_count", "sep", "linesep", "pathsep", "name", "curdir"})
+_OS_WORDS = "of os a candidate may use " + ", ".join(sorted(OS_ALLOWED_ATTRS))
 ALLOWED_IMPORT_ROOTS = frozenset({
-    "torch", "triton", "numpy", "einops", "cutlass", "kernelarc", "__future__",
+    "torch", "triton", "einops", "kernelarc", "__future__",
     "math", "cmath", "numbers", "fractions", "decimal", "statistics", "random",
     "functools", "itertools", "collections", "heapq", "bisect", "array", "copy",
     "typing", "typing_extensions", "dataclasses", "enum", "abc", "contextlib", "warnings",
@@ -261,6 +267,18 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                 protected.add(name)
                 grown = True
 
+    # names bound to the os module (``import os as _o``, ``_p = os``): only OS_ALLOWED_ATTRS of it may be used
+    os_names = {
+        a.asname or "os" for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+        if a.name == "os" or (a.name.startswith("os.") and not a.asname)
+    }  # fmt: skip
+    grown = True
+    while grown:
+        grown = False
+        for name, value in bindings:
+            if name not in os_names and isinstance(value, ast.Name) and value.id in os_names:
+                os_names.add(name)
+                grown = True
     called = {n.func for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     # names the source binds itself (``def run(input)``): not the builtins of the same name
     bound = {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
@@ -288,6 +306,10 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                 why = banned_module(name)
                 if why:
                     flag(node, f"imports {name} ({why})")
+            if isinstance(node, ast.ImportFrom) and node.module == "os":
+                for a in node.names:
+                    if a.name not in OS_ALLOWED_ATTRS:
+                        flag(node, f"imports os.{a.name} ({_OS_WORDS})")
             if isinstance(node, ast.ImportFrom) and node.level:
                 flag(node, "a relative import (a candidate is one self-contained file)")
             for name in names[:1] if isinstance(node, ast.ImportFrom) else names:
@@ -312,10 +334,14 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
             args = node.args[1:2] if fname in ("getattr", "hasattr") else node.args[:1]
             if fname in ("attrgetter", "methodcaller"):
                 args = node.args
+            on_os = fname in ("getattr", "hasattr") and bool(node.args) and isinstance(node.args[0], ast.Name)
+            on_os = on_os and node.args[0].id in os_names
             for name in args:
                 if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                     flag(node, f"{fname}() with a computed name (hides attribute access from these checks)")
                     continue
+                if on_os and name.value not in OS_ALLOWED_ATTRS:
+                    flag(node, f"{fname}(os, {name.value!r}) ({_OS_WORDS})")
                 for part in name.value.split("."):
                     why = _forbidden_attr(part)
                     if why:
@@ -324,6 +350,8 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
             why = _forbidden_attr(node.attr)
             if why:
                 flag(node, f"uses .{node.attr} ({why})")
+            elif isinstance(node.value, ast.Name) and node.value.id in os_names and node.attr not in OS_ALLOWED_ATTRS:
+                flag(node, f"uses os.{node.attr} ({_OS_WORDS})")
             elif node.attr in _MODULE_ATTRS and node.attr not in allow_modules:
                 flag(node, f"uses .{node.attr} (reaches a module that is not allowed through another module)")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
