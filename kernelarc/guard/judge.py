@@ -270,14 +270,20 @@ class Guard:
     def fresh_inputs(self, wl: int) -> bool:
         """Whether every timed call of workload ``wl`` gets a whole new draw of its inputs (the worker's
         ``_redraw``): on a problem whose inputs all come from its own ``get_inputs`` (which the plain inputs' cheap
-        in-place redraw cannot make), where one draw cost at most ``guard.fresh_inputs_ms`` the cheapest time the
-        judge made one (the first, with the module's import, is one of them). The same answer for both sides of a
-        timing: the judge asks once per timing."""
+        in-place redraw cannot make), where one draw cost at most ``guard.fresh_inputs_ms`` (``draw_s``). The same
+        answer for both sides of a timing: the judge asks once per timing."""
         if not all_custom(self.task) or self.cfg.fresh_inputs_ms <= 0:
             return False
-        with self._refs_lock:
-            drawn = self._draw_s.get(wl)
+        drawn = self.draw_s(wl)
         return drawn is not None and drawn * 1e3 <= self.cfg.fresh_inputs_ms
+
+    def draw_s(self, wl: int) -> float | None:
+        """The cheapest draw of workload ``wl``'s inputs seen: the memory plan's, timed alone under the device lock,
+        or one of the judge's own (which share the device with the evaluations in flight)."""
+        fp = memory_plan(self).footprints.get(wl)
+        with self._refs_lock:
+            seen = [d for d in (self._draw_s.get(wl), fp.draw_s if fp is not None else None) if d is not None]
+        return min(seen) if seen else None
 
     def stale_inputs(self, wl: int) -> str | None:
         """Why workload ``wl``'s timed calls repeat one content where ``fresh_inputs`` would not have them (None: they
@@ -285,7 +291,7 @@ class Guard:
         between a content memo and a gain of up to ``skip_factor``."""
         if not all_custom(self.task) or self.fresh_inputs(wl):
             return None
-        drawn = self._draw_s.get(wl)
+        drawn = self.draw_s(wl)
         cost = f"a draw of its inputs took {drawn * 1e3:.3g} ms" if drawn is not None else "no draw of its inputs timed"
         return (f"timed calls repeat one content ({cost}; guard.fresh_inputs_ms is {self.cfg.fresh_inputs_ms:g}): "
                 "its checked timed calls alone tell a kept result")  # fmt: skip

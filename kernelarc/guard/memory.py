@@ -26,6 +26,7 @@ import math
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,7 @@ class Footprint:
     error: str | None = None  # the dry run failed (out of memory, ...)
     unrun: bool = False  # its inputs and outputs alone are above the cap: not run (peak_bytes: the outputs only)
     over_cap: bool = False  # the dry run ran out of memory under the cap's bound (its need is above the cap)
+    draw_s: float | None = None  # one draw of a get_inputs problem's inputs, timed alone under the device lock
 
     @property
     def hp_output_bytes(self) -> int:
@@ -205,6 +207,16 @@ def dry_run(task: Task, index: int, device: str, run: Callable[..., Any], cap_by
             else:
                 fp.peak_bytes = max(_tensor_bytes(out), out_b)
             del out, inputs
+            if all_custom(task):
+                # what a new draw before every timed call would cost (Guard.fresh_inputs): timed here, where nothing
+                # else of this process runs on the device (the judge's own draws share it with evaluations in
+                # flight, and read 28 ms for a 0.23 ms draw of L1/008 on a busy H100)
+                t = time.perf_counter()
+                again = make_inputs(task, index, 0, dev)
+                if cuda:
+                    torch.cuda.synchronize(dev)
+                fp.draw_s = time.perf_counter() - t
+                del again
     except Exception as e:  # noqa: BLE001 - a failing reference is a verdict, never a traceback
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
         fp.over_cap = oom and bounded

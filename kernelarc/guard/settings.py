@@ -83,7 +83,8 @@ class GuardSettings:
     skip_factor: float = field(default=1.5, metadata=_INTERNAL)
     # a problem whose inputs all come from its own get_inputs: a whole new draw before every timed call where one
     # costs at most this (the judge's cheapest draw; 0: never), else the calls repeat one content (Guard.fresh_inputs)
-    fresh_inputs_ms: float = field(default=10.0, metadata=_INTERNAL)
+    # (on an idle H100 the 45's draws took 0.2-8 ms, L1/001's 7 GB set 30 ms and L2/024's 13 GB 23 ms)
+    fresh_inputs_ms: float = field(default=25.0, metadata=_INTERNAL)
     cupti: bool = field(default=True, metadata=_INTERNAL)  # CUPTI activity records where importable
     # One champion worker serves at most this many evaluations (0: a fresh one for each, as for every
     # challenger). It only ever runs the champion's code, and its timed outputs are checked like a
