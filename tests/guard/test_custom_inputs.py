@@ -38,8 +38,9 @@ def run(*args):
 INDEX_ADD = """
 def _work(final_hidden_states, expert_outputs, token_indices):
     out = final_hidden_states.clone()
+    e = expert_outputs[:128].float()
     for _ in range(12):  # the work a memo saves, well above a CPU timer's noise
-        torch.tanh(expert_outputs.float() @ expert_outputs.float().T)
+        torch.tanh(e @ e.T)
     out.index_add_(0, token_indices, expert_outputs)
     return out
 """
@@ -117,7 +118,7 @@ def test_a_content_memo_never_pays_where_every_timed_call_gets_a_new_draw():
     memo, honest = _judge(_problem("L1/008"), [9], [MEMO + INDEX_ADD, HONEST_INDEX_ADD], fresh_inputs_ms=1e4)
     assert memo.correct and memo.status is not Status.champion, (memo.status, memo.speedup_vs_champion)
     assert (memo.speedup_vs_champion or 0) < 1.5, memo.speedup_vs_champion
-    assert honest.correct, honest.errors
+    assert honest.correct, (honest.status, honest.errors)
 
 
 def test_a_content_memo_where_draws_are_dear_is_told_by_its_checked_calls():
@@ -129,7 +130,7 @@ def test_a_content_memo_where_draws_are_dear_is_told_by_its_checked_calls():
     # processes on CI's two cores read the champion 22x its crowned time; the rule itself: test_retime.py)
     assert memo.status is not Status.champion, (memo.status, memo.speedup_vs_champion)
     assert memo.status in (Status.rejected_hack, Status.correct_slower), (memo.status, memo.errors)
-    assert any("timed calls repeat one content" in w for w in memo.warnings), memo.warnings
+    assert any("timed calls repeat one content" in w for w in memo.warnings), (memo.status, memo.warnings)
     if memo.status is Status.rejected_hack:
         assert "work skipped on inputs seen before" in " ".join(memo.errors), memo.errors
     assert honest.correct, (honest.status, honest.errors)
