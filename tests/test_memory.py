@@ -186,3 +186,21 @@ def test_a_problem_drawn_by_its_own_get_inputs_is_planned_with_a_redrawn_set_in_
 
     for workers in (1, 2):
         assert need("custom", workers) - need("random", workers) == (workers + 1) * fps[0].input_bytes
+
+
+def test_a_workload_without_room_for_a_new_draw_runs_with_its_timed_calls_repeating_one_content():
+    """L2/024's sets are 13 GB: a new draw before every timed call is one more in the challenger's worker and one in
+    the champion's. Where that does not fit the cap but the workload does without it, the workload runs and its
+    timed calls repeat one content (the rule on checked calls guards them); a dear draw is never planned for."""
+    from types import SimpleNamespace
+
+    task = SimpleNamespace(name="t", workloads=[SimpleNamespace(inputs={"x": SimpleNamespace(type="custom")})])
+    fps = {0: _fp(0, 12_000, 100, 1_000), 1: _fp(1, 100, 10, 100)}
+    roomy = plan_memory(task, [0, 1], "cuda:0", memory_gb=200, footprints=fps, seeds=1)
+    assert roomy.runnable == [0, 1] and roomy.redraw == {0, 1}
+    tight = plan_memory(task, [0], "cuda:0", memory_gb=75, footprints={0: fps[0]}, seeds=1)
+    assert tight.runnable == [0] and tight.redraw == set(), tight.verdicts
+    assert any("repeat one content" in n for n in tight.notes), tight.notes
+    fps[1].draw_s = 0.2  # 200 ms a draw: dearer than guard.fresh_inputs_ms
+    dear = plan_memory(task, [1], "cuda:0", memory_gb=200, footprints={1: fps[1]}, seeds=1)
+    assert dear.runnable == [1] and dear.redraw == set()

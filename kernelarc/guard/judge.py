@@ -272,7 +272,7 @@ class Guard:
         ``_redraw``): on a problem whose inputs all come from its own ``get_inputs`` (which the plain inputs' cheap
         in-place redraw cannot make), where one draw cost at most ``guard.fresh_inputs_ms`` (``draw_s``). The same
         answer for both sides of a timing: the judge asks once per timing."""
-        if not all_custom(self.task) or self.cfg.fresh_inputs_ms <= 0:
+        if not all_custom(self.task) or self.cfg.fresh_inputs_ms <= 0 or wl not in memory_plan(self).redraw:
             return False
         drawn = self.draw_s(wl)
         return drawn is not None and drawn * 1e3 <= self.cfg.fresh_inputs_ms
@@ -293,6 +293,9 @@ class Guard:
             return None
         drawn = self.draw_s(wl)
         cost = f"a draw of its inputs took {drawn * 1e3:.3g} ms" if drawn is not None else "no draw of its inputs timed"
+        cheap = drawn is not None and 0 < drawn * 1e3 <= self.cfg.fresh_inputs_ms
+        if cheap and wl not in memory_plan(self).redraw:
+            cost = "the memory plan has no room for a new draw beside the sets it keeps"
         return (f"timed calls repeat one content ({cost}; guard.fresh_inputs_ms is {self.cfg.fresh_inputs_ms:g}): "
                 "its checked timed calls alone tell a kept result")  # fmt: skip
 

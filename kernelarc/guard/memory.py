@@ -87,6 +87,7 @@ class MemoryPlan:
     need_bytes: int = 0  # the plan's total at max_workers
     verdicts: dict[int, str] = field(default_factory=dict)  # workload -> why it cannot run
     notes: list[str] = field(default_factory=list)  # what the plan reduced, and why
+    redraw: set[int] = field(default_factory=set)  # workloads with room for a new draw before every timed call
 
     @property
     def runnable(self) -> list[int]:
@@ -284,6 +285,7 @@ def plan_memory(
     run: Callable[..., Any] | None = None,
     footprints: dict[int, Footprint] | None = None,
     champion: bool = True,
+    fresh_inputs_ms: float = 25.0,
 ) -> MemoryPlan:
     """Bound seeds, reference cache, float64 reference and workers per device by the memory cap.
 
@@ -301,14 +303,15 @@ def plan_memory(
     ctx = CUDA_CONTEXT_BYTES if cuda else 0
 
     # a problem whose inputs all come from its own get_inputs has them drawn again, whole, before its timed calls
-    # (the worker's _redraw): a transient input set more in every worker, challenger and champion
-    fresh = all_custom(task)
+    # where a draw is cheap (the worker's _redraw, Guard.fresh_inputs): a transient input set more in every worker,
+    # challenger and champion. Those workloads are in ``redraw``; one that would not run with it runs without it.
+    redraw: set[int] = set()
 
     def in_workers(fl: list[Footprint], s: int, n: int) -> int:
         """``n`` challengers' workers and the champion's (its context counted with the resident ones)."""
-        redraw = max(f.input_bytes for f in fl) if fresh and fl else 0
-        return n * (_worker_bytes(fl, s, cuda, flush) + redraw) + (
-            _champion_bytes(fl, s, cuda, flush) + redraw if champion else 0
+        extra = max((f.input_bytes for f in fl if f.index in redraw), default=0)
+        return n * (_worker_bytes(fl, s, cuda, flush) + extra) + (
+            _champion_bytes(fl, s, cuda, flush) + extra if champion else 0
         )
 
     if footprints is None:
@@ -321,9 +324,15 @@ def plan_memory(
                 footprints[i] = dry_run(task, i, device, run, usable)
     plan = MemoryPlan(device, cap, dict(footprints))
     name = getattr(task, "name", "task")
+    if fresh_inputs_ms > 0 and all_custom(task):
+        redraw |= {i for i, f in footprints.items() if f.draw_s is None or f.draw_s * 1e3 <= fresh_inputs_ms}
     for i, f in footprints.items():
         contexts = max(prestart, 0) * ctx
         need = in_workers([f], 1, 1) + _judge_fixed([f], False) + _entry(f, False) + contexts
+        if i in redraw and not f.error and need > usable:
+            redraw.discard(i)  # runs without new draws rather than not at all
+            plan.notes.append(f"memory: workload {i}'s timed calls repeat one content (no room for a new draw)")
+            need = in_workers([f], 1, 1) + _judge_fixed([f], False) + _entry(f, False) + contexts
         if f.error:
             log.warning("%s: workload %d: %s", name, i, f.error)
             plan.verdicts[i] = f"{f.error} (memory cap {cap / GB:.2f} GB on {device})"
@@ -360,6 +369,11 @@ def plan_memory(
             if total(s, False, 1, s * n) <= usable:
                 choice = (s, False)
                 break
+        if choice is None and redraw & {f.index for f in fps}:
+            # new draws before the timed calls go before any workload does
+            plan.notes.append("memory: timed calls repeat one content (no room for new draws beside every workload)")
+            redraw.clear()
+            continue
         if choice is None:
             # Each fits alone, not all at once (a worker keeps every workload's input sets until timing):
             # the largest goes, with its verdict, so that the others run.
@@ -383,6 +397,7 @@ def plan_memory(
     while entries < max(seed_pool, 1) * n and total(s, hp, workers, entries + 1) <= usable:
         entries += 1
     plan.seeds, plan.hp_reference, plan.max_workers, plan.ref_cache_entries = s, hp, workers, max(entries, 1)
+    plan.redraw = redraw & set(plan.runnable)
     plan.need_bytes = total(s, hp, workers, entries)
     where = f"a {cap / GB:.2f} GB cap on {device}"
     if s < seeds:
@@ -426,6 +441,7 @@ def plan_settings(cfg: Any) -> dict[str, Any]:
         "prestart": cfg.resident_workers() if hasattr(cfg, "resident_workers") else cfg.prestart,
         "hp_reference": cfg.hp_reference,
         "flush_bytes": cfg.flush_bytes,
+        "fresh_inputs_ms": getattr(cfg, "fresh_inputs_ms", 25.0),
     }
 
 
