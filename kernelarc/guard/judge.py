@@ -328,6 +328,8 @@ class Guard:
                 return self._verdict(cand, Status.compile_error, [rep.syntax_error], t_start)
             if rep.violations:
                 return self._verdict(cand, Status.rejected_hack, list(rep.violations), t_start)
+            if rep.refused:
+                return self._verdict(cand, Status.compile_error, list(rep.refused), t_start)
             if not rep.has_run:
                 return self._verdict(cand, Status.compile_error, ["source defines no top-level run()"], t_start)
         # Seeds from the OS, never from the config: consecutive (so that one candidate's inputs cycle

@@ -104,7 +104,8 @@ ALLOWED_KERNELARC = {"kernelarc.cutlass"}  # the trusted CUTLASS build helper (k
 # kernelarc.cutlass).
 # What a candidate may use of os (a kernel reads its environment): os.write on the worker's socket would forge the
 # harness's replies, os.open("/proc/self/mem") would patch the worker's own memory.
-OS_ALLOWED_ATTRS = frozenset({"environ", "getenv", "path", "cpu_count", "sep", "linesep", "pathsep", "name", "curdir"})
+OS_ALLOWED_ATTRS = frozenset({"environ", "getenv", "path", "cpu_count", "sched_getaffinity", "sep", "linesep",
+                              "pathsep", "name", "curdir"})  # fmt: skip
 _OS_WORDS = "of os a candidate may use " + ", ".join(sorted(OS_ALLOWED_ATTRS))
 ALLOWED_IMPORT_ROOTS = frozenset({
     "torch", "triton", "einops", "kernelarc", "__future__",
@@ -213,12 +214,13 @@ def allowed_imports() -> str:
 @dataclass(frozen=True)
 class StaticReport:
     syntax_error: str | None
-    violations: tuple[str, ...]
+    violations: tuple[str, ...]  # what reaches past the harness: rejected as a hack
     has_run: bool
+    refused: tuple[str, ...] = ()  # imports outside the allow-list: not evidence of a hack, a candidate that cannot run
 
     @property
     def ok(self) -> bool:
-        return self.syntax_error is None and not self.violations and self.has_run
+        return self.syntax_error is None and not self.violations and not self.refused and self.has_run
 
 
 def _root_name(node: ast.AST) -> str | None:
@@ -241,6 +243,7 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
     except SyntaxError as e:
         return StaticReport(f"SyntaxError line {e.lineno}: {e.msg}", (), False)
     found: list[str] = []
+    refused: list[str] = []
 
     def flag(node: ast.AST, msg: str) -> None:
         found.append(f"line {getattr(node, 'lineno', '?')}: {msg}")
@@ -311,11 +314,12 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                     if a.name not in OS_ALLOWED_ATTRS:
                         flag(node, f"imports os.{a.name} ({_OS_WORDS})")
             if isinstance(node, ast.ImportFrom) and node.level:
-                flag(node, "a relative import (a candidate is one self-contained file)")
+                refused.append(f"line {node.lineno}: a relative import (a candidate is one self-contained file)")
             for name in names[:1] if isinstance(node, ast.ImportFrom) else names:
                 root = name.split(".")[0]
                 if root and root not in ALLOWED_IMPORT_ROOTS and root not in allow_modules and not banned_module(name):
-                    flag(node, f"imports {name} (not among the modules a candidate may import: {allowed_imports()})")
+                    refused.append(f"line {node.lineno}: imports {name} (not among the modules a candidate may "
+                                   f"import: {allowed_imports()})")  # fmt: skip
             # KernelArc's own modules are the harness; candidates may use only the CUTLASS build helper.
             own = [n for n in names if n == "kernelarc" or n.startswith("kernelarc.")]
             if isinstance(node, ast.ImportFrom) and node.module == "kernelarc":
@@ -383,7 +387,7 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                 for el in t.elts if isinstance(t, ast.Tuple | ast.List) else [t]:
                     if isinstance(el, ast.Attribute | ast.Subscript) and _root_name(el) in protected:
                         flag(node, f"assigns to {ast.unparse(el)} (monkey-patching a library)")
-    return StaticReport(None, tuple(found), has_run)
+    return StaticReport(None, tuple(found), has_run, tuple(refused))
 
 
 # Builtins whose calls the checks inspect: a candidate may call them directly, never pass or bind them.

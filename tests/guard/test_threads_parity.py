@@ -103,7 +103,8 @@ def test_a_torch_thread_started_in_the_first_call_is_in_the_baseline(guard):
 
 def test_tqdm_monitor_of_a_late_compile_is_not_the_candidates_thread(guard):
     pytest.importorskip("tqdm")
-    v = guard.evaluate(Candidate(source=TQDM_LATE, language="pytorch"), timeout_s=20).verdict
+    # trusted: a candidate may not import tqdm itself (the import allow-list); Inductor's compile starts it the same way
+    v = guard.evaluate(Candidate(source=TQDM_LATE, language="pytorch"), timeout_s=20, trusted=True).verdict
     assert v.correct, (v.status, v.errors)
 
 
