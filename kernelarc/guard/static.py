@@ -17,6 +17,9 @@ CUTLASS and has no business reaching the interpreter's internals, so the checks 
   ``globals`` / ``vars`` / ``locals``, ``getattr`` / ``hasattr`` / ``operator.attrgetter`` /
   ``methodcaller`` with a computed name or a forbidden one, and string literals that spell a
   forbidden attribute (how a name is smuggled past the other rules);
+* a chain of attributes (or a getattr with a constant name) rooted at an import that reaches, on the real modules,
+  one a candidate may not import, the builtins module, an os function outside OS_ALLOWED_ATTRS or a dynamic
+  builtin: a library's own imports are attributes of it (``torch.os``, ``random._os``, ``enum.bltns``);
 * assignments to attributes of imported modules (monkey-patching), however the module was bound,
   also through a name bound to something reached from one (``_R = random.Random``);
 * the dynamic builtins (``getattr``, ``setattr``, ``eval``, ...) used as values (``_ga = getattr``),
@@ -30,8 +33,12 @@ syntax. The guard's runtime checks catch what slips through.
 from __future__ import annotations
 
 import ast
+import builtins
+import importlib
 import re
+import types
 from dataclasses import dataclass
+from typing import Any
 
 # Modules a kernel has no business importing: processes, threads, introspection of the
 # harness, raw memory access, dynamic imports, I/O channels.
@@ -282,6 +289,54 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
             if name not in os_names and isinstance(value, ast.Name) and value.id in os_names:
                 os_names.add(name)
                 grown = True
+    # what each name bound by an import (or to a chain of attributes rooted at one) stands for, as (module, attrs):
+    # every chain of attributes on it is walked on the real modules (``_resolve_chain``)
+    origin: dict[str, tuple[str, list[str]]] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                origin[a.asname or a.name.split(".")[0]] = (a.name if a.asname else a.name.split(".")[0], [])
+        elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
+            for a in n.names:
+                origin[a.asname or a.name] = (n.module, [a.name])
+    grown = True
+    while grown:
+        grown = False
+        for name, value in bindings:
+            chain = _chain(value)
+            if name not in origin and chain and chain[0] in origin and name != chain[0]:
+                mod, attrs = origin[chain[0]]
+                origin[name] = (mod, attrs + chain[1:])
+                grown = True
+    reached: dict[str, str | None] = {}
+
+    def reaches(root: str, attrs: list[str]) -> str | None:
+        mod, pre = origin[root]
+        key = ".".join([mod, *pre, *attrs])
+        if key not in reached:
+            reached[key] = None
+            if not banned_module(mod) and not _module_allowed(mod, banned_module, allow_modules):
+                try:
+                    start = importlib.import_module(mod)
+                except Exception:  # noqa: BLE001 - a module the judge lacks: nothing to walk
+                    start = None
+                if start is not None:
+                    reached[key] = _resolve_chain(start, [*pre, *attrs], banned_module, allow_modules)
+        return reached[key]
+
+    for n in ast.walk(tree):
+        chain = _chain(n) if isinstance(n, ast.Attribute) else None
+        if isinstance(n, ast.Call) and _callee(n) in ("getattr", "hasattr") and len(n.args) >= 2:
+            base, attr = _chain(n.args[0]), n.args[1]
+            if base and isinstance(attr, ast.Constant) and isinstance(attr.value, str):
+                chain = [*base, attr.value]
+        if isinstance(n, ast.ImportFrom) and n.module and not n.level:
+            for a in n.names:
+                if a.name != "*" and (why := reaches(a.asname or a.name, [])):
+                    flag(n, f"imports {n.module}.{a.name}, which reaches {why}")
+            continue
+        if chain and chain[0] in origin and len(chain) > 1 and (why := reaches(chain[0], chain[1:])):
+            flag(n, f"uses {'.'.join(chain)}, which reaches {why}")
     called = {n.func for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     # names the source binds itself (``def run(input)``): not the builtins of the same name
     bound = {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
@@ -457,6 +512,82 @@ def _names_forbidden(text: str, banned_module) -> str | None:
 
 _FRAME_ATTRS = {"_getframe", "f_back", "f_globals", "f_locals", "f_code", "f_builtins", "tb_frame", "tb_next",
                 "gi_frame", "cr_frame", "ag_frame", "modules", "settrace", "setprofile"}  # fmt: skip
+
+
+# builtins a chain of attributes may not end on, whatever module re-exports them (``enum.bltns.exec``)
+_DANGEROUS_BUILTINS = {"exec", "eval", "compile", "__import__", "open", "getattr", "setattr", "delattr", "globals",
+                       "vars", "locals", "breakpoint", "input", "memoryview"}  # fmt: skip
+_DANGEROUS_OBJECTS = tuple(getattr(builtins, n) for n in sorted(_DANGEROUS_BUILTINS))
+# what os.path resolves to (a module of another name)
+_PATH_MODULES = {"posixpath", "ntpath", "genericpath", "os.path"}
+
+
+def _module_allowed(name: str, banned_module, allow_modules: frozenset[str]) -> str | None:
+    """Why a module reached by a chain of attributes is not one a candidate may use (None: it is)."""
+    if name in _PATH_MODULES:
+        return None
+    root = name.split(".")[0]
+    if banned_module(name):
+        return banned_module(name)
+    if name == "builtins" or root not in ALLOWED_IMPORT_ROOTS and root not in allow_modules:
+        return "not among the modules a candidate may import"
+    if root == "kernelarc" and not any(name == a or name.startswith(a + ".") for a in ALLOWED_KERNELARC):
+        return "the harness"
+    return None
+
+
+def _resolve_chain(start: Any, attrs: list[str], banned_module, allow_modules: frozenset[str]) -> str | None:
+    """Walk ``start.a.b...`` on the real objects (library modules the judge imports itself) and say what the chain
+    reaches that a candidate may not use: a module outside the allow-list or banned (``torch.os``, ``random._os``,
+    ``collections._sys``, ``typing.types``, ``torch.serialization.io``: a library's own import of a module is an
+    attribute of it), the builtins module (``enum.bltns``), an os function outside OS_ALLOWED_ATTRS, or a dynamic
+    builtin (``exec``). An attribute that does not exist on the real object (an instance's, set at run time)
+    ends the walk: nothing is known past it."""
+    obj = start
+    for i, name in enumerate(attrs):
+        try:
+            obj = inspect_getattr(obj, name)
+        except Exception:  # noqa: BLE001 - not a static attribute: nothing more to tell
+            return None
+        if isinstance(obj, types.ModuleType):
+            mod = obj.__name__
+            why = _module_allowed(mod, banned_module, allow_modules)
+            if why:
+                return f"module {mod} ({why})"
+            if mod == "os" and i + 1 < len(attrs) and attrs[i + 1] not in OS_ALLOWED_ATTRS:
+                return f"os.{attrs[i + 1]} ({_OS_WORDS})"
+        elif any(obj is b for b in _DANGEROUS_OBJECTS):
+            return f"the builtin {getattr(obj, '__name__', name)}"
+    return None
+
+
+def inspect_getattr(obj: Any, name: str) -> Any:
+    """``getattr`` without running a property or a module's lazy ``__getattr__``: the static attribute, or
+    AttributeError (the checks never execute a candidate's or a library's code to tell)."""
+    if isinstance(obj, types.ModuleType):
+        d = object.__getattribute__(obj, "__dict__")
+        if name in d:
+            return d[name]
+        raise AttributeError(name)
+    for klass in type.__getattribute__(type(obj), "__mro__") if not isinstance(obj, type) else obj.__mro__:
+        d = klass.__dict__
+        if name in d:
+            v = d[name]
+            if isinstance(v, staticmethod | classmethod):
+                return v.__func__
+            return v
+    raise AttributeError(name)
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    """``a.b.c`` as ["a", "b", "c"] (a name and attributes only), else None."""
+    out: list[str] = []
+    while isinstance(node, ast.Attribute):
+        out.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(out)]
 
 
 def _callee(node: ast.Call) -> str | None:

@@ -463,3 +463,28 @@ def test_only_modules_on_the_allow_list_may_be_imported():
         assert not [v for v in rep.violations if "imports" in v], (d.parent.name, rep.violations)
     assert len(refs) == 45 or not tree.is_dir()
     assert {"torch", "triton", "math", "os"} <= ALLOWED_IMPORT_ROOTS
+
+
+def test_a_chain_of_attributes_that_reaches_a_module_a_candidate_may_not_import_is_rejected():
+    """A third red team (thirty-first session): libraries' own imports are attributes of them, so ``enum.bltns.exec``
+    reached exec (crowned 390x on L1/008 after forging the timer), ``torch.os.open`` and ``random._os.write`` the os
+    functions outside the allow-list, ``typing.types`` and ``torch.serialization.io`` banned modules. Every chain of
+    attributes rooted at an import (or a name bound to one, or a getattr with a constant) is walked on the real
+    modules; ordinary chains through torch, triton, os.environ and os.path pass."""
+    body = "\ndef run(x):\n    return x\n"
+    chains = ("import enum\nenum.bltns.exec('1')", "import torch\ntorch.os.open('/proc/self/mem', 2)",
+              "import random\nrandom._os.write(5, b'')", "import contextlib\ncontextlib.os.lseek(1, 2, 3)",
+              "import collections\nm = collections._sys.modules", "import typing\nF = typing.types.FunctionType",
+              "import torch\ntorch.serialization.io.open('x')", "from enum import bltns",
+              "import enum\n_e = enum.bltns\n_e.exec('1')", "import enum\n_b = getattr(enum, 'bltns')")  # fmt: skip
+    for bad in chains:
+        rep = check_source(bad + body)
+        assert not rep.ok and any("which reaches" in v for v in rep.violations), (bad, rep)
+    fine = ("import torch\nimport torch.nn.functional as F\ny = F.softmax\nz = torch.nn.functional.gelu",
+            "import os\nI = os.environ.get('X')\nP = os.path.join('a', 'b')",
+            "import triton\nimport triton.language as tl\nc = tl.constexpr\nd = triton.cdiv",
+            "import torch\ns = torch.cuda.current_stream\nt = torch._inductor.config.max_autotune",
+            "import torch\na = torch.ops.aten.mm.default", "from torch.nn.attention import SDPBackend, sdpa_kernel",
+            "import re\nr = re.compile('a')")  # fmt: skip
+    for ok in fine:
+        assert check_source(ok + body).ok, (ok, check_source(ok + body))
