@@ -368,6 +368,7 @@ class Guard:
             "workload_file": self.task.workload_file,
             "device": self.device,
             "cpu_threads": self.cpu_threads(),
+            "audit": not trusted,  # the runtime audit hook on the candidate's own frames (trusted code is the judge's)
             "timing": {
                 "warmup_ms": self.cfg.warmup_ms,
                 "flush_bytes": self.cfg.flush_bytes,

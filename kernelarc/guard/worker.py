@@ -49,6 +49,41 @@ from kernelarc.guard.protocol import (
 # Captured before any candidate code exists in this process; the harness only calls these.
 _perf_counter = time.perf_counter
 
+# Audit events a candidate's own code may never raise (``_install_audit``): what the static checks forbid, caught
+# again at run time however it was reached (a third red team reached exec through ``enum.bltns``).
+_AUDIT_BLOCKED = frozenset({
+    "exec", "compile", "sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile", "open",
+    "os.system", "os.exec", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.kill", "os.killpg",
+    "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym", "ctypes.addressof", "ctypes.string_at", "ctypes.cdata",
+    "ctypes.call_function", "socket.connect", "socket.bind", "socket.sendto", "mmap.__new__", "gc.get_objects",
+    "gc.get_referrers", "gc.get_referents", "code.__new__", "function.__new__",
+})  # fmt: skip
+_AUDIT: dict[str, Any] = {"on": False, "busy": False, "hits": []}
+
+
+def _install_audit() -> None:
+    """An audit hook (never removable) that refuses the events of ``_AUDIT_BLOCKED`` where the Python frame that
+    raised them is the candidate's module (``kernelarc_candidate_<digest>.py``, as ``load_module`` names it): a
+    library's own use (Inductor's exec of generated code, Triton reading a kernel's source) has its own frame there.
+    A refused event raises in the candidate and is recorded; ``fail_if_tampered`` then rejects the job as a hack."""
+    getframe, state = sys._getframe, _AUDIT
+    basename = os.path.basename
+
+    def hook(event: str, args: tuple) -> None:
+        if event not in _AUDIT_BLOCKED or not state["on"] or state["busy"]:
+            return
+        state["busy"] = True  # sys._getframe raises an event of its own
+        try:
+            frame = getframe(1)
+            where, line = basename(frame.f_code.co_filename), frame.f_lineno
+        finally:
+            state["busy"] = False
+        if where.startswith("kernelarc_candidate_"):
+            state["hits"].append(f"{event} from the candidate's code (line {line})")
+            raise RuntimeError(f"{event} is not allowed in a candidate (refused by the harness)")
+
+    sys.addaudithook(hook)
+
 
 # Helper threads that torch itself starts (Inductor's compile machinery, its progress bar):
 # candidates cannot import threading (static check), so these names come from torch. They are
@@ -91,6 +126,8 @@ def _trim(text: str, limit: int = 2000) -> str:
 def _classify(exc: BaseException) -> CandidateFailure:
     import torch
 
+    if _AUDIT["hits"]:  # whatever the candidate made of the refusal, what it tried is the verdict
+        return CandidateFailure("rejected_hack", "runtime audit: " + "; ".join(_AUDIT["hits"][:3]))
     name = type(exc).__name__
     msg = f"{name}: {exc}"
     tb = _trim("".join(traceback.format_exception(exc))[-3000:])
@@ -224,6 +261,8 @@ class Harness:
         self.chan.send_message(msg)
 
     def fail_if_tampered(self, full: bool = True) -> None:
+        if _AUDIT["hits"]:
+            raise CandidateFailure("rejected_hack", "runtime audit: " + "; ".join(_AUDIT["hits"][:3]))
         # through the class's functions taken at the start (an instance attribute could shadow them)
         msg = self._full(self.integrity) if full else self._quick(self.integrity)
         if msg:
@@ -462,6 +501,9 @@ class Harness:
             Cmd.time: self.do_time,
         }
         prof = self.profile
+        if self.job.get("audit"):
+            _install_audit()
+            _AUDIT["on"] = True
         self.do_import()
         while True:
             if prof is not None:
@@ -487,6 +529,7 @@ class Harness:
         except SyntaxError as e:
             raise CandidateFailure("compile_error", f"SyntaxError line {e.lineno}: {e.msg}") from None
         except BaseException as e:  # noqa: BLE001
+            self.fail_if_tampered(full=False)  # an event the audit refused at import: a hack, not a compile error
             f = _classify(e)
             raise CandidateFailure("compile_error", f"import failed: {f.message}") from None
         fn = getattr(cand, "run", None)

@@ -933,3 +933,27 @@ def test_the_judges_credentials_do_not_reach_a_candidate(monkeypatch):
         assert b"KERNELARC_WORKER_TOKEN=" in env  # the sandbox's own marker stays
     finally:
         w.kill()
+
+
+@pytest.mark.parametrize(
+    ("name", "body"),
+    [
+        ("exec", "    exec('z = 1')\n"),
+        ("frames", "    f = sys._getframe(1)\n"),
+        ("open", "    open('/proc/self/status').read()\n"),
+    ],
+)
+def test_the_runtime_audit_refuses_what_the_static_checks_would_have(name, body, monkeypatch):
+    """Past the static checks (a fourth way to reach exec would be found), the worker's audit hook refuses exec,
+    frames, files, processes and raw memory raised from the candidate's own code, and the job is a hack. Here the
+    static checks are switched off to reach it; the judge's own code (trusted) is never audited."""
+    from kernelarc.guard import judge as judge_mod
+    from kernelarc.guard.static import StaticReport
+
+    monkeypatch.setattr(judge_mod, "check_source", lambda src, **k: StaticReport(None, (), True))
+    src = "import sys\nimport torch\ndef run(x, weight):\n" + body + HONEST
+    with rmsnorm_cpu_guard(prestart=1) as g:
+        v = g.evaluate(_cand(src)).verdict
+        assert v.status is Status.rejected_hack and "runtime audit" in " ".join(v.errors), (name, v.status, v.errors)
+        ok = g.evaluate(_cand(src), trusted=True).verdict  # the judge's own code: not audited
+        assert ok.correct, (name, ok.status, ok.errors)
