@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from kernelarc.guard.judge import Guard, GuardConfig, reference_candidate
 from kernelarc.guard.memory import GB, Footprint, dry_run, io_sizes, max_parallel, memory_plan, plan_memory
@@ -204,3 +205,45 @@ def test_a_workload_without_room_for_a_new_draw_runs_with_its_timed_calls_repeat
     fps[1].draw_s = 0.2  # 200 ms a draw: dearer than guard.fresh_inputs_ms
     dear = plan_memory(task, [1], "cuda:0", memory_gb=200, footprints={1: fps[1]}, seeds=1)
     assert dear.runnable == [1] and dear.redraw == set()
+
+
+SEED_BLIND = """import torch
+
+def get_inputs(axes, device):
+    n = axes["N"]
+    return {"pos": torch.arange(n, device=device), "scale": torch.full((n,), 0.5, device=device)}
+
+def run(pos, scale):
+    if not torch.equal(pos, torch.arange(pos.numel(), device=pos.device)):
+        raise ValueError("positions must be 0..n-1")  # a reference that takes its own inputs only
+    return pos.float() * scale
+"""
+
+
+def test_a_reference_that_fails_on_scaled_draws_keeps_the_problems_own(tmp_path):
+    """Inputs that ignore their seed are scaled and permuted on most seeds (inputs._jitter); where the reference fails
+    on such a draw (the dry run tries one), the task's draws stay as its get_inputs makes them, in the judge and, by
+    the job, in its workers."""
+    from kernelarc.tasks.inputs import JITTER_OFF, jitter_changes, make_inputs
+
+    d = {
+        "name": "seed_blind_probe",
+        "axes": {"N": {"type": "var"}},
+        "custom_inputs_entrypoint": "get_inputs",
+        "inputs": {"pos": {"shape": ["N"], "dtype": "int64"}, "scale": {"shape": ["N"], "dtype": "float32"}},
+        "outputs": {"y": {"shape": ["N"], "dtype": "float32"}},
+        "reference": SEED_BLIND,
+    }
+    (tmp_path / "definition.json").write_text(json.dumps(d))
+    wl = {"uuid": "a", "axes": {"N": 64}, "inputs": {"pos": {"type": "custom"}, "scale": {"type": "custom"}}}
+    (tmp_path / "workload.jsonl").write_text(json.dumps(wl) + "\n")
+    task = load_task(tmp_path, cpu=True)
+    assert jitter_changes(task, 0, "cpu")
+    assert not torch.equal(make_inputs(task, 0, 1, "cpu")[0], torch.arange(64))  # permuted before the dry run
+    ref = load_module(SEED_BLIND, "seed_blind_ref")
+    fp = dry_run(task, 0, "cpu", ref.run, None)
+    assert fp.error is None and str(task.path) in JITTER_OFF
+    for seed in range(4):
+        pos, scale = make_inputs(task, 0, seed, "cpu")
+        assert torch.equal(pos, torch.arange(64)) and bool((scale == 0.5).all())
+    JITTER_OFF.discard(str(task.path))

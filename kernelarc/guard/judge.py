@@ -36,7 +36,7 @@ from kernelarc.guard.sandbox import Role
 from kernelarc.guard.settings import GuardSettings
 from kernelarc.guard.static import calls_torch_compile, check_source
 from kernelarc.models import LANGUAGES, Candidate, Status, Verdict, WorkloadResult
-from kernelarc.tasks.inputs import all_custom, distribution_for, load_module, make_inputs
+from kernelarc.tasks.inputs import JITTER_OFF, all_custom, distribution_for, load_module, make_inputs
 from kernelarc.tasks.loader import Task
 
 log = logging.getLogger(__name__)
@@ -369,6 +369,7 @@ class Guard:
             "device": self.device,
             "cpu_threads": self.cpu_threads(),
             "audit": not trusted,  # the runtime audit hook on the candidate's own frames (trusted code is the judge's)
+            "jitter": str(self.task.path) not in JITTER_OFF,  # draws scaled as the judge's are (inputs._jitter)
             "timing": {
                 "warmup_ms": self.cfg.warmup_ms,
                 "flush_bytes": self.cfg.flush_bytes,

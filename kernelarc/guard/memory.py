@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from kernelarc.guard.compare import CHUNK
-from kernelarc.tasks.inputs import all_custom, make_inputs, torch_dtype
+from kernelarc.tasks.inputs import JITTER_OFF, all_custom, jitter_changes, make_inputs, torch_dtype
 from kernelarc.tasks.loader import Task
 
 log = logging.getLogger(__name__)
@@ -207,7 +207,16 @@ def dry_run(task: Task, index: int, device: str, run: Callable[..., Any], cap_by
                 fp.measured = True
             else:
                 fp.peak_bytes = max(_tensor_bytes(out), out_b)
+            finite = _finite(out)
             del out, inputs
+            if (
+                all_custom(task)
+                and jitter_changes(task, index, dev)
+                and not _takes_jitter(task, index, dev, run, finite)
+            ):
+                JITTER_OFF.add(str(task.path))
+                log.warning("%s: the reference fails on scaled inputs: its draws stay as get_inputs makes them",
+                            getattr(task, "name", "task"))  # fmt: skip
             if all_custom(task):
                 # what a new draw before every timed call would cost (Guard.fresh_inputs): timed here, where nothing
                 # else of this process runs on the device (the judge's own draws share it with evaluations in
@@ -229,6 +238,23 @@ def dry_run(task: Task, index: int, device: str, run: Callable[..., Any], cap_by
         if cuda:
             torch.cuda.empty_cache()
     return fp
+
+
+def _finite(out: Any) -> list[bool]:
+    outs = list(out) if isinstance(out, tuple | list) else [out]
+    return [bool(torch.isfinite(o).all()) if isinstance(o, torch.Tensor) and o.is_floating_point() else True
+            for o in outs]  # fmt: skip
+
+
+def _takes_jitter(task: Any, index: int, dev: torch.device, run: Callable[..., Any], finite: list[bool]) -> bool:
+    """Whether the reference runs on a draw scaled off the problem's own (seed 1: a non-sol distribution) and keeps
+    finite every output it kept finite on the problem's own draw."""
+    try:
+        inputs = make_inputs(task, index, 1, dev)
+        got = _finite(run(*inputs))
+    except Exception:  # noqa: BLE001 - any failure: the draws stay the problem's own
+        return False
+    return len(got) == len(finite) and all(g or not f for g, f in zip(got, finite, strict=True))
 
 
 def _worker_bytes(fps: list[Footprint], seeds: int, cuda: bool, flush_bytes: int) -> int:

@@ -211,6 +211,10 @@ class Harness:
         if job.get("cpu_threads"):  # the judge's share of the cores for this worker (Guard.cpu_threads)
             torch.set_num_threads(int(job["cpu_threads"]))
         self.task = load_task(job["task_path"], workload_file=job["workload_file"])
+        if not job.get("jitter", True):  # the judge's reference failed on scaled draws: as the judge draws them
+            from kernelarc.tasks.inputs import JITTER_OFF
+
+            JITTER_OFF.add(str(self.task.path))
         self.make_inputs = make_inputs
         self.refill, self.snapshot = refill, snapshot
         from kernelarc.tasks.inputs import share_elements

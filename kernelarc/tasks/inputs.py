@@ -306,9 +306,24 @@ def _safetensor(task: Task, name: str, rel: str, key: str, shape, dtype: str, de
 
 def _custom_inputs(task: Task, index: int, seed: int, device: torch.device, axes: dict[str, int]) -> list[Any]:
     values = _draw_custom(task, seed, device, axes)
-    if distribution_for(seed) is not Distribution.sol and _seed_blind(task, index, seed, device, axes, values):
+    jitter = distribution_for(seed) is not Distribution.sol and str(task.path) not in JITTER_OFF
+    if jitter and _seed_blind(task, index, seed, device, axes, values):
         _jitter(values, seed, device)
     return values
+
+
+# task folders whose reference failed on scaled inputs (the memory plan's dry run tries one: ``jitter_refused``);
+# their draws stay as get_inputs makes them (a worker is told so by its job)
+JITTER_OFF: set[str] = set()
+
+
+def jitter_changes(task: Task, index: int, device: str | torch.device) -> bool:
+    """Whether the draws of workload ``index`` are scaled off the problem's own (its get_inputs ignores its seed)."""
+    if not all_custom(task) or str(task.path) in JITTER_OFF:
+        return False
+    device = torch.device(device)
+    values = _draw_custom(task, 1, device, task.axes(index))
+    return _seed_blind(task, index, 1, device, task.axes(index), values)
 
 
 def _draw_custom(task: Task, seed: int, device: torch.device, axes: dict[str, int]) -> list[Any]:
@@ -357,12 +372,21 @@ def _seed_blind(
 def _jitter(values: list[Any], seed: int, device: torch.device) -> None:
     """Every element of the floating inputs that hold fractions scaled by its own factor in [0.8, 1.2], drawn from
     ``seed``, in place: each such input changes wholesale, its signs, zeros and scale kept (and [0, 1] kept where
-    its values were in it: probabilities). Integral floats (positions, counts), single values and views whose
-    elements share memory are left as drawn."""
+    its values were in it: probabilities). Integer inputs (positions: Quant/014's only tensor, where a red team's
+    shape memo was crowned) are permuted along their last axis, one permutation for every row: each row keeps its
+    values, so an index valid before is valid after (no out-of-range read on a device). Integral floats (positions,
+    counts), single values and views whose elements share memory are left as drawn."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed ^ 0x2545F491)
     for x in values:
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() <= 1 or has_internal_overlap(x):
+        if not isinstance(x, torch.Tensor) or x.numel() <= 1 or has_internal_overlap(x) or x.dtype == torch.bool:
+            continue
+        if not x.is_floating_point() and not x.is_complex():
+            if x.dim() >= 1 and x.shape[-1] > 1:
+                perm = torch.randperm(x.shape[-1], generator=gen, device=device)
+                x.copy_(x[..., perm.to(x.device)])
+            continue
+        if not x.is_floating_point():
             continue
         wide = x.float()
         if torch.equal(wide, wide.round()):

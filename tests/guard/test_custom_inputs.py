@@ -5,6 +5,8 @@ repeated one content and their checked calls could not tell."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from shared_dirs import SKIP_REASON, shared_path
@@ -59,6 +61,20 @@ def run(position_ids, inv_freq, attention_scaling):
 """
 
 
+# appended to a reference: its run kept per input shapes (the red team's memo on Quant/014)
+MEMO_BY_SHAPE = """
+_MEMO = {}
+_RUN = run
+
+
+def run(*args):
+    k = tuple(tuple(a.shape) if hasattr(a, "shape") else a for a in args)
+    if k not in _MEMO:
+        _MEMO[k] = _RUN(*args)
+    return tuple(t.clone() for t in _MEMO[k])
+"""
+
+
 def _problem(prefix: str):
     d = next(TREE.glob(f"{prefix}_*"))
     return load_task(d, cpu=True)
@@ -84,18 +100,21 @@ def _judge(task, workloads, sources, **cfg):
 
 def test_inputs_that_ignore_their_seed_are_scaled_off_the_problems_own_distribution():
     """L1/011's get_inputs draws nothing: positions 0..n-1 and fixed frequencies. The seeds of NVIDIA's own
-    distribution keep them; the others scale every fraction by its own factor (kept in [0, 1] there) and leave the
-    integral inputs (positions) as drawn. A get_inputs that draws (L1/008) is never touched."""
+    distribution keep them; the others scale every fraction by its own factor (kept in [0, 1] there) and permute
+    the integer inputs (positions) along their last axis. A get_inputs that draws (L1/008) is never touched."""
     task = _problem("L1/011")
     axes = task.axes(0)
     own = _draw_custom(task, 0, torch.device("cpu"), axes)
     seen = []
     for seed in range(8):
         pos, inv, scale = make_inputs(task, 0, seed, "cpu")
-        assert torch.equal(pos, own[0]) and scale == own[2]
+        assert scale == own[2]
+        # positions permuted along the sequence, one permutation for every row: each row keeps its values
+        assert torch.equal(pos.sort(-1).values, own[0].sort(-1).values)
         if distribution_for(seed) is Distribution.sol:
-            assert torch.equal(inv, own[1])
+            assert torch.equal(inv, own[1]) and torch.equal(pos, own[0])
         else:
+            assert not torch.equal(pos, own[0]) and bool((pos == pos[:1]).all())
             assert not torch.equal(inv, own[1]) and bool(((inv / own[1] - 1).abs() <= 0.2 + 1e-6).all())
             assert bool((inv >= 0).all() and (inv <= 1).all())
             seen.append(inv)
@@ -133,4 +152,16 @@ def test_a_content_memo_where_draws_are_dear_is_told_by_its_checked_calls():
     assert any("timed calls repeat one content" in w for w in memo.warnings), (memo.status, memo.warnings)
     if memo.status is Status.rejected_hack:
         assert "work skipped on inputs seen before" in " ".join(memo.errors), memo.errors
+    assert honest.correct, (honest.status, honest.errors)
+
+
+def test_a_shape_memo_on_integer_inputs_that_ignore_their_seed_is_incorrect():
+    """Quant/014's get_inputs returns positions 0..n-1 and two scalars: nothing to scale, and a red team's memo keyed
+    on shapes was crowned 43-431x. Its positions are permuted on the other distributions' seeds; the memo is wrong,
+    and an honest kernel (the reference's own code) stays correct."""
+    task = _problem("Quant/014")
+    ref = json.loads((task.path / "definition.json").read_text())["reference"]
+    memo = ref + MEMO_BY_SHAPE
+    got, honest = _judge(task, [0], [memo, ref])
+    assert got.status is Status.incorrect, (got.status, got.errors)
     assert honest.correct, (honest.status, honest.errors)
