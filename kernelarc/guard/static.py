@@ -98,6 +98,10 @@ BANNED_MODULES = {
     "cloudpickle": "arbitrary deserialization",
     "torch.utils.cpp_extension": "compiles C++ into the worker (raw memory access)",
     "torch.package": "imports and deserializes arbitrary code",
+    # a fourth red team: names a candidate gives go into code these execute (torch.fx.Graph().placeholder("x=...")
+    # was exec'd inside GraphModule, from torch's frame)
+    "torch.fx": "generates and executes Python code from the names it is given",
+    "dataclasses": "executes generated code with the field names it is given",
 }
 ALLOWED_KERNELARC = {"kernelarc.cutlass"}  # the trusted CUTLASS build helper (kernelarc/cutlass.py)
 # The only top-level modules a candidate may import (the rules above still hold inside them: torch.multiprocessing,
@@ -118,7 +122,7 @@ ALLOWED_IMPORT_ROOTS = frozenset({
     "torch", "triton", "einops", "kernelarc", "__future__",
     "math", "cmath", "numbers", "fractions", "decimal", "statistics", "random",
     "functools", "itertools", "collections", "heapq", "bisect", "array", "copy",
-    "typing", "typing_extensions", "dataclasses", "enum", "abc", "contextlib", "warnings",
+    "typing", "typing_extensions", "enum", "abc", "contextlib", "warnings",
     "re", "string", "struct", "textwrap", "hashlib", "json", "os",
 })  # fmt: skip
 BANNED_CALLS = {
@@ -185,6 +189,33 @@ BANNED_ATTRS = {
     "ForwardRef": "evaluates strings (a hidden eval)",
     "_eval_type": "evaluates strings (a hidden eval)",
     "_forward_from_src": "executes generated code",
+    # annotations evaluated as code (typing.get_type_hints inside them): a fourth red team ran a payload from a
+    # string annotation through functools.singledispatch.register, and from a field name through dataclasses
+    "singledispatch": "evaluates string annotations (a hidden eval)",
+    "singledispatchmethod": "evaluates string annotations (a hidden eval)",
+    "make_dataclass": "executes generated code with the field names it is given",
+    "__annotations__": "annotations given as data are evaluated as code by typing and dataclasses",
+    # attributes of library modules and objects that hold modules a candidate may not use (random._os,
+    # collections._sys, enum.bltns, warnings.catch_warnings()._module): reached through an instance or a wrapped
+    # module, past the walk of chains rooted at an import
+    **dict.fromkeys(
+        (
+            "_os",
+            "_sys",
+            "bltns",
+            "_builtins",
+            "_module",
+            "_imp",
+            "_io",
+            "_thread",
+            "_weakref",
+            "_posix",
+            "posix",
+            "_signal",
+            "_socket",
+        ),
+        "holds a module a candidate may not use",
+    ),
     # clocks: the gap between two calls tells a checked call's set-up (a copy) from an unchecked one's (a draw); a
     # red team skipped the work on calls after a long gap (datetime.now())
     **dict.fromkeys(_CLOCKS, "reads the clock"),
@@ -204,7 +235,7 @@ PROTECTED_ROOTS = {"torch", "triton", "tl", "os", "sys", "time", "math", "numpy"
 ALLOWED_DUNDERS = {
     "__init__", "__name__", "__qualname__", "__doc__", "__len__", "__getitem__", "__setitem__", "__call__",
     "__enter__", "__exit__", "__iter__", "__next__", "__repr__", "__str__", "__eq__", "__hash__", "__contains__",
-    "__version__", "__post_init__", "__annotations__",
+    "__version__", "__post_init__",
 }  # fmt: skip
 # Modules reachable as attributes of other modules (os.sys, torch.multiprocessing, ...).
 # (not the names ordinary code reaches as attributes: torch._inductor.config, a dataclass's .config, .package)
@@ -337,6 +368,23 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
             continue
         if chain and chain[0] in origin and len(chain) > 1 and (why := reaches(chain[0], chain[1:])):
             flag(n, f"uses {'.'.join(chain)}, which reaches {why}")
+    # A module a candidate imports is used as the base of attributes (or getattr's object) only: as a value
+    # ([enum][0].bltns, (lambda: os)().write) it would carry any attribute past the walk of chains above.
+    modules = {name for name, (mod, attrs) in origin.items() if not attrs}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module and not n.level:
+            for a in n.names:
+                with _quiet_import():
+                    if isinstance(getattr(importlib.import_module(n.module), a.name, None), types.ModuleType):
+                        modules.add(a.asname or a.name)
+    parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in modules:
+            up = parents.get(n)
+            base = isinstance(up, ast.Attribute) and up.value is n
+            base = base or isinstance(up, ast.Call) and _callee(up) in ("getattr", "hasattr") and up.args[:1] == [n]
+            if not base:
+                flag(n, f"uses the module {n.id} as a value (a module is the base of its attributes only)")
     called = {n.func for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     # names the source binds itself (``def run(input)``): not the builtins of the same name
     bound = {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
@@ -364,6 +412,10 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                 why = banned_module(name)
                 if why:
                     flag(node, f"imports {name} ({why})")
+            if isinstance(node, ast.ImportFrom):
+                for a in node.names:  # a name imported is an attribute reached (from torch._utils import ...)
+                    if why := _forbidden_attr(a.name):
+                        flag(node, f"imports {a.name} from {node.module} ({why})")
             if isinstance(node, ast.ImportFrom) and node.module == "os":
                 for a in node.names:
                     if a.name not in OS_ALLOWED_ATTRS:
@@ -423,7 +475,8 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
             why = _names_forbidden(node.value, banned_module)
             if why:
                 flag(node, f"string {node.value!r} names {why}")
-        elif isinstance(node, ast.Name) and node.id in ("__builtins__", "__loader__", "__spec__", "__import__"):
+        elif isinstance(node, ast.Name) and node.id in ("__builtins__", "__loader__", "__spec__", "__import__",
+                                                        "__annotations__"):  # fmt: skip
             flag(node, f"uses {node.id}")
         elif isinstance(node, ast.Name) and node.id in _DYNAMIC and node not in called and node.id not in bound:
             # ``_ga = getattr`` then ``_ga(frame, "f_" + "back")``: the call rules above see only direct calls
@@ -577,6 +630,16 @@ def inspect_getattr(obj: Any, name: str) -> Any:
                 return v.__func__
             return v
     raise AttributeError(name)
+
+
+class _quiet_import:
+    """A block whose import errors (a module the judge lacks) are swallowed."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> bool:
+        return exc[0] is not None and issubclass(exc[0], Exception)
 
 
 def _chain(node: ast.AST) -> list[str] | None:

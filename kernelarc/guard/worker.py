@@ -59,6 +59,8 @@ _AUDIT_BLOCKED = frozenset({
     "gc.get_referrers", "gc.get_referents", "code.__new__", "function.__new__",
 })  # fmt: skip
 _AUDIT: dict[str, Any] = {"on": False, "busy": False, "hits": []}
+# compilers whose own generated code may do what a candidate may not (Dynamo and Inductor, Triton, the CUTLASS build)
+_AUDIT_MACHINERY = ("/torch/_dynamo/", "/torch/_inductor/", "/torch/_functorch/", "/triton/", "/kernelarc/cutlass.py")
 
 
 def _install_audit() -> None:
@@ -73,13 +75,30 @@ def _install_audit() -> None:
         if event not in _AUDIT_BLOCKED or not state["on"] or state["busy"]:
             return
         state["busy"] = True  # sys._getframe raises an event of its own
+        why = None
         try:
             frame = getframe(1)
-            where, line = basename(frame.f_code.co_filename), frame.f_lineno
+            if basename(frame.f_code.co_filename).startswith("kernelarc_candidate_"):
+                why = f"{event} from the candidate's code (line {frame.f_lineno})"
+            else:
+                # Code without a file of its own (exec'd text) between the event and the candidate's frames, with
+                # no compiler of torch's or Triton's between them: code a library generated from what the candidate
+                # gave it (a fourth red team's payloads in a dataclass field name, a string annotation, an FX
+                # placeholder). Inductor's and Triton's generated code runs from files, under their own frames.
+                f, generated, machinery, depth = frame, False, False, 0
+                while f is not None and depth < 256:
+                    name = f.f_code.co_filename
+                    if basename(name).startswith("kernelarc_candidate_"):
+                        if generated and not machinery:
+                            why = f"{event} from code generated for the candidate (line {f.f_lineno})"
+                        break
+                    generated = generated or (name.startswith("<") and not name.startswith("<frozen"))
+                    machinery = machinery or any(m in name for m in _AUDIT_MACHINERY)
+                    f, depth = f.f_back, depth + 1
         finally:
             state["busy"] = False
-        if where.startswith("kernelarc_candidate_"):
-            state["hits"].append(f"{event} from the candidate's code (line {line})")
+        if why:
+            state["hits"].append(why)
             raise RuntimeError(f"{event} is not allowed in a candidate (refused by the harness)")
 
     sys.addaudithook(hook)

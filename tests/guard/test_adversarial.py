@@ -941,6 +941,13 @@ def test_the_judges_credentials_do_not_reach_a_candidate(monkeypatch):
         ("exec", "    exec('z = 1')\n"),
         ("frames", "    f = sys._getframe(1)\n"),
         ("open", "    open('/proc/self/status').read()\n"),
+        # a payload in a dataclass field name runs from the text dataclasses execs (a fourth red team)
+        (
+            "generated",
+            "    import dataclasses\n    _C = type('C', (), {'__annotations__': {\n"
+            "        \"__eq__,(lambda s: s._getframe(0))(__import__('sys'))\": int}})\n"
+            "    _D = dataclasses.dataclass(init=False, repr=False, eq=True)(_C)\n    _D() == _D()\n",
+        ),
     ],
 )
 def test_the_runtime_audit_refuses_what_the_static_checks_would_have(name, body, monkeypatch):
