@@ -482,10 +482,18 @@ def test_a_chain_of_attributes_that_reaches_a_module_a_candidate_may_not_import_
         assert not rep.ok and any("which reaches" in v for v in rep.violations), (bad, rep)
     # a fourth red team: a module wrapped in a value, an attribute imported by name, annotations and field names
     # that libraries evaluate, FX's generated code
-    for bad in ("import enum\nb = [enum][0].bltns", "import os\nw = (lambda: os)().write",
-                "from torch._utils import _import_dotted_name", "import functools\nd = functools.singledispatch",
-                "import dataclasses", "class C:\n    __annotations__ = {'a': int}", "import torch\ng = torch.fx.Graph()",
-                "import random\no = random.Random()._os", "import warnings\nm = warnings.catch_warnings()._module"):  # fmt: skip
+    fourth = (
+        "import enum\nb = [enum][0].bltns",
+        "import os\nw = (lambda: os)().write",
+        "from torch._utils import _import_dotted_name",
+        "import functools\nd = functools.singledispatch",
+        "import dataclasses",
+        "class C:\n    __annotations__ = {'a': int}",
+        "import torch\ng = torch.fx.Graph()",
+        "import random\no = random.Random()._os",
+        "import warnings\nm = warnings.catch_warnings()._module",
+    )
+    for bad in fourth:
         assert not check_source(bad + body).ok, bad
     fine = ("import torch\nimport torch.nn.functional as F\ny = F.softmax\nz = torch.nn.functional.gelu",
             "import os\nI = os.environ.get('X')\nP = os.path.join('a', 'b')",
