@@ -410,6 +410,11 @@ def run(x, weight):
     assert took < 30, took
 
 
+def _all_rejected(sources: tuple[str, ...], body: str) -> None:
+    for bad in sources:
+        assert not check_source(bad + body).ok, bad
+
+
 def test_only_modules_on_the_allow_list_may_be_imported():
     """A module nobody banned was a hole until a red team found it (pkgutil, pydoc, datetime, ...): anything outside
     the allow-list is refused, with the list in the message. Every SOL-ExecBench reference in ../shared (whose code
@@ -451,8 +456,7 @@ def test_only_modules_on_the_allow_list_may_be_imported():
         "import numpy",
         "import cutlass",
     )
-    for bad in os_bad:
-        assert not check_source(bad + body).ok, bad
+    _all_rejected(os_bad, body)
     assert check_source("import os\nI = os.environ.get('X') == '1'\nP = os.path.join('a', 'b')" + body).ok
     assert check_source("import sys" + body).violations == ("line 1: imports sys (can reach the harness through "
                                                             "sys.modules/frames)",)  # fmt: skip
@@ -493,8 +497,7 @@ def test_a_chain_of_attributes_that_reaches_a_module_a_candidate_may_not_import_
         "import random\no = random.Random()._os",
         "import warnings\nm = warnings.catch_warnings()._module",
     )
-    for bad in fourth:
-        assert not check_source(bad + body).ok, bad
+    _all_rejected(fourth, body)
     fine = ("import torch\nimport torch.nn.functional as F\ny = F.softmax\nz = torch.nn.functional.gelu",
             "import os\nI = os.environ.get('X')\nP = os.path.join('a', 'b')",
             "import triton\nimport triton.language as tl\nc = tl.constexpr\nd = triton.cdiv",
