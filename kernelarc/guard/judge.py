@@ -167,7 +167,6 @@ class Guard:
         # (workload, output, input distribution) -> the reference's own relative L2 error against its float64 run,
         # the largest seen: the gross-error rule of the checks that have no float64 run (compare._gross_error)
         self._ref_rel: dict[tuple[int, str, str], float] = {}
-        self._draw_s: dict[int, float] = {}  # the cheapest draw of each workload's inputs seen, in seconds
         self._champ: ChampionWorker | None = None
         self._champ_lock = threading.Lock()
         self._pool_lock = threading.Lock()
@@ -221,11 +220,6 @@ class Guard:
                     return cached[0], cached[1]
         t_ref = time.monotonic()
         inputs = make_inputs(self.task, wl, seed, self.device)
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        drawn = time.monotonic() - t_ref
-        with self._refs_lock:
-            self._draw_s[wl] = min(self._draw_s.get(wl, math.inf), drawn)
         if cached is not None:  # computed without its float64 run: only that is missing
             outs = cached[0]
         else:
@@ -272,18 +266,17 @@ class Guard:
         ``_redraw``): on a problem whose inputs all come from its own ``get_inputs`` (which the plain inputs' cheap
         in-place redraw cannot make), where one draw cost at most ``guard.fresh_inputs_ms`` (``draw_s``). The same
         answer for both sides of a timing: the judge asks once per timing."""
-        if not all_custom(self.task) or self.cfg.fresh_inputs_ms <= 0 or wl not in memory_plan(self).redraw:
+        if wl not in memory_plan(self).redraw:  # (only get_inputs problems' cheap draws with room for them)
             return False
         drawn = self.draw_s(wl)
         return drawn is not None and drawn * 1e3 <= self.cfg.fresh_inputs_ms
 
     def draw_s(self, wl: int) -> float | None:
-        """The cheapest draw of workload ``wl``'s inputs seen: the memory plan's, timed alone under the device lock,
-        or one of the judge's own (which share the device with the evaluations in flight)."""
+        """What one draw of workload ``wl``'s inputs costs: the memory plan's dry run times one alone, under the
+        device lock (the judge's own draws share the device with the evaluations in flight: 28 ms for a 0.23 ms
+        draw of L1/008 on a busy H100)."""
         fp = memory_plan(self).footprints.get(wl)
-        with self._refs_lock:
-            seen = [d for d in (self._draw_s.get(wl), fp.draw_s if fp is not None else None) if d is not None]
-        return min(seen) if seen else None
+        return fp.draw_s if fp is not None else None
 
     def stale_inputs(self, wl: int) -> str | None:
         """Why workload ``wl``'s timed calls repeat one content where ``fresh_inputs`` would not have them (None: they

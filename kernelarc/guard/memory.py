@@ -209,15 +209,11 @@ def dry_run(task: Task, index: int, device: str, run: Callable[..., Any], cap_by
                 fp.peak_bytes = max(_tensor_bytes(out), out_b)
             finite = _finite(out)
             del out, inputs
-            if (
-                all_custom(task)
-                and jitter_changes(task, index, dev)
-                and not _takes_jitter(task, index, dev, run, finite)
-            ):
-                JITTER_OFF.add(str(task.path))
-                log.warning("%s: the reference fails on scaled inputs: its draws stay as get_inputs makes them",
-                            getattr(task, "name", "task"))  # fmt: skip
             if all_custom(task):
+                if jitter_changes(task, index, dev) and not _takes_jitter(task, index, dev, run, finite):
+                    JITTER_OFF.add(str(task.path))
+                    log.warning("%s: the reference fails on scaled inputs: its draws stay as get_inputs makes them",
+                                getattr(task, "name", "task"))  # fmt: skip
                 # what a new draw before every timed call would cost (Guard.fresh_inputs): timed here, where nothing
                 # else of this process runs on the device (the judge's own draws share it with evaluations in
                 # flight, and read 28 ms for a 0.23 ms draw of L1/008 on a busy H100)

@@ -82,7 +82,8 @@ class GuardSettings:
     # a slack) skip no work only by chance: timed again once, then rejected (drive.Driver.skipped_work)
     skip_factor: float = field(default=1.5, metadata=_INTERNAL)
     # a problem whose inputs all come from its own get_inputs: a whole new draw before every timed call where one
-    # costs at most this (the judge's cheapest draw; 0: never), else the calls repeat one content (Guard.fresh_inputs)
+    # costs at most this (timed in the memory plan's dry run; 0: never), else the calls repeat one content
+    # (Guard.fresh_inputs)
     # (on an idle H100 the 45's draws took 0.2-8 ms, L1/001's 7 GB set 30 ms and L2/024's 13 GB 23 ms)
     fresh_inputs_ms: float = field(default=25.0, metadata=_INTERNAL)
     cupti: bool = field(default=True, metadata=_INTERNAL)  # CUPTI activity records where importable

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import importlib
+import os
 import re
 import types
 from dataclasses import dataclass
@@ -308,18 +310,6 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                 protected.add(name)
                 grown = True
 
-    # names bound to the os module (``import os as _o``, ``_p = os``): only OS_ALLOWED_ATTRS of it may be used
-    os_names = {
-        a.asname or "os" for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
-        if a.name == "os" or (a.name.startswith("os.") and not a.asname)
-    }  # fmt: skip
-    grown = True
-    while grown:
-        grown = False
-        for name, value in bindings:
-            if name not in os_names and isinstance(value, ast.Name) and value.id in os_names:
-                os_names.add(name)
-                grown = True
     # what each name bound by an import (or to a chain of attributes rooted at one) stands for, as (module, attrs):
     # every chain of attributes on it is walked on the real modules (``_resolve_chain``)
     origin: dict[str, tuple[str, list[str]]] = {}
@@ -374,7 +364,7 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
     for n in ast.walk(tree):
         if isinstance(n, ast.ImportFrom) and n.module and not n.level:
             for a in n.names:
-                with _quiet_import():
+                with contextlib.suppress(Exception):  # a module the judge lacks: nothing to tell
                     if isinstance(getattr(importlib.import_module(n.module), a.name, None), types.ModuleType):
                         modules.add(a.asname or a.name)
     parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
@@ -416,10 +406,6 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                 for a in node.names:  # a name imported is an attribute reached (from torch._utils import ...)
                     if why := _forbidden_attr(a.name):
                         flag(node, f"imports {a.name} from {node.module} ({why})")
-            if isinstance(node, ast.ImportFrom) and node.module == "os":
-                for a in node.names:
-                    if a.name not in OS_ALLOWED_ATTRS:
-                        flag(node, f"imports os.{a.name} ({_OS_WORDS})")
             if isinstance(node, ast.ImportFrom) and node.level:
                 refused.append(f"line {node.lineno}: a relative import (a candidate is one self-contained file)")
             for name in names[:1] if isinstance(node, ast.ImportFrom) else names:
@@ -445,14 +431,10 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
             args = node.args[1:2] if fname in ("getattr", "hasattr") else node.args[:1]
             if fname in ("attrgetter", "methodcaller"):
                 args = node.args
-            on_os = fname in ("getattr", "hasattr") and bool(node.args) and isinstance(node.args[0], ast.Name)
-            on_os = on_os and node.args[0].id in os_names
             for name in args:
                 if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                     flag(node, f"{fname}() with a computed name (hides attribute access from these checks)")
                     continue
-                if on_os and name.value not in OS_ALLOWED_ATTRS:
-                    flag(node, f"{fname}(os, {name.value!r}) ({_OS_WORDS})")
                 for part in name.value.split("."):
                     why = _forbidden_attr(part)
                     if why:
@@ -461,8 +443,6 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
             why = _forbidden_attr(node.attr)
             if why:
                 flag(node, f"uses .{node.attr} ({why})")
-            elif isinstance(node.value, ast.Name) and node.value.id in os_names and node.attr not in OS_ALLOWED_ATTRS:
-                flag(node, f"uses os.{node.attr} ({_OS_WORDS})")
             elif node.attr in _MODULE_ATTRS and node.attr not in allow_modules:
                 flag(node, f"uses .{node.attr} (reaches a module that is not allowed through another module)")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
@@ -597,7 +577,9 @@ def _resolve_chain(start: Any, attrs: list[str], banned_module, allow_modules: f
     builtin (``exec``). An attribute that does not exist on the real object (an instance's, set at run time)
     ends the walk: nothing is known past it."""
     obj = start
-    for i, name in enumerate(attrs):
+    for name in attrs:
+        if obj is os and name not in OS_ALLOWED_ATTRS:  # the os module, imported or reached (torch.os, random._os)
+            return f"os.{name} ({_OS_WORDS})"
         try:
             obj = inspect_getattr(obj, name)
         except Exception:  # noqa: BLE001 - not a static attribute: nothing more to tell
@@ -607,8 +589,6 @@ def _resolve_chain(start: Any, attrs: list[str], banned_module, allow_modules: f
             why = _module_allowed(mod, banned_module, allow_modules)
             if why:
                 return f"module {mod} ({why})"
-            if mod == "os" and i + 1 < len(attrs) and attrs[i + 1] not in OS_ALLOWED_ATTRS:
-                return f"os.{attrs[i + 1]} ({_OS_WORDS})"
         elif any(obj is b for b in _DANGEROUS_OBJECTS):
             return f"the builtin {getattr(obj, '__name__', name)}"
     return None
@@ -630,16 +610,6 @@ def inspect_getattr(obj: Any, name: str) -> Any:
                 return v.__func__
             return v
     raise AttributeError(name)
-
-
-class _quiet_import:
-    """A block whose import errors (a module the judge lacks) are swallowed."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return exc[0] is not None and issubclass(exc[0], Exception)
 
 
 def _chain(node: ast.AST) -> list[str] | None:

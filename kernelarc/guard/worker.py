@@ -104,6 +104,13 @@ def _install_audit() -> None:
     sys.addaudithook(hook)
 
 
+def _audit_failure() -> CandidateFailure | None:
+    """The job's verdict once the audit refused an event (None: it refused none)."""
+    if not _AUDIT["hits"]:
+        return None
+    return CandidateFailure("rejected_hack", "runtime audit: " + "; ".join(_AUDIT["hits"][:3]))
+
+
 # Helper threads that torch itself starts (Inductor's compile machinery, its progress bar):
 # candidates cannot import threading (static check), so these names come from torch. They are
 # exempt only until the first call ends: NVIDIA's harness takes its thread count after the first call
@@ -145,8 +152,8 @@ def _trim(text: str, limit: int = 2000) -> str:
 def _classify(exc: BaseException) -> CandidateFailure:
     import torch
 
-    if _AUDIT["hits"]:  # whatever the candidate made of the refusal, what it tried is the verdict
-        return CandidateFailure("rejected_hack", "runtime audit: " + "; ".join(_AUDIT["hits"][:3]))
+    if refused := _audit_failure():  # whatever the candidate made of the refusal, what it tried is the verdict
+        return refused
     name = type(exc).__name__
     msg = f"{name}: {exc}"
     tb = _trim("".join(traceback.format_exception(exc))[-3000:])
@@ -284,8 +291,8 @@ class Harness:
         self.chan.send_message(msg)
 
     def fail_if_tampered(self, full: bool = True) -> None:
-        if _AUDIT["hits"]:
-            raise CandidateFailure("rejected_hack", "runtime audit: " + "; ".join(_AUDIT["hits"][:3]))
+        if refused := _audit_failure():
+            raise refused
         # through the class's functions taken at the start (an instance attribute could shadow them)
         msg = self._full(self.integrity) if full else self._quick(self.integrity)
         if msg:
@@ -687,8 +694,8 @@ class Harness:
         set drawn by it from a seed of os.urandom and copied in as a checked call's staged set is (``refill``: the
         same copies, so no counter, pointer or layout tells the two apart). Without it such a problem's timed
         calls repeat one content, and a result kept by content (the red team's c02) pays on all but the checked
-        call. The judge asks for it where a draw is cheap (``Guard.fresh_inputs``); the memory plan counts the
-        transient set (``plan_memory``'s ``fresh``)."""
+        call. The judge asks for it where a draw is cheap and the memory plan counts the transient set
+        (``Guard.fresh_inputs``, ``MemoryPlan.redraw``)."""
         new = self.make_inputs(self.task, wl, self._seed(), self.device)
         self.refill(inputs, new)
         del new

@@ -312,7 +312,7 @@ def _custom_inputs(task: Task, index: int, seed: int, device: torch.device, axes
     return values
 
 
-# task folders whose reference failed on scaled inputs (the memory plan's dry run tries one: ``jitter_refused``);
+# task folders whose reference failed on scaled inputs (the memory plan's dry run tries one: ``memory._takes_jitter``);
 # their draws stay as get_inputs makes them (a worker is told so by its job)
 JITTER_OFF: set[str] = set()
 
