@@ -21,10 +21,17 @@
 #   one counted 3 minutes longer; about 8 minutes each, part 3 with L2/024's), and each is queued longest first, so
 #   that the slow sessions start at once and the short ones fill the shards' ends.
 #
+# Two calls instead of three (a session whose device time holds one start and two full calls, about 1,300 s):
+#   PART a: LIST1 and LIST3 interleaved (28 problems), a SUITE_S suite (default 470)
+#   PART b: L2/024 alone (BIG_S, default 170), then LIST2 (16) with AGAIN after them (LIST2_S, default 290)
+#   with SHARDS=10 (13 GB shares on the H200): 10 x 760 s of suite holds the 44 problems' ~115 session-minutes
+#   (2.5 minutes a session on average in run G1), where 8 shards would leave about a fifth stopped.
+#   Merge: python3 scripts/suite_merge.py a=<a>/suite_table.json b=<b>/p1/suite_table.json b=<b>/p2/suite_table.json
+#
 # On the device (repo root; wheels in .whl and .whl/solx, the problems and the harness in .shared; OUT set by the
 # device tool): bash scripts/suite_45.sh PART. The run's call: timeout_s 590, carry [".whl", ".shared"].
 set -uo pipefail
-PART=${1:?usage: bash scripts/suite_45.sh 1|2|3}
+PART=${1:?usage: bash scripts/suite_45.sh 1|2|3|a|b}
 OUT=${OUT:-/tmp/kernelarc-out}
 export OUT
 SUITE_S=${SUITE_S:-460}  # parts 1 and 2: the suite's seconds (the call's limit less the install and the harness-free tail)
@@ -81,5 +88,18 @@ case $PART in
     echo "== the last $(wc -w <<<"$P"): $P"
     suite "$OUT/p2" "$SHARDS" "${LIST3_S:-270}" $(( ${LIST3_S:-270} + 35 )) "$P" "guard.memory_gb=$MEM_GB" "${EXTRA[@]}"
     ;;
-  *) echo "PART is 1, 2 or 3" >&2; exit 2 ;;
+  a)
+    P=$(folders "$(paste -d' ' <(tr -s ' \n' '\n' <<<"$LIST1" | grep .) <(tr -s ' \n' '\n' <<<"$LIST3" | grep .) | tr '\n' ' ')") \
+      || exit 2
+    suite "$OUT" "$SHARDS" "${SUITE_S_A:-470}" $(( ${SUITE_S_A:-470} + 60 )) "$P" "guard.memory_gb=$MEM_GB" "${EXTRA[@]}"
+    ;;
+  b)
+    P=$(folders "L2/024") || exit 2
+    echo "== L2/024 alone, guard.memory_gb=$((gpu_gb - 2))"
+    suite "$OUT/p1" 1 "${BIG_S:-170}" $(( ${BIG_S:-170} + 30 )) "$P" "guard.memory_gb=$((gpu_gb - 2))" "${EXTRA[@]}"
+    P=$(folders "$LIST2 ${AGAIN:-}") || exit 2
+    echo "== the last $(wc -w <<<"$P"): $P"
+    suite "$OUT/p2" "$SHARDS" "${LIST2_S:-290}" $(( ${LIST2_S:-290} + 35 )) "$P" "guard.memory_gb=$MEM_GB" "${EXTRA[@]}"
+    ;;
+  *) echo "PART is 1, 2, 3, a or b" >&2; exit 2 ;;
 esac
