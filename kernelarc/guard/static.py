@@ -239,6 +239,13 @@ ALLOWED_DUNDERS = {
     "__enter__", "__exit__", "__iter__", "__next__", "__repr__", "__str__", "__eq__", "__hash__", "__contains__",
     "__version__", "__post_init__",
 }  # fmt: skip
+# The special methods a candidate's own classes may define. Any other one is code Python or the harness runs on the
+# candidate's objects outside the call that made them (a red team's list subclass computed its result in ``__iter__``,
+# which the harness ran while reading the result, after the clock; ``__del__`` runs when the harness drops a value).
+CLASS_DUNDERS = {"__init__", "__call__", "__repr__", "__str__", "__hash__", "__eq__", "__enter__", "__exit__",
+                 "__post_init__"}  # fmt: skip
+# class attributes that are data, not code Python calls
+_CLASS_DATA_DUNDERS = {"__slots__", "__doc__", "__module__", "__qualname__"}
 # Modules reachable as attributes of other modules (os.sys, torch.multiprocessing, ...).
 # (not the names ordinary code reaches as attributes: torch._inductor.config, a dataclass's .config, .package)
 _MODULE_ATTRS = {m.split(".")[-1] for m in BANNED_MODULES} - {"time", "code", "io", "types", "operator", "signal",
@@ -421,6 +428,20 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                 allowed = any(name == a or name.startswith(a + ".") for a in ALLOWED_KERNELARC)
                 if not allowed and "kernelarc" not in allow_modules:
                     flag(node, f"imports {name} (reaches into the harness; only kernelarc.cutlass is allowed)")
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                names: list[str] = []
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    names = [item.name]
+                elif isinstance(item, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                    targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                    names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+                    names = [n for n in names if n not in _CLASS_DATA_DUNDERS]
+                for name in names:
+                    if name.startswith("__") and name.endswith("__") and name not in CLASS_DUNDERS:
+                        flag(item, f"class {node.name} defines {name} (a special method the interpreter or the harness "
+                                   f"calls outside the candidate's call: when it reads a result, drops a value, ...; a "
+                                   f"class may define only {', '.join(sorted(CLASS_DUNDERS))})")  # fmt: skip
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
             flag(node, f"calls {node.func.id}() ({BANNED_CALLS[node.func.id]})")
         elif isinstance(node, ast.Call) and _callee(node) == "type" and len(node.args) == 3:

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -287,14 +288,71 @@ class Timer:
         return min(ex)
 
 
+# The methods of a result container the harness (or Python, reading it for the harness) could call: a subclass of
+# tuple, list or dict that defines any of them in Python runs the candidate's code whenever the harness reads the
+# result, after the clock stopped (a red team's list subclass computed its result in ``__iter__``: the unchecked
+# timed calls' results were dropped unread, their work never done). Methods implemented in C (a structseq of
+# torch.return_types, a collections.namedtuple's field getters) run no candidate code; a namedtuple's own Python
+# methods (``_make``, ``_replace``, ``__repr__``) are never called: its items are read as a tuple's.
+_CONTAINER_METHODS = {
+    tuple: ("__iter__", "__len__", "__getitem__", "__contains__", "__reversed__", "__bool__", "count", "index"),
+    list: ("__iter__", "__len__", "__getitem__", "__contains__", "__reversed__", "__bool__", "count", "index", "copy"),
+    dict: ("__iter__", "__len__", "__getitem__", "__contains__", "__reversed__", "__bool__", "__missing__", "keys",
+           "items", "values", "get", "copy"),
+}  # fmt: skip
+_ANY_CONTAINER = ("__getattribute__", "__getattr__", "__del__", "__class__")
+_C_METHODS = (types.WrapperDescriptorType, types.MethodDescriptorType, types.BuiltinFunctionType,
+              types.ClassMethodDescriptorType, types.MemberDescriptorType, types.GetSetDescriptorType)  # fmt: skip
+
+
+class NotPlainResult(Exception):
+    """A result container whose type runs Python code of its own when read (the worker's verdict: a hack)."""
+
+
+def plain_items(out: Any) -> list[Any] | dict[Any, Any] | None:
+    """The items of a call's result container, read through the base type's own (C) methods: a list for a tuple
+    or a list (namedtuples and structseqs included), a dict for a dict; None when ``out`` is not one of them. The
+    one reader of result containers, for the worker's outputs (``Harness._normalize``) and the timer's copy of a
+    kept result (``_snapshot``). A subclass that overrides in Python a method the read could reach (``__iter__``,
+    ``__len__``, ``__getitem__``, ``keys``, a finaliser, ...) or carries attributes of its own raises
+    ``NotPlainResult``: its code would run where the harness reads it, outside the timed call."""
+    cls = type(out)  # never out.__class__ (a property can lie to isinstance)
+    base = next((b for b in (dict, tuple, list) if issubclass(cls, b)), None)
+    if base is None:
+        return None
+    if cls is not base:
+        mro = type.__getattribute__(cls, "__mro__")
+        names = (*_CONTAINER_METHODS[base], *_ANY_CONTAINER)
+        over = sorted({n for k in mro[: mro.index(base)] for n, v in type.__getattribute__(k, "__dict__").items()
+                       if n in names and not isinstance(v, _C_METHODS)})  # fmt: skip
+        if over:
+            raise NotPlainResult(
+                f"the result is a {cls.__module__}.{cls.__qualname__}, a {base.__name__} whose class defines "
+                f"{', '.join(over)} in Python (code that runs when the harness reads the result, after the clock); "
+                f"return a plain {base.__name__} (a namedtuple or torch.return_types is fine)"
+            )
+        try:
+            attrs = object.__getattribute__(out, "__dict__")
+        except AttributeError:
+            attrs = None
+        if attrs:
+            raise NotPlainResult(
+                f"the result is a {cls.__module__}.{cls.__qualname__} carrying attributes of its own "
+                f"({', '.join(sorted(map(str, attrs))[:3])}); return a plain {base.__name__}"
+            )
+    if base is dict:
+        return dict(dict.items(out))
+    return list(tuple.__iter__(out)) if base is tuple else list.copy(out)
+
+
 def _snapshot(torch: Any, out: Any) -> Any:
-    """A copy of a call's outputs with their strides (tensors in tuples, lists and dicts); anything else as is."""
+    """A copy of a call's outputs with their strides (tensors in tuples, lists and dicts, read by ``plain_items``:
+    a tuple's or a list's copy is a plain list); anything else as is."""
     if isinstance(out, torch.Tensor):
         return out.clone(memory_format=torch.preserve_format)
-    if isinstance(out, tuple) and hasattr(out, "_make"):  # a namedtuple
-        return out._make(_snapshot(torch, x) for x in out)
-    if isinstance(out, tuple | list):
-        return type(out)(_snapshot(torch, x) for x in out)
-    if isinstance(out, dict):
-        return {k: _snapshot(torch, v) for k, v in out.items()}
-    return out
+    items = plain_items(out)
+    if items is None:
+        return out
+    if isinstance(items, dict):
+        return {k: _snapshot(torch, v) for k, v in items.items()}
+    return [_snapshot(torch, x) for x in items]

@@ -154,6 +154,10 @@ def _classify(exc: BaseException) -> CandidateFailure:
 
     if refused := _audit_failure():  # whatever the candidate made of the refusal, what it tried is the verdict
         return refused
+    from kernelarc.guard.timer import NotPlainResult
+
+    if isinstance(exc, NotPlainResult):  # a result container read after the clock runs the candidate's code
+        return CandidateFailure("rejected_hack", str(exc))
     name = type(exc).__name__
     msg = f"{name}: {exc}"
     tb = _trim("".join(traceback.format_exception(exc))[-3000:])
@@ -324,15 +328,19 @@ class Harness:
 
     def _normalize(self, result: Any, wl: int) -> list[Any]:
         n = len(self.out_specs)
-        if isinstance(result, dict):
-            missing = [k for k, _ in self.out_specs if k not in result]
+        try:
+            items = self.timer_mod.plain_items(result)  # through the base type's methods: no candidate code runs
+        except self.timer_mod.NotPlainResult as e:
+            raise CandidateFailure("rejected_hack", str(e)) from None
+        if isinstance(items, dict):
+            missing = [k for k, _ in self.out_specs if k not in items]
             if missing:
                 raise CandidateFailure("incorrect", f"returned dict lacks outputs {missing}")
-            outs = [result[k] for k, _ in self.out_specs]
-        elif isinstance(result, tuple | list):
-            if len(result) != n:
-                raise CandidateFailure("incorrect", f"returned {len(result)} outputs, expected {n}")
-            outs = list(result)
+            outs = [items[k] for k, _ in self.out_specs]
+        elif items is not None:
+            if len(items) != n:
+                raise CandidateFailure("incorrect", f"returned {len(items)} outputs, expected {n}")
+            outs = items
         elif n != 1:
             raise CandidateFailure("incorrect", f"returned 1 output, expected {n}")
         else:

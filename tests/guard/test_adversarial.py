@@ -386,6 +386,48 @@ def run(x, weight):
     + HONEST
 )
 
+# A thirty-third red team: run() returned a list subclass whose __iter__ computed the result. The harness read a result
+# (list(result), type(out)(...)) only after the clock stopped, and an unchecked timed call's result was dropped unread:
+# its work never happened (9.5x on rmsnorm). Result containers are read through the base type's own methods, and a
+# container type that overrides any of them in Python is a hack (the static checks refuse the method itself).
+LAZY_LIST = (
+    """import torch
+class _Lazy(list):
+    def __init__(self, src, args=None):
+        if args is None:
+            super().__init__(src)
+            self.job = None
+        else:
+            super().__init__([None])
+            self.job = (src, args)
+    def __iter__(self):
+        if self.job is not None:
+            fn, args = self.job
+            self.job = None
+            self[0] = fn(*args)
+        return list.__iter__(self)
+def run(x, weight):
+    return _Lazy(_f, (x, weight))
+def _f(x, weight):
+"""
+    + HONEST
+)
+# the same, with the work in __len__ and __getitem__ of a tuple subclass (no __iter__ of its own)
+LAZY_TUPLE = (
+    """import torch
+class _Later(tuple):
+    def __len__(self):
+        return 1
+    def __getitem__(self, i):
+        fn, args = tuple.__getitem__(self, 0)
+        return fn(*args)
+def run(x, weight):
+    return _Later(((_f, (x, weight)),))
+def _f(x, weight):
+"""
+    + HONEST
+)
+
 BAD = {
     # rejected either way: a hack where the rewritten-in-place check catches it; incorrect where the allocator gives
     # the first check's inputs the warm-up's addresses and the memo answers it stale (seen once in CI, under xdist)
@@ -418,6 +460,9 @@ BAD = {
     "thread_named_like_torchs_past_static": (TORCH_NAMED_THREAD, True, Status.rejected_hack),
     "storage_copy_hook_past_static": (STORAGE_COPY_HOOK, True, Status.rejected_hack),
     "socket_send_forge_past_static": (SOCKET_SEND_FORGE, True, Status.rejected_hack),
+    "lazy_list_result": (LAZY_LIST, False, Status.rejected_hack),
+    "lazy_list_result_past_static": (LAZY_LIST, True, Status.rejected_hack),
+    "lazy_tuple_result_past_static": (LAZY_TUPLE, True, Status.rejected_hack),
     "column_major_output": (
         GOOD.replace(".to(x.dtype)\n", ".to(x.dtype).t().contiguous().t()\n"),
         False,
@@ -768,6 +813,12 @@ def run(x, weight):
 """,
     "dict_output": "import torch\n\n\ndef run(x, weight):\n    return {'y': _f(x, weight)}\n\n\ndef _f(x, weight):\n"
     + HONEST,
+    # a namedtuple (as torch.return_types structseqs, C types whose methods run no candidate code) is a plain result
+    "namedtuple_output": "import collections\nimport torch\n_Out = collections.namedtuple('_Out', 'y')\n\n\n"
+    "def run(x, weight):\n    return _Out(_f(x, weight))\n\n\ndef _f(x, weight):\n" + HONEST,
+    "typing_namedtuple_output": "import typing\nimport torch\n\n\n"
+    "class _Out(typing.NamedTuple):\n    y: torch.Tensor\n\n\n"
+    "def run(x, weight):\n    return _Out(_f(x, weight))\n\n\ndef _f(x, weight):\n" + HONEST,
     "torch_compile_inside": """import torch
 def _f(x, weight):
     xf = x.float()
@@ -783,6 +834,48 @@ def run(x, weight):
 def test_honest_kernels_in_unusual_styles_are_accepted(guard, name):
     v = guard.evaluate(_cand(HONEST_STYLES[name]), timeout_s=60).verdict
     assert v.correct, (name, v.status, v.errors)
+
+
+def test_result_containers_are_read_through_their_base_types_methods():
+    """The one reader of result containers (the worker's outputs and the timer's copy of a kept result): a
+    structseq of torch.return_types and a namedtuple are plain; a subclass with Python methods the read could reach,
+    or attributes of its own, is refused before any of its code runs."""
+    import collections
+
+    import torch
+
+    from kernelarc.guard.timer import NotPlainResult, _snapshot, plain_items
+
+    x = torch.randn(3, 4)
+    mx = x.max(dim=1)
+    got = plain_items(mx)
+    assert type(got) is list and got[0] is mx.values and got[1] is mx.indices
+    pair = collections.namedtuple("Pair", "a b")(x, x + 1)
+    assert plain_items(pair) == [pair.a, pair.b] and plain_items({"y": x}) == {"y": x} and plain_items(x) is None
+    snap = _snapshot(torch, mx)
+    assert type(snap) is list and torch.equal(snap[0], mx.values) and snap[0] is not mx.values
+    ran = []
+
+    class Lazy(list):
+        def __len__(self):
+            ran.append(1)
+            return 1
+
+    class Keys(dict):
+        def items(self):
+            ran.append(1)
+            return dict.items(self)
+
+    class Marked(tuple):
+        pass
+
+    marked = Marked((x,))
+    marked.note = object()
+    for bad in (Lazy([x]), Keys(y=x), marked, [Lazy([x])]):
+        with pytest.raises(NotPlainResult):
+            _snapshot(torch, bad)
+    assert not ran
+    assert plain_items(Marked((x,))) == [x]  # a subclass with nothing of its own is a tuple
 
 
 # -- NVIDIA's own cheating samples --------------------------------------------------------------
