@@ -126,6 +126,14 @@ class Integrity:
         self.globals = {m.__name__: _callables(m) for m in harness_modules}  # data globals (caches) may change
         self.codes = {m.__name__: _codes(m) for m in harness_modules}
         self.instances: dict[str, tuple[Any, type, dict[str, Any], frozenset[str]]] = {}
+        self.constants: list[tuple[types.ModuleType, str, Any]] = []
+
+    def watch_globals(self, mod: types.ModuleType, names: tuple[str, ...]) -> None:
+        """Data globals of a harness module that stay bound to the objects they hold now (the module check watches
+        its callables only: data globals such as caches may change). A red team switched the runtime audit off
+        through the worker's data global ``_AUDIT``; its state is now the hook's own, and what the harness still
+        reads from its modules' data (the audit's event list, the result reader's method names) is watched here."""
+        self.constants += [(mod, name, vars(mod)[name]) for name in names]
 
     def watch(self, label: str, obj: Any, mutable: frozenset[str] | set[str] = frozenset()) -> None:
         """An object of the harness's (its timer, its channel to the judge, the harness itself), from now on: its
@@ -191,6 +199,9 @@ class Integrity:
             added = sorted(set(now) - set(frozen) - mutable)
             if added:
                 return f"the harness's {label} got attributes of its own: {', '.join(added[:3])} (harness patching)"
+        for mod, name, value in self.constants:
+            if vars(mod).get(name) is not value:
+                return f"{mod.__name__}.{name} was rebound (harness state)"
         for mname, mod in self.modules.items():
             if sys.modules.get(mname) is not mod:
                 return f"sys.modules[{mname!r}] was replaced"

@@ -104,6 +104,9 @@ BANNED_MODULES = {
     # was exec'd inside GraphModule, from torch's frame)
     "torch.fx": "generates and executes Python code from the names it is given",
     "dataclasses": "executes generated code with the field names it is given",
+    # a thirty-third red team: torch.utils.benchmark.Timer compiles and runs its setup/stmt text (timeit's exec, from
+    # timeit's own file-based frames)
+    "torch.utils.benchmark": "compiles and runs the Python text it is given (timeit), and times",
 }
 ALLOWED_KERNELARC = {"kernelarc.cutlass"}  # the trusted CUTLASS build helper (kernelarc/cutlass.py)
 # The only top-level modules a candidate may import (the rules above still hold inside them: torch.multiprocessing,
@@ -248,8 +251,9 @@ CLASS_DUNDERS = {"__init__", "__call__", "__repr__", "__str__", "__hash__", "__e
 _CLASS_DATA_DUNDERS = {"__slots__", "__doc__", "__module__", "__qualname__"}
 # Modules reachable as attributes of other modules (os.sys, torch.multiprocessing, ...).
 # (not the names ordinary code reaches as attributes: torch._inductor.config, a dataclass's .config, .package)
+# (torch.backends.cudnn.benchmark is a flag: torch.utils.benchmark is caught by the walk of attribute chains)
 _MODULE_ATTRS = {m.split(".")[-1] for m in BANNED_MODULES} - {"time", "code", "io", "types", "operator", "signal",
-                                                              "config", "package", "mock"}  # fmt: skip
+                                                              "config", "package", "mock", "benchmark"}  # fmt: skip
 
 
 def allowed_imports() -> str:
@@ -576,6 +580,11 @@ _DANGEROUS_OBJECTS = tuple(getattr(builtins, n) for n in sorted(_DANGEROUS_BUILT
 _PATH_MODULES = {"posixpath", "ntpath", "genericpath", "os.path"}
 
 
+def _private_module(name: str) -> str | None:
+    """Why ``name`` is a private module a candidate may not use (None: it is not one)."""
+    return None
+
+
 def _module_allowed(name: str, banned_module, allow_modules: frozenset[str]) -> str | None:
     """Why a module reached by a chain of attributes is not one a candidate may use (None: it is)."""
     if name in _PATH_MODULES:
@@ -604,6 +613,11 @@ def _resolve_chain(start: Any, attrs: list[str], banned_module, allow_modules: f
         try:
             obj = inspect_getattr(obj, name)
         except Exception:  # noqa: BLE001 - not a static attribute: nothing more to tell
+            if isinstance(obj, types.ModuleType):
+                # a submodule the judge never imported (torch.utils.benchmark): its name tells as much as the module
+                sub = f"{obj.__name__}.{name}"
+                if banned_module(sub) or _private_module(sub):
+                    return f"module {sub} ({banned_module(sub) or _private_module(sub)})"
             return None
         if isinstance(obj, types.ModuleType):
             mod = obj.__name__

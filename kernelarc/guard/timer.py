@@ -294,12 +294,12 @@ class Timer:
 # timed calls' results were dropped unread, their work never done). Methods implemented in C (a structseq of
 # torch.return_types, a collections.namedtuple's field getters) run no candidate code; a namedtuple's own Python
 # methods (``_make``, ``_replace``, ``__repr__``) are never called: its items are read as a tuple's.
-_CONTAINER_METHODS = {
+_CONTAINER_METHODS = types.MappingProxyType({
     tuple: ("__iter__", "__len__", "__getitem__", "__contains__", "__reversed__", "__bool__", "count", "index"),
     list: ("__iter__", "__len__", "__getitem__", "__contains__", "__reversed__", "__bool__", "count", "index", "copy"),
     dict: ("__iter__", "__len__", "__getitem__", "__contains__", "__reversed__", "__bool__", "__missing__", "keys",
            "items", "values", "get", "copy"),
-}  # fmt: skip
+})  # fmt: skip
 _ANY_CONTAINER = ("__getattribute__", "__getattr__", "__del__", "__class__")
 _C_METHODS = (types.WrapperDescriptorType, types.MethodDescriptorType, types.BuiltinFunctionType,
               types.ClassMethodDescriptorType, types.MemberDescriptorType, types.GetSetDescriptorType)  # fmt: skip

@@ -56,25 +56,37 @@ _AUDIT_BLOCKED = frozenset({
     "os.system", "os.exec", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.kill", "os.killpg",
     "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym", "ctypes.addressof", "ctypes.string_at", "ctypes.cdata",
     "ctypes.call_function", "socket.connect", "socket.bind", "socket.sendto", "mmap.__new__", "gc.get_objects",
-    "gc.get_referrers", "gc.get_referents", "code.__new__", "function.__new__",
+    "gc.get_referrers", "gc.get_referents", "code.__new__", "function.__new__", "pickle.find_class",
 })  # fmt: skip
-_AUDIT: dict[str, Any] = {"on": False, "busy": False, "hits": []}
 # compilers whose own generated code may do what a candidate may not (Dynamo and Inductor, Triton, the CUTLASS build)
 _AUDIT_MACHINERY = ("/torch/_dynamo/", "/torch/_inductor/", "/torch/_functorch/", "/triton/", "/kernelarc/cutlass.py")
+
+
+def _audit_hits() -> tuple[str, ...]:
+    """What the runtime audit refused so far (none: no audit installed; ``_install_audit`` rebinds this name to the
+    reader of its own record, before the integrity snapshot, which watches the binding and its code)."""
+    return ()
 
 
 def _install_audit() -> None:
     """An audit hook (never removable) that refuses the events of ``_AUDIT_BLOCKED`` where the Python frame that
     raised them is the candidate's module (``kernelarc_candidate_<digest>.py``, as ``load_module`` names it): a
     library's own use (Inductor's exec of generated code, Triton reading a kernel's source) has its own frame there.
-    A refused event raises in the candidate and is recorded; ``fail_if_tampered`` then rejects the job as a hack."""
-    getframe, state = sys._getframe, _AUDIT
-    basename = os.path.basename
+    A refused event raises in the candidate and is recorded; ``fail_if_tampered`` then rejects the job as a hack.
+
+    Its state lives in this closure, never in a module global: a thirty-third red team's code, exec'd by
+    torch.utils.benchmark.Timer from timeit's frames, switched the audit off through the worker's writable
+    ``_AUDIT["on"]``. Installed is on; the blocked events and the compilers are the values seen here."""
+    global _audit_hits
+    getframe, basename = sys._getframe, os.path.basename
+    blocked, machinery_dirs = frozenset(_AUDIT_BLOCKED), tuple(_AUDIT_MACHINERY)
+    hits: list[str] = []
+    busy = [False]  # sys._getframe raises an event of its own
 
     def hook(event: str, args: tuple) -> None:
-        if event not in _AUDIT_BLOCKED or not state["on"] or state["busy"]:
+        if event not in blocked or busy[0]:
             return
-        state["busy"] = True  # sys._getframe raises an event of its own
+        busy[0] = True
         why = None
         try:
             frame = getframe(1)
@@ -93,22 +105,27 @@ def _install_audit() -> None:
                             why = f"{event} from code generated for the candidate (line {f.f_lineno})"
                         break
                     generated = generated or (name.startswith("<") and not name.startswith("<frozen"))
-                    machinery = machinery or any(m in name for m in _AUDIT_MACHINERY)
+                    machinery = machinery or any(m in name for m in machinery_dirs)
                     f, depth = f.f_back, depth + 1
         finally:
-            state["busy"] = False
+            busy[0] = False
         if why:
-            state["hits"].append(why)
+            hits.append(why)
             raise RuntimeError(f"{event} is not allowed in a candidate (refused by the harness)")
 
+    def recorded() -> tuple[str, ...]:
+        return tuple(hits)
+
     sys.addaudithook(hook)
+    _audit_hits = recorded
 
 
 def _audit_failure() -> CandidateFailure | None:
     """The job's verdict once the audit refused an event (None: it refused none)."""
-    if not _AUDIT["hits"]:
+    hits = _audit_hits()
+    if not hits:
         return None
-    return CandidateFailure("rejected_hack", "runtime audit: " + "; ".join(_AUDIT["hits"][:3]))
+    return CandidateFailure("rejected_hack", "runtime audit: " + "; ".join(hits[:3]))
 
 
 # Helper threads that torch itself starts (Inductor's compile machinery, its progress bar):
@@ -117,7 +134,7 @@ def _audit_failure() -> CandidateFailure | None:
 # on each workload and judges any thread more after its later calls and timing as REWARD_HACK
 # ("Thread injection detected"), torch's included (Inductor's compile-pool timer thread starts
 # seconds after the first compile: two exported champions failed so on the H200). See ``_no_strays``.
-TORCH_THREADS = {"InductorSubproc", "tqdm_monitor", "subproc_worker_timer"}
+TORCH_THREADS = frozenset({"InductorSubproc", "tqdm_monitor", "subproc_worker_timer"})
 
 
 def _start_tqdm_monitor() -> None:
@@ -285,9 +302,14 @@ class Harness:
         self.cand_files: set[str] = set()  # the candidate module's file (threads running its code)
         self.timer: Any = None
         self.timer_mod = timer
+        if job.get("audit"):  # before the integrity snapshot: it watches the audit's reader (``_audit_hits``)
+            _install_audit()
         self.integrity = integrity.Integrity(
             [sys.modules[__name__], protocol, buffers, integrity, timer, sandbox, inputs_mod, loader]
         )
+        # the harness's constants that are data (the module check above watches callables only)
+        self.integrity.watch_globals(sys.modules[__name__], ("_AUDIT_BLOCKED", "_AUDIT_MACHINERY", "TORCH_THREADS"))
+        self.integrity.watch_globals(timer, ("_CONTAINER_METHODS", "_ANY_CONTAINER", "_C_METHODS"))
         self._full, self._quick = integrity.Integrity.full, integrity.Integrity.quick
 
     # -- messaging ---------------------------------------------------------------------
@@ -539,9 +561,6 @@ class Harness:
             Cmd.time: self.do_time,
         }
         prof = self.profile
-        if self.job.get("audit"):
-            _install_audit()
-            _AUDIT["on"] = True
         self.do_import()
         while True:
             if prof is not None:

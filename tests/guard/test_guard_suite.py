@@ -506,3 +506,32 @@ def test_a_chain_of_attributes_that_reaches_a_module_a_candidate_may_not_import_
             "import re\nr = re.compile('a')")  # fmt: skip
     for ok in fine:
         assert check_source(ok + body).ok, (ok, check_source(ok + body))
+
+
+def test_the_thirty_third_red_teams_routes_are_refused_by_the_static_checks():
+    """torch.utils.benchmark.Timer runs its setup text (timeit's exec), however reached, also where the judge never
+    imported the module (its name is enough); a class's special methods that the harness would run when it reads a
+    result (a lazy __iter__) are refused. A flag named like the module (cudnn.benchmark) and ordinary classes pass."""
+    body = "\ndef run(x):\n    return x\n"
+    _all_rejected(
+        (
+            "import torch.utils.benchmark as tb",
+            "from torch.utils import benchmark",
+            "from torch.utils.benchmark import Timer",
+            "import torch\nT = torch.utils.benchmark.Timer",
+            "import torch\nT = getattr(torch.utils, 'benchmark')",
+            "class L(list):\n    def __iter__(self):\n        return iter([])",
+            "class T(tuple):\n    __len__ = lambda self: 1",
+            "class D(dict):\n    def __missing__(self, k):\n        return 0",
+            "class F:\n    def __del__(self):\n        pass",
+            "class G:\n    def __init_subclass__(cls):\n        pass",
+        ),
+        body,
+    )
+    for ok in (
+        "import torch\nb = torch.backends.cudnn.benchmark",
+        "class C:\n    __slots__ = ('a',)\n    def __init__(self):\n        self.a = 1\n    def __call__(self, x):\n"
+        "        return x\n    def __repr__(self):\n        return 'C'",
+        "import collections\nP = collections.namedtuple('P', 'a b')",
+    ):
+        assert check_source(ok + body).ok, (ok, check_source(ok + body))
