@@ -346,8 +346,9 @@ def plain_items(out: Any) -> list[Any] | dict[Any, Any] | None:
 
 
 def _snapshot(torch: Any, out: Any) -> Any:
-    """A copy of a call's outputs with their strides (tensors in tuples, lists and dicts, read by ``plain_items``:
-    a tuple's or a list's copy is a plain list); anything else as is."""
+    """A copy of a call's outputs with their strides (tensors in tuples, lists and dicts, read by ``plain_items``);
+    anything else as is. A list or dict is copied as a plain one, a tuple as its own type where ``tuple.__new__``
+    makes one without running the type's code (a namedtuple), else as a plain tuple (a structseq)."""
     if isinstance(out, torch.Tensor):
         return out.clone(memory_format=torch.preserve_format)
     items = plain_items(out)
@@ -355,4 +356,10 @@ def _snapshot(torch: Any, out: Any) -> Any:
         return out
     if isinstance(items, dict):
         return {k: _snapshot(torch, v) for k, v in items.items()}
-    return [_snapshot(torch, x) for x in items]
+    copied = [_snapshot(torch, x) for x in items]
+    if not issubclass(type(out), tuple):
+        return copied
+    try:
+        return tuple.__new__(type(out), copied)
+    except TypeError:  # a structseq: its items as a tuple
+        return tuple(copied)
