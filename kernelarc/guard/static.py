@@ -107,7 +107,17 @@ BANNED_MODULES = {
     # a thirty-third red team: torch.utils.benchmark.Timer compiles and runs its setup/stmt text (timeit's exec, from
     # timeit's own file-based frames)
     "torch.utils.benchmark": "compiles and runs the Python text it is given (timeit), and times",
+    # ... torch.load(weights_only=False) unpickled bytes a candidate wrote (UntypedStorage.from_file): exec from torch's
+    # frame; torch.hub loads and unpickles files
+    "torch.serialization": "unpickles arbitrary objects (torch.load) and writes files (torch.save)",
+    "torch.hub": "downloads, writes and unpickles files",
 }
+# torch's private modules (torch._*) are its internals: torch._inductor.codecache.PyCodeCache.load(text) wrote a red
+# team's text to a file and imported it as a module (code with a file of its own, past the runtime audit). A
+# candidate may use the compilers' packages and their configuration (torch._inductor.config, as graph strategies and
+# exported solutions set it), and torch's private functions (torch._scaled_mm, torch._grouped_mm), nothing else.
+PRIVATE_TORCH_ALLOWED = frozenset({"torch._dynamo", "torch._inductor", "torch._functorch", "torch._dynamo.config",
+                                   "torch._inductor.config", "torch._functorch.config"})  # fmt: skip
 ALLOWED_KERNELARC = {"kernelarc.cutlass"}  # the trusted CUTLASS build helper (kernelarc/cutlass.py)
 # The only top-level modules a candidate may import (the rules above still hold inside them: torch.multiprocessing,
 # os.system, ...). A kernel computes with torch, Triton or CUTLASS and the plain computational standard library;
@@ -224,6 +234,9 @@ BANNED_ATTRS = {
     # clocks: the gap between two calls tells a checked call's set-up (a copy) from an unchecked one's (a draw); a
     # red team skipped the work on calls after a long gap (datetime.now())
     **dict.fromkeys(_CLOCKS, "reads the clock"),
+    # torch.UntypedStorage.from_file / torch.from_file map a file into a tensor: a candidate's writes land in a file
+    # (a red team wrote a pickle for torch.load to run) with no open() the runtime audit would see
+    "from_file": "maps a file into memory (writes files unseen)",
     "set_num_threads": "takes more CPU threads than the worker's share",
     "set_num_interop_threads": "takes more CPU threads than the worker's share",
     "sched_setaffinity": "takes CPUs outside the worker's share",
@@ -303,7 +316,7 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
         for banned, why in BANNED_MODULES.items():
             if (name == banned or name.startswith(banned + ".")) and banned not in allow_modules:
                 return why
-        return None
+        return _private_module(name) if "torch._" not in allow_modules else None
 
     # Every name an import statement binds is a module (or a module's member): never assigned into. Nor is a name
     # bound to something reached from one (``_R = random.Random; _R.randrange = spy`` patched the harness's
@@ -448,6 +461,11 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
                                    f"class may define only {', '.join(sorted(CLASS_DUNDERS))})")  # fmt: skip
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
             flag(node, f"calls {node.func.id}() ({BANNED_CALLS[node.func.id]})")
+        elif isinstance(node, ast.Call) and any(
+            k.arg == "weights_only" and not (isinstance(k.value, ast.Constant) and k.value.value is True)
+            for k in node.keywords
+        ):
+            flag(node, "passes weights_only other than True (torch.load would unpickle arbitrary objects: code)")
         elif isinstance(node, ast.Call) and _callee(node) == "type" and len(node.args) == 3:
             # type(name, bases, namespace) names its methods as data: a "__del__" spelt in pieces ran untimed work
             flag(node, "builds a class with type(name, bases, dict) (hides its dunder methods from these checks)")
@@ -581,8 +599,28 @@ _PATH_MODULES = {"posixpath", "ntpath", "genericpath", "os.path"}
 
 
 def _private_module(name: str) -> str | None:
-    """Why ``name`` is a private module a candidate may not use (None: it is not one)."""
-    return None
+    """Why ``name`` is a private torch module a candidate may not use (None: it is not one, or it is allowed):
+    ``torch._X...`` outside ``PRIVATE_TORCH_ALLOWED`` (an attribute of an allowed config module is a setting), unless
+    a part of it is a function or a class (torch._scaled_mm, torch._dynamo.mark_dynamic) rather than a module."""
+    parts = name.split(".")
+    if len(parts) < 2 or parts[0] != "torch" or not parts[1].startswith("_") or parts[1].startswith("__"):
+        return None
+    for i in range(len(parts), 1, -1):
+        if ".".join(parts[:i]) in PRIVATE_TORCH_ALLOWED:
+            if i == len(parts) or parts[i - 1] == "config":
+                return None
+            break
+    obj: Any = importlib.import_module("torch")
+    for k, part in enumerate(parts[1:], start=2):
+        try:
+            obj = inspect_getattr(obj, part)
+        except Exception:  # noqa: BLE001 - not loaded in the judge: a module by its name
+            break
+        if not isinstance(obj, types.ModuleType):
+            return None  # a function, class or value of a module: the rules on attributes apply to it
+        if ".".join(parts[:k]) not in PRIVATE_TORCH_ALLOWED:
+            break
+    return "a private torch module: torch's internals (only " + ", ".join(sorted(PRIVATE_TORCH_ALLOWED)) + ")"
 
 
 def _module_allowed(name: str, banned_module, allow_modules: frozenset[str]) -> str | None:
@@ -626,6 +664,8 @@ def _resolve_chain(start: Any, attrs: list[str], banned_module, allow_modules: f
                 return f"module {mod} ({why})"
         elif any(obj is b for b in _DANGEROUS_OBJECTS):
             return f"the builtin {getattr(obj, '__name__', name)}"
+        elif callable(obj) and getattr(obj, "__module__", None) == "torch.serialization":
+            return f"torch.serialization's {getattr(obj, '__name__', name)} (unpickles or writes files)"
     return None
 
 

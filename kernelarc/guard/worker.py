@@ -58,8 +58,50 @@ _AUDIT_BLOCKED = frozenset({
     "ctypes.call_function", "socket.connect", "socket.bind", "socket.sendto", "mmap.__new__", "gc.get_objects",
     "gc.get_referrers", "gc.get_referents", "code.__new__", "function.__new__", "pickle.find_class",
 })  # fmt: skip
-# compilers whose own generated code may do what a candidate may not (Dynamo and Inductor, Triton, the CUTLASS build)
-_AUDIT_MACHINERY = ("/torch/_dynamo/", "/torch/_inductor/", "/torch/_functorch/", "/triton/", "/kernelarc/cutlass.py")
+# Compilers whose own code may do what a candidate may not (Dynamo and Inductor, Triton, the CUTLASS build), relative
+# to the installed libraries (``_audit_places``): a frame shields the candidate's below it only from these files.
+_AUDIT_MACHINERY = ("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/", "triton/", "kernelarc/cutlass.py")
+# Library code that raises a blocked event for reasons of its own, with nothing the candidate gives it in what the
+# event does (the frame raising it: file relative to the installed libraries, function): namedtuple's generated
+# __new__ (its field names are checked identifiers) and its caller's module name, typing's and enum's caller's module
+# name, torch.library's record of where an op was defined (a frame read, never handed out).
+_AUDIT_BENIGN = frozenset({
+    ("exec", "collections/__init__.py", "namedtuple"), ("compile", "collections/__init__.py", "namedtuple"),
+    ("sys._getframe", "collections/__init__.py", "namedtuple"), ("sys._getframe", "typing.py", "_caller"),
+    ("sys._getframe", "enum.py", "_create_"), ("sys._getframe", "torch/_library/utils.py", "get_source"),
+    ("sys._getframe", "torch/library.py", "__init__"), ("sys._getframe", "torch/library.py", "_register_fake"),
+})  # fmt: skip
+
+
+def _audit_places() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """(installed, scratch): where the interpreter, its standard library, the installed packages, torch, Triton and
+    KernelArc live, as (root, prefix) pairs (a file under ``prefix`` is installed, named relative to ``root``), and
+    where anyone may write files (the temp folders, the caches: Inductor's and Triton's generated code,
+    PyCodeCache.load's modules, a candidate's files), as folder prefixes. A root under scratch space counts only for
+    a package's own folder (KernelArc checked out under /tmp); the longer match decides (Inductor's cache under /tmp
+    is not installed, KernelArc's folder under it is)."""
+    import site
+    import sysconfig
+    import tempfile
+
+    def folder(p: str) -> str:
+        return os.path.join(os.path.normpath(os.path.abspath(p)), "")
+
+    home = os.path.expanduser("~")  # not itself scratch: an interpreter may be installed under it (pyenv)
+    scratch = {tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm", os.path.join(home, ".cache"),
+               os.path.join(home, ".triton"), os.environ.get("TMPDIR"), os.environ.get("XDG_CACHE_HOME"),
+               os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")}  # fmt: skip
+    scr = {folder(p) for p in scratch if p}
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    roots |= {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    with contextlib.suppress(Exception):
+        roots |= set(site.getsitepackages()) | {site.getusersitepackages()}
+    pairs = {(folder(p), folder(p)) for p in roots if p and not any(folder(p).startswith(s) for s in scr)}
+    for mod in ("torch", "triton", "kernelarc"):
+        if (m := sys.modules.get(mod)) is not None and getattr(m, "__file__", None):
+            pkg = os.path.dirname(m.__file__)
+            pairs.add((folder(os.path.dirname(pkg)), folder(pkg)))
+    return tuple(sorted(pairs)), tuple(sorted(scr))
 
 
 def _audit_hits() -> tuple[str, ...]:
@@ -69,44 +111,106 @@ def _audit_hits() -> tuple[str, ...]:
 
 
 def _install_audit() -> None:
-    """An audit hook (never removable) that refuses the events of ``_AUDIT_BLOCKED`` where the Python frame that
-    raised them is the candidate's module (``kernelarc_candidate_<digest>.py``, as ``load_module`` names it): a
-    library's own use (Inductor's exec of generated code, Triton reading a kernel's source) has its own frame there.
-    A refused event raises in the candidate and is recorded; ``fail_if_tampered`` then rejects the job as a hack.
+    """An audit hook (never removable) that refuses the events of ``_AUDIT_BLOCKED`` raised for the candidate: where
+    a candidate frame (``kernelarc_candidate_<digest>.py``, as ``load_module`` names it) is on the stack below the
+    event and no compiler's frame (``_AUDIT_MACHINERY``, a file of the installed torch or Triton) sits between the
+    event and the nearest candidate frame. Whatever else sits between is the candidate's proxy, not a shield: the
+    standard library (timeit ran a red team's text, torch.load's unpickler called exec), and code in files under a
+    temp or cache folder (PyCodeCache.load imported a red team's text as a module with a file of its own). Exempt:
+    an import of an installed module (importlib's reads, compile and exec of its file, and what its body does), a
+    read of an installed file or of the candidate's own source (linecache for a warning), and ``_AUDIT_BENIGN``. A
+    refused event raises in the candidate and is recorded; ``fail_if_tampered`` then rejects the job as a hack.
 
     Its state lives in this closure, never in a module global: a thirty-third red team's code, exec'd by
     torch.utils.benchmark.Timer from timeit's frames, switched the audit off through the worker's writable
-    ``_AUDIT["on"]``. Installed is on; the blocked events and the compilers are the values seen here."""
+    ``_AUDIT["on"]``. Installed is on; the blocked events, compilers and places are the values seen here."""
     global _audit_hits
-    getframe, basename = sys._getframe, os.path.basename
-    blocked, machinery_dirs = frozenset(_AUDIT_BLOCKED), tuple(_AUDIT_MACHINERY)
+    getframe, basename, normpath, join = sys._getframe, os.path.basename, os.path.normpath, os.path.join
+    blocked, benign = frozenset(_AUDIT_BLOCKED), frozenset(_AUDIT_BENIGN)
+    installed, scratch = _audit_places()
+    machinery = tuple(join(root, m) for root, _ in installed for m in _AUDIT_MACHINERY)
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    places: dict[str, tuple[str, str]] = {}  # file name -> (kind, path relative to its installed root)
     hits: list[str] = []
     busy = [False]  # sys._getframe raises an event of its own
+
+    def place(name: str) -> tuple[str, str]:
+        """("candidate" | "machinery" | "installed" | "frozen" | "untrusted", relative path) of a code file name."""
+        got = places.get(name)
+        if got is None:
+            if basename(name).startswith("kernelarc_candidate_"):
+                got = ("candidate", "")
+            elif name.startswith("<frozen "):
+                got = ("frozen", name)
+            elif name.startswith("<") or not name.startswith("/"):
+                got = ("untrusted", "")  # exec'd text: code without a file of its own
+            else:
+                path = normpath(name)
+                root, pre = max(((r, p) for r, p in installed if path.startswith(p)), key=lambda rp: len(rp[1]),
+                                default=("", ""))  # fmt: skip
+                tmp = max((r for r in scratch if path.startswith(r)), key=len, default="")
+                if not pre or len(tmp) > len(pre):
+                    got = ("untrusted", "")
+                elif path.startswith(machinery):
+                    got = ("machinery", path[len(root) :])
+                else:
+                    got = ("installed", path[len(root) :])
+            if len(places) < 100_000:
+                places[name] = got
+        return got
+
+    def exempt(event: str, args: tuple, frame) -> bool:
+        kind, rel = place(frame.f_code.co_filename)
+        if (event, rel, frame.f_code.co_name) in benign and kind == "installed":
+            return True
+        if event == "open":  # (path, mode, flags): a read of an installed file or of the candidate's own source
+            path, mode, flags = (tuple(args) + (None, None, None))[:3]
+            if not isinstance(path, str):
+                return False
+            if mode is not None:
+                reading = not any(c in str(mode) for c in "wax+")
+            else:
+                reading = isinstance(flags, int) and not flags & write_flags
+            return reading and place(path if path.startswith("/") else os.path.abspath(path))[0] in (
+                "installed", "machinery", "frozen", "candidate")  # fmt: skip
+        if kind == "frozen" and frame.f_code.co_filename.startswith("<frozen importlib"):
+            # importlib compiling or running an installed module's file (a lazy import inside torch)
+            if event == "compile" and len(args) > 1 and isinstance(args[1], str):
+                return place(args[1])[0] in ("installed", "machinery")
+            if event == "exec" and args and hasattr(args[0], "co_filename"):
+                return place(args[0].co_filename)[0] in ("installed", "machinery")
+        return False
+
+    def verdict(event: str, args: tuple) -> str | None:
+        frame = getframe(2)
+        f, via = frame, None
+        while f is not None:
+            kind, _ = place(f.f_code.co_filename)
+            if kind == "candidate":
+                break
+            if kind == "machinery":
+                return None
+            if (
+                kind == "installed"
+                and f.f_code.co_name == "<module>"
+                and place(f.f_back.f_code.co_filename)[0] == "frozen"
+            ):
+                return None  # the body of an installed module being imported (a lazy import): the library's own code
+            if via is None and kind != "frozen":
+                via = f.f_code.co_filename
+            f = f.f_back
+        if f is None or exempt(event, args, frame):
+            return None
+        if via is None:
+            return f"{event} from the candidate's code (line {f.f_lineno})"
+        return f"{event} from {basename(via)} called by the candidate's code (line {f.f_lineno})"
 
     def hook(event: str, args: tuple) -> None:
         if event not in blocked or busy[0]:
             return
         busy[0] = True
-        why = None
         try:
-            frame = getframe(1)
-            if basename(frame.f_code.co_filename).startswith("kernelarc_candidate_"):
-                why = f"{event} from the candidate's code (line {frame.f_lineno})"
-            else:
-                # Code without a file of its own (exec'd text) between the event and the candidate's frames, with
-                # no compiler of torch's or Triton's between them: code a library generated from what the candidate
-                # gave it (a fourth red team's payloads in a dataclass field name, a string annotation, an FX
-                # placeholder). Inductor's and Triton's generated code runs from files, under their own frames.
-                f, generated, machinery, depth = frame, False, False, 0
-                while f is not None and depth < 256:
-                    name = f.f_code.co_filename
-                    if basename(name).startswith("kernelarc_candidate_"):
-                        if generated and not machinery:
-                            why = f"{event} from code generated for the candidate (line {f.f_lineno})"
-                        break
-                    generated = generated or (name.startswith("<") and not name.startswith("<frozen"))
-                    machinery = machinery or any(m in name for m in machinery_dirs)
-                    f, depth = f.f_back, depth + 1
+            why = verdict(event, args)
         finally:
             busy[0] = False
         if why:
@@ -308,7 +412,9 @@ class Harness:
             [sys.modules[__name__], protocol, buffers, integrity, timer, sandbox, inputs_mod, loader]
         )
         # the harness's constants that are data (the module check above watches callables only)
-        self.integrity.watch_globals(sys.modules[__name__], ("_AUDIT_BLOCKED", "_AUDIT_MACHINERY", "TORCH_THREADS"))
+        self.integrity.watch_globals(
+            sys.modules[__name__], ("_AUDIT_BLOCKED", "_AUDIT_MACHINERY", "_AUDIT_BENIGN", "TORCH_THREADS")
+        )
         self.integrity.watch_globals(timer, ("_CONTAINER_METHODS", "_ANY_CONTAINER", "_C_METHODS"))
         self._full, self._quick = integrity.Integrity.full, integrity.Integrity.quick
 

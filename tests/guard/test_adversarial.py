@@ -441,6 +441,35 @@ def run(x, weight):
     + HONEST
 )
 
+# ... PyCodeCache.load(text) wrote the text to a file in Inductor's cache and imported it: code with a file of its own,
+# which the audit trusted (2.5x); UntypedStorage.from_file wrote a pickle with no open() of the candidate's, and
+# torch.load(weights_only=False) ran its exec from torch's frame (4.2x). torch's private modules, torch.load / save,
+# from_file and weights_only=False are refused; the audit trusts no frame between an event and the candidate's but a
+# compiler's, and no file under a temp or cache folder.
+PYCODECACHE = (
+    """import torch
+from torch._inductor.codecache import PyCodeCache
+_M = PyCodeCache.load("import sys\\ndef peek():\\n    return sys._getframe(2)\\n")
+def run(x, weight):
+    _M.peek()
+"""
+    + HONEST
+)
+TORCH_LOAD_PICKLE = (
+    """import os
+import torch
+_P = b"cbuiltins\\nexec\\n(Vz = 1\\ntR."
+def run(x, weight):
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "kernelarc-rt33.pt")
+    st = torch.UntypedStorage.from_file(path, True, len(_P))
+    t = torch.empty(0, dtype=torch.uint8)
+    t.set_(st)
+    t.copy_(torch.frombuffer(bytearray(_P), dtype=torch.uint8))
+    torch.load(path, weights_only=False)
+"""
+    + HONEST
+)
+
 BAD = {
     # rejected either way: a hack where the rewritten-in-place check catches it; incorrect where the allocator gives
     # the first check's inputs the warm-up's addresses and the memo answers it stale (seen once in CI, under xdist)
@@ -474,6 +503,8 @@ BAD = {
     "storage_copy_hook_past_static": (STORAGE_COPY_HOOK, True, Status.rejected_hack),
     "socket_send_forge_past_static": (SOCKET_SEND_FORGE, True, Status.rejected_hack),
     "benchmark_timer_exec": (BENCH_TIMER, False, Status.rejected_hack),
+    "pycodecache_module": (PYCODECACHE, False, Status.rejected_hack),
+    "torch_load_pickle": (TORCH_LOAD_PICKLE, False, Status.rejected_hack),
     "lazy_list_result": (LAZY_LIST, False, Status.rejected_hack),
     "lazy_list_result_past_static": (LAZY_LIST, True, Status.rejected_hack),
     "lazy_tuple_result_past_static": (LAZY_TUPLE, True, Status.rejected_hack),
@@ -867,7 +898,7 @@ def test_result_containers_are_read_through_their_base_types_methods():
     pair = collections.namedtuple("Pair", "a b")(x, x + 1)
     assert plain_items(pair) == [pair.a, pair.b] and plain_items({"y": x}) == {"y": x} and plain_items(x) is None
     snap = _snapshot(torch, mx)
-    assert type(snap) is list and torch.equal(snap[0], mx.values) and snap[0] is not mx.values
+    assert type(snap) is tuple and torch.equal(snap[0], mx.values) and snap[0] is not mx.values
     ran = []
 
     class Lazy(list):
@@ -1054,6 +1085,23 @@ def test_the_judges_credentials_do_not_reach_a_candidate(monkeypatch):
             "    import dataclasses\n    _C = type('C', (), {'__annotations__': {\n"
             "        \"__eq__,(lambda s: s._getframe(0))(__import__('sys'))\": int}})\n"
             "    _D = dataclasses.dataclass(init=False, repr=False, eq=True)(_C)\n    _D() == _D()\n",
+        ),
+        # a module PyCodeCache.load wrote to Inductor's cache and imported: a file under a temp folder is no shield
+        (
+            "pycodecache",
+            "    from torch._inductor.codecache import PyCodeCache\n"
+            "    m = PyCodeCache.load('import sys\\ndef peek():\\n    return sys._getframe(1)\\n')\n"
+            "    m.peek()\n",
+        ),
+        # torch.load's unpickler calls exec (pickle.find_class first) from torch's frame: not a compiler's
+        (
+            "torch_load",
+            "    import os\n    p = b'cbuiltins\\nexec\\n(Vz = 1\\ntR.'\n"
+            "    path = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'kernelarc-rt33.pt')\n"
+            "    t = torch.empty(0, dtype=torch.uint8)\n"
+            "    t.set_(torch.UntypedStorage.from_file(path, True, len(p)))\n"
+            "    t.copy_(torch.frombuffer(bytearray(p), dtype=torch.uint8))\n"
+            "    torch.load(path, weights_only=False)\n",
         ),
         # torch.utils.benchmark.Timer execs its setup text from timeit's frames (a thirty-third red team)
         (

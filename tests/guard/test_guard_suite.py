@@ -511,7 +511,9 @@ def test_a_chain_of_attributes_that_reaches_a_module_a_candidate_may_not_import_
 def test_the_thirty_third_red_teams_routes_are_refused_by_the_static_checks():
     """torch.utils.benchmark.Timer runs its setup text (timeit's exec), however reached, also where the judge never
     imported the module (its name is enough); a class's special methods that the harness would run when it reads a
-    result (a lazy __iter__) are refused. A flag named like the module (cudnn.benchmark) and ordinary classes pass."""
+    result (a lazy __iter__) are refused; so are torch's private modules (PyCodeCache.load imports text as a module)
+    but the compilers' packages and configs, torch.load / save, from_file and weights_only=False. A flag named like
+    the module (cudnn.benchmark), torch's private functions (_scaled_mm) and ordinary classes pass."""
     body = "\ndef run(x):\n    return x\n"
     _all_rejected(
         (
@@ -525,11 +527,29 @@ def test_the_thirty_third_red_teams_routes_are_refused_by_the_static_checks():
             "class D(dict):\n    def __missing__(self, k):\n        return 0",
             "class F:\n    def __del__(self):\n        pass",
             "class G:\n    def __init_subclass__(cls):\n        pass",
+            # H2 / H4: torch's private modules, torch.load / save, files mapped into storages, pickles
+            "from torch._inductor.codecache import PyCodeCache",
+            "from torch._inductor import codecache",
+            "import torch\nP = torch._inductor.codecache.PyCodeCache",
+            "import torch\nu = torch._dynamo.utils",
+            "import torch._inductor.codecache",
+            "import torch\nl = torch.load",
+            "from torch import save",
+            "import torch.serialization",
+            "import torch\ns = torch.UntypedStorage.from_file('x', True, 8)",
+            "import torch\ns = torch.from_file('x', True, 8)",
+            "import torch\nk = dict(weights_only=False)",
+            "import torch.hub",
         ),
         body,
     )
     for ok in (
         "import torch\nb = torch.backends.cudnn.benchmark",
+        "import torch\nt = torch._inductor.config.max_autotune\nd = torch._dynamo.config.cache_size_limit",
+        "import torch._inductor.config as c\nfrom torch._inductor import config",
+        "import torch\nf = torch._scaled_mm\ng = torch._grouped_mm\nm = torch._dynamo.mark_dynamic",
+        "from torch import _scaled_mm",
+        "from torch.utils._pytree import tree_map",
         "class C:\n    __slots__ = ('a',)\n    def __init__(self):\n        self.a = 1\n    def __call__(self, x):\n"
         "        return x\n    def __repr__(self):\n        return 'C'",
         "import collections\nP = collections.namedtuple('P', 'a b')",

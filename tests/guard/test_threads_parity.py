@@ -90,14 +90,15 @@ def guard():
 
 
 def test_a_torch_thread_started_after_the_first_call_is_thread_injection(guard):
-    v = guard.evaluate(Candidate(source=TIMER_LATE, language="pytorch"), timeout_s=20).verdict
+    # trusted: a candidate may not import torch's private modules (the static checks); the thread rules still apply
+    v = guard.evaluate(Candidate(source=TIMER_LATE, language="pytorch"), timeout_s=20, trusted=True).verdict
     assert v.status is Status.rejected_hack, (v.status, v.errors)
     text = " ".join(v.errors)
     assert "thread injection" in text and "subproc_worker_timer" in text, text
 
 
 def test_a_torch_thread_started_in_the_first_call_is_in_the_baseline(guard):
-    v = guard.evaluate(Candidate(source=TIMER_AT_WARMUP, language="pytorch"), timeout_s=20).verdict
+    v = guard.evaluate(Candidate(source=TIMER_AT_WARMUP, language="pytorch"), timeout_s=20, trusted=True).verdict
     assert v.correct, (v.status, v.errors)
 
 
