@@ -1101,7 +1101,7 @@ def test_the_judges_credentials_do_not_reach_a_candidate(monkeypatch):
             "    t = torch.empty(0, dtype=torch.uint8)\n"
             "    t.set_(torch.UntypedStorage.from_file(path, True, len(p)))\n"
             "    t.copy_(torch.frombuffer(bytearray(p), dtype=torch.uint8))\n"
-            "    torch.load(path, weights_only=False)\n",
+            "    try:\n        torch.load(path, weights_only=False)\n    except Exception:\n        pass\n",
         ),
         # torch.utils.benchmark.Timer execs its setup text from timeit's frames (a thirty-third red team)
         (
