@@ -61,6 +61,17 @@ _AUDIT_BLOCKED = frozenset({
 # Compilers whose own code may do what a candidate may not (Dynamo and Inductor, Triton, the CUTLASS build), relative
 # to the installed libraries (``_audit_places``): a frame shields the candidate's below it only from these files.
 _AUDIT_MACHINERY = ("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/", "triton/", "kernelarc/cutlass.py")
+# What an installed library may do when the candidate calls it (no compiler between), of ``_AUDIT_BLOCKED``: load and
+# call native libraries (torch.cuda reaches NVML through ctypes: run G2, 40 honest Triton candidates rejected), read
+# files, look at its callers' frames (typing, typing_extensions). Not: run code (timeit's and the unpickler's exec),
+# start processes, open sockets, walk the heap, trace, map memory or write files; nor hand frames out (inspect,
+# traceback and logging's helpers, ``_AUDIT_FRAME_GIVERS``). Code without an installed file (exec'd text, a module
+# under a temp or cache folder) gets nothing: every blocked event from it is refused.
+_AUDIT_LIBRARY_MAY = frozenset({
+    "ctypes.dlopen", "ctypes.dlsym", "ctypes.addressof", "ctypes.string_at", "ctypes.cdata", "ctypes.call_function",
+    "sys._getframe",
+})  # fmt: skip
+_AUDIT_FRAME_GIVERS = ("inspect.py", "traceback.py", "logging/__init__.py")
 # Library code that raises a blocked event for reasons of its own, with nothing the candidate gives it in what the
 # event does (the frame raising it: file relative to the installed libraries, function): namedtuple's generated
 # __new__ (its field names are checked identifiers) and its caller's module name, typing's and enum's caller's module
@@ -97,6 +108,13 @@ def _audit_places() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     with contextlib.suppress(Exception):
         roots |= set(site.getsitepackages()) | {site.getusersitepackages()}
     pairs = {(folder(p), folder(p)) for p in roots if p and not any(folder(p).startswith(s) for s in scr)}
+    # The import path as the worker starts, before any candidate code: packages installed with --target into a folder
+    # under /tmp (the device's wheels in /tmp/site: run G2 rejected 40 honest candidates as hacks, typing_extensions
+    # and the CUDA libraries' loaders counted as scratch). Not the working folder, nor a temp folder itself.
+    cwd = folder(os.getcwd())
+    for p in sys.path:
+        if p and os.path.isabs(p) and os.path.isdir(p) and folder(p) != cwd and folder(p) not in scr:
+            pairs.add((folder(p), folder(p)))
     for mod in ("torch", "triton", "kernelarc"):
         if (m := sys.modules.get(mod)) is not None and getattr(m, "__file__", None):
             pkg = os.path.dirname(m.__file__)
@@ -114,9 +132,11 @@ def _install_audit() -> None:
     """An audit hook (never removable) that refuses the events of ``_AUDIT_BLOCKED`` raised for the candidate: where
     a candidate frame (``kernelarc_candidate_<digest>.py``, as ``load_module`` names it) is on the stack below the
     event and no compiler's frame (``_AUDIT_MACHINERY``, a file of the installed torch or Triton) sits between the
-    event and the nearest candidate frame. Whatever else sits between is the candidate's proxy, not a shield: the
-    standard library (timeit ran a red team's text, torch.load's unpickler called exec), and code in files under a
-    temp or cache folder (PyCodeCache.load imported a red team's text as a module with a file of its own). Exempt:
+    event and the nearest candidate frame. Whatever else sits between is the candidate's proxy, not a shield: code in
+    files under a temp or cache folder (PyCodeCache.load imported a red team's text as a module with a file of its
+    own) or without a file gets no blocked event; an installed library only those of ``_AUDIT_LIBRARY_MAY`` (native
+    code, a look at its caller: not timeit's exec of a red team's text, nor torch.load's unpickler calling exec).
+    Exempt:
     an import of an installed module (importlib's reads, compile and exec of its file, and what its body does), a
     read of an installed file or of the candidate's own source (linecache for a warning), and ``_AUDIT_BENIGN``. A
     refused event raises in the candidate and is recorded; ``fail_if_tampered`` then rejects the job as a hack.
@@ -127,6 +147,7 @@ def _install_audit() -> None:
     global _audit_hits
     getframe, basename, normpath, join = sys._getframe, os.path.basename, os.path.normpath, os.path.join
     blocked, benign = frozenset(_AUDIT_BLOCKED), frozenset(_AUDIT_BENIGN)
+    library_events, giver_files = frozenset(_AUDIT_LIBRARY_MAY), tuple(_AUDIT_FRAME_GIVERS)
     installed, scratch = _audit_places()
     machinery = tuple(join(root, m) for root, _ in installed for m in _AUDIT_MACHINERY)
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -159,19 +180,22 @@ def _install_audit() -> None:
                 places[name] = got
         return got
 
+    def writing(args: tuple) -> bool:
+        """Whether an ``open`` event's (path, mode, flags) may write (or names no path: a file descriptor)."""
+        path, mode, flags = (tuple(args) + (None, None, None))[:3]
+        if not isinstance(path, str):
+            return True
+        if mode is not None:
+            return any(c in str(mode) for c in "wax+")
+        return not isinstance(flags, int) or bool(flags & write_flags)
+
     def exempt(event: str, args: tuple, frame) -> bool:
         kind, rel = place(frame.f_code.co_filename)
         if (event, rel, frame.f_code.co_name) in benign and kind == "installed":
             return True
         if event == "open":  # (path, mode, flags): a read of an installed file or of the candidate's own source
-            path, mode, flags = (tuple(args) + (None, None, None))[:3]
-            if not isinstance(path, str):
-                return False
-            if mode is not None:
-                reading = not any(c in str(mode) for c in "wax+")
-            else:
-                reading = isinstance(flags, int) and not flags & write_flags
-            return reading and place(path if path.startswith("/") else os.path.abspath(path))[0] in (
+            path = args[0] if args else None
+            return not writing(args) and place(path if path.startswith("/") else os.path.abspath(path))[0] in (
                 "installed", "machinery", "frozen", "candidate")  # fmt: skip
         if kind == "frozen" and frame.f_code.co_filename.startswith("<frozen importlib"):
             # importlib compiling or running an installed module's file (a lazy import inside torch)
@@ -181,9 +205,17 @@ def _install_audit() -> None:
                 return place(args[0].co_filename)[0] in ("installed", "machinery")
         return False
 
+    def library_may(event: str, args: tuple, frame) -> bool:
+        """Whether an installed library's frame may raise ``event`` for the candidate (``_AUDIT_LIBRARY_MAY``)."""
+        if event == "open":
+            return not writing(args)
+        if event == "sys._getframe":
+            return not place(frame.f_code.co_filename)[1].endswith(giver_files)
+        return event in library_events
+
     def verdict(event: str, args: tuple) -> str | None:
         frame = getframe(2)
-        f, via = frame, None
+        f, via, untrusted = frame, None, False
         while f is not None:
             kind, _ = place(f.f_code.co_filename)
             if kind == "candidate":
@@ -196,6 +228,7 @@ def _install_audit() -> None:
                 and place(f.f_back.f_code.co_filename)[0] == "frozen"
             ):
                 return None  # the body of an installed module being imported (a lazy import): the library's own code
+            untrusted = untrusted or kind == "untrusted"
             if via is None and kind != "frozen":
                 via = f.f_code.co_filename
             f = f.f_back
@@ -203,6 +236,8 @@ def _install_audit() -> None:
             return None
         if via is None:
             return f"{event} from the candidate's code (line {f.f_lineno})"
+        if not untrusted and library_may(event, args, frame):
+            return None  # an installed library's own use (NVML through ctypes, typing's look at its caller)
         return f"{event} from {basename(via)} called by the candidate's code (line {f.f_lineno})"
 
     def hook(event: str, args: tuple) -> None:
@@ -413,7 +448,15 @@ class Harness:
         )
         # the harness's constants that are data (the module check above watches callables only)
         self.integrity.watch_globals(
-            sys.modules[__name__], ("_AUDIT_BLOCKED", "_AUDIT_MACHINERY", "_AUDIT_BENIGN", "TORCH_THREADS")
+            sys.modules[__name__],
+            (
+                "_AUDIT_BLOCKED",
+                "_AUDIT_MACHINERY",
+                "_AUDIT_BENIGN",
+                "_AUDIT_LIBRARY_MAY",
+                "_AUDIT_FRAME_GIVERS",
+                "TORCH_THREADS",
+            ),
         )
         self.integrity.watch_globals(timer, ("_CONTAINER_METHODS", "_ANY_CONTAINER", "_C_METHODS"))
         self._full, self._quick = integrity.Integrity.full, integrity.Integrity.quick

@@ -1103,6 +1103,8 @@ def test_the_judges_credentials_do_not_reach_a_candidate(monkeypatch):
             "    t.copy_(torch.frombuffer(bytearray(p), dtype=torch.uint8))\n"
             "    try:\n        torch.load(path, weights_only=False)\n    except Exception:\n        pass\n",
         ),
+        # a library helper that hands the caller's frame out (inspect, traceback, logging) is the candidate's proxy
+        ("inspect", "    import inspect\n    f = inspect.currentframe()\n"),
         # torch.utils.benchmark.Timer execs its setup text from timeit's frames (a thirty-third red team)
         (
             "benchmark_timer",
@@ -1125,6 +1127,39 @@ def test_the_runtime_audit_refuses_what_the_static_checks_would_have(name, body,
         assert v.status is Status.rejected_hack and "runtime audit" in " ".join(v.errors), (name, v.status, v.errors)
         ok = g.evaluate(_cand(src), trusted=True).verdict  # the judge's own code: not audited
         assert ok.correct, (name, ok.status, ok.errors)
+
+
+def test_an_installed_librarys_own_use_of_native_code_and_frames_passes_the_audit(tmp_path, monkeypatch):
+    """Run G2 (H100, 2026-12-06): 40 honest Triton candidates were rejected as hacks by the audit, for
+    "ctypes.dlopen from __init__.py" (torch.cuda loading NVML on the candidate's behalf) and "sys._getframe from
+    typing_extensions.py" (a package the device installs with --target into /tmp/site, counted as scratch). A
+    library on the worker's import path (here a folder under /tmp, as there) may load and call native code and
+    look at its caller's frame for the candidate; it may not run code, write files or hand a frame out."""
+    from kernelarc.guard import judge as judge_mod
+    from kernelarc.guard.static import StaticReport
+
+    lib = tmp_path / "site" / "kernelarc_rt_lib"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text(
+        "import ctypes\nimport sys\n\n"
+        "def native():\n    return ctypes.CDLL(None).getpid()\n\n"
+        "def caller():\n    return sys._getframe(1).f_globals.get('__name__')\n\n"
+        "def run_text(text):\n    exec(text)\n\n"
+        "def write(path):\n    with open(path, 'w') as f:\n        f.write('x')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr(judge_mod, "check_source", lambda src, **k: StaticReport(None, (), True))
+
+    def cand(body: str):
+        return _cand("import kernelarc_rt_lib as L\nimport torch\ndef run(x, weight):\n" + body + HONEST)
+
+    with rmsnorm_cpu_guard(prestart=1) as g:
+        ok = g.evaluate(cand("    L.native()\n    L.caller()\n")).verdict
+        assert ok.correct, (ok.status, ok.errors)
+        for body in ("    L.run_text('z = 1')\n", f"    L.write({str(tmp_path / 'w.txt')!r})\n"):
+            v = g.evaluate(cand(body)).verdict
+            assert v.status is Status.rejected_hack and "runtime audit" in " ".join(v.errors), (body, v.errors)
+    assert not (tmp_path / "w.txt").exists()
 
 
 def test_the_runtime_audit_cannot_be_switched_off_through_the_workers_globals(monkeypatch):
