@@ -111,6 +111,16 @@ BANNED_MODULES = {
     # frame; torch.hub loads and unpickles files
     "torch.serialization": "unpickles arbitrary objects (torch.load) and writes files (torch.save)",
     "torch.hub": "downloads, writes and unpickles files",
+    # Triton's own builders compile and load the C they are given, under Triton's frames (which the runtime audit
+    # trusts as a compiler's): a kernel uses triton, triton.language, triton.testing, triton.tools.tensor_descriptor
+    "triton.runtime.build": "compiles and loads the C code it is given",
+    "triton.backends": "the drivers' builders compile and load C code (launchers, utilities)",
+    "triton.compiler": "compiles and loads code it is given (call triton.jit kernels instead)",
+    "triton._C": "Triton's native bindings",
+    "triton.runtime.cache": "writes files (the kernel cache)",
+    "triton.tools.compile": "compiles kernels ahead of time into C sources",
+    "triton.tools.link": "writes C sources",
+    "triton.tools.disasm": "starts processes",
 }
 # torch's private modules (torch._*) are its internals: torch._inductor.codecache.PyCodeCache.load(text) wrote a red
 # team's text to a file and imported it as a module (code with a file of its own, past the runtime audit). A
@@ -237,6 +247,12 @@ BANNED_ATTRS = {
     # torch.UntypedStorage.from_file / torch.from_file map a file into a tensor: a candidate's writes land in a file
     # (a red team wrote a pickle for torch.load to run) with no open() the runtime audit would see
     "from_file": "maps a file into memory (writes files unseen)",
+    # loaders of native code or compiled packages from files, and Triton's launcher builder (its signature's types go
+    # into C source that Triton's frames compile and load)
+    "load_library": "loads a shared library into the worker",
+    "aoti_load_package": "loads a compiled package (native code) from a file",
+    "launcher_cls": "builds and loads a C launcher from what it is given",
+    "compile_module_from_src": "compiles and loads the C code it is given",
     "set_num_threads": "takes more CPU threads than the worker's share",
     "set_num_interop_threads": "takes more CPU threads than the worker's share",
     "sched_setaffinity": "takes CPUs outside the worker's share",
@@ -266,7 +282,11 @@ _CLASS_DATA_DUNDERS = {"__slots__", "__doc__", "__module__", "__qualname__"}
 # (not the names ordinary code reaches as attributes: torch._inductor.config, a dataclass's .config, .package)
 # (torch.backends.cudnn.benchmark is a flag: torch.utils.benchmark is caught by the walk of attribute chains)
 _MODULE_ATTRS = {m.split(".")[-1] for m in BANNED_MODULES} - {"time", "code", "io", "types", "operator", "signal",
-                                                              "config", "package", "mock", "benchmark"}  # fmt: skip
+                                                              "config", "package", "mock", "benchmark",
+                                                              # Triton's builders: ordinary words (torch.compile,
+                                                              # torch._C), their modules refused by identity
+                                                              "build", "backends", "compiler", "_C", "cache",
+                                                              "compile", "link", "disasm"}  # fmt: skip
 
 
 def allowed_imports() -> str:
@@ -645,17 +665,20 @@ def _resolve_chain(start: Any, attrs: list[str], banned_module, allow_modules: f
     builtin (``exec``). An attribute that does not exist on the real object (an instance's, set at run time)
     ends the walk: nothing is known past it."""
     obj = start
-    for name in attrs:
+    for i, name in enumerate(attrs):
         if obj is os and name not in OS_ALLOWED_ATTRS:  # the os module, imported or reached (torch.os, random._os)
             return f"os.{name} ({_OS_WORDS})"
         try:
             obj = inspect_getattr(obj, name)
         except Exception:  # noqa: BLE001 - not a static attribute: nothing more to tell
             if isinstance(obj, types.ModuleType):
-                # a submodule the judge never imported (torch.utils.benchmark): its name tells as much as the module
-                sub = f"{obj.__name__}.{name}"
-                if banned_module(sub) or _private_module(sub):
-                    return f"module {sub} ({banned_module(sub) or _private_module(sub)})"
+                # a submodule the judge never imported (torch.utils.benchmark), and the rest of the chain below it
+                # (torch._inductor.codecache past an allowed torch._inductor the judge never imported either): their
+                # names tell as much as the modules
+                for k in range(i + 1, len(attrs) + 1):
+                    sub = ".".join([obj.__name__, *attrs[i:k]])
+                    if why := banned_module(sub) or _private_module(sub):
+                        return f"module {sub} ({why})"
             return None
         if isinstance(obj, types.ModuleType):
             mod = obj.__name__

@@ -555,3 +555,37 @@ def test_the_thirty_third_red_teams_routes_are_refused_by_the_static_checks():
         "import collections\nP = collections.namedtuple('P', 'a b')",
     ):
         assert check_source(ok + body).ok, (ok, check_source(ok + body))
+
+
+def test_compilers_that_build_what_they_are_given_are_refused_by_the_static_checks():
+    """Code under a compiler's frames passes the runtime audit (Inductor and Triton compile, write and load files as
+    their work), so the compilers' entry points that take text or C from the caller are refused by the static checks:
+    Triton's builders (triton.runtime.build, the backends' drivers, triton.compiler, triton._C), loaders of native
+    code from files, and a private torch module reached by a chain past an allowed package the judge never imported
+    (torch._inductor.codecache after ``import torch._inductor``: the walk used to stop at the first module it could
+    not see). Triton's kernel API, its device queries and torch.compile beside Inductor's config pass."""
+    body = "\ndef run(x):\n    return x\n"
+    _all_rejected(
+        (
+            "import triton.runtime.build as b",
+            "import triton\nf = triton.runtime.build.compile_module_from_src",
+            "from triton.backends.nvidia.driver import compile_module_from_src",
+            "import triton\nL = triton.runtime.driver.active.launcher_cls",
+            "from triton._C import libtriton",
+            "import triton.compiler",
+            "from triton.runtime.cache import get_cache_manager",
+            "import torch\nimport torch._inductor\nP = torch._inductor.codecache.PyCodeCache",
+            "import torch._inductor as ind\nP = ind.codecache.PyCodeCache",
+            "import torch\nimport torch._inductor\nf = torch._inductor.aoti_load_package",
+            "import torch\nf = torch.ops.load_library",
+        ),
+        body,
+    )
+    for ok in (
+        "import torch\nimport torch._inductor.config as ic\nf = torch.compile(lambda y: y * 2)",
+        "import triton\nn = triton.runtime.driver.active.utils.get_device_properties",
+        "import triton\nimport triton.language as tl\nfrom triton.tools.tensor_descriptor import TensorDescriptor",
+        "import triton\nc = triton.cdiv(3, 2)\nj = triton.jit",
+        "import torch\nimport torch._inductor\nm = torch._inductor.config.max_autotune",
+    ):
+        assert check_source(ok + body).ok, (ok, check_source(ok + body))
