@@ -51,6 +51,53 @@ class CutlassUnavailable(RuntimeError):
     """nvcc or the CUTLASS headers are missing on this machine."""
 
 
+class CutlassSourceRefused(RuntimeError):
+    """The C++ of a CUTLASS candidate reaches past its kernel (``check_source``): the guard's verdict is a hack."""
+
+
+# What a candidate's C++ may include: CUTLASS and CuTe (and the FMHA example's headers it bundles), the CUDA
+# runtime's headers for the types and launches a kernel needs, and the standard library's computational headers.
+ALLOWED_INCLUDES = re.compile(
+    r"(cutlass|cute|88_hopper_fmha)/[\w./]+"
+    r"|cuda_runtime(_api)?\.h|cuda\.h|cuda_(bf16|fp16|fp8)\.h(pp)?|cuda/(barrier|pipeline|ptx|std/\w+)"
+    r"|c(stdint|stddef|stdio|math|limits|float|assert)|algorithm|array|limits|numeric|tuple|type_traits|utility"
+    r"|initializer_list|functional|cstring"
+)
+# Host-side reach past the kernel: the loaded library runs inside the guard's worker, beside the timer. Loaders and
+# the Python C API (they reach the interpreter and the harness's objects), processes and threads (work after the
+# call), files and raw memory maps, callbacks the CUDA runtime runs on the host later, system calls (also as inline
+# assembly), code run at load (constructors), and token pasting (how a banned name is spelt in pieces).
+_CPP_FORBIDDEN = re.compile(
+    r"\b(dlopen|dlsym|dlmopen|dladdr|dlinfo|Py[A-Z]\w*|_Py\w*|system|popen|fork|vfork|exec[lv]p?e?|posix_spawn\w*"
+    r"|pthread_\w+|std::thread|std::jthread|std::async|syscall|mmap|munmap|mprotect|fopen|freopen|open|openat"
+    r"|creat|unlink|rename|getenv|setenv|putenv|environ|signal|sigaction|raise|kill|ptrace|process_vm_\w+"
+    r"|cudaLaunchHostFunc|cudaStreamAddCallback|cuLaunchHostFunc|cuStreamAddCallback|cudaHostRegister|atexit"
+    r"|at_quick_exit|constructor|destructor|init_priority|__builtin_frame_address|__builtin_return_address)\b"
+    r"|##|/proc/"
+)
+
+
+_ASM_SYSCALL = re.compile(r"\bsyscall\b|\bsysenter\b|\bint\s*\$?0x80\b")
+
+
+def check_source(source: str) -> list[str]:
+    """Why a CUTLASS candidate's C++ may not be built (empty: it may): an ``#include`` outside ``ALLOWED_INCLUDES``,
+    or a name of ``_CPP_FORBIDDEN`` in its code (comments and string literals are not code: they are left out)."""
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", " ", source, flags=re.S)
+    found = []
+    for m in re.finditer(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', code, re.M):
+        if not ALLOWED_INCLUDES.fullmatch(m.group(1).strip()):
+            found.append(
+                f"includes {m.group(1)} (a candidate's C++ includes CUTLASS, CuTe, CUDA's and computational headers)"
+            )
+    # inline assembly is PTX in device code (CUTLASS's own barriers): its text may not be a host system call
+    found += [f"uses {m.group(0)!r} in assembly (a system call)" for m in _ASM_SYSCALL.finditer(code)]
+    code = re.sub(r'"(\\.|[^"\\\n])*"', '""', code)  # string literals: data, not code
+    for m in _CPP_FORBIDDEN.finditer(code):
+        found.append(f"uses {m.group(0)} (reaches past the kernel: the library runs inside the guard's worker)")
+    return found
+
+
 def nvcc() -> str | None:
     found = shutil.which("nvcc")
     if found:
@@ -99,6 +146,8 @@ def build(source: str, arch: str = ARCH) -> Path:
     Concurrent builds of the same source (several guard workers) are safe: each compiles to
     a private temporary name and renames it into place atomically.
     """
+    if refused := check_source(source):
+        raise CutlassSourceRefused("CUTLASS source refused: " + "; ".join(dict.fromkeys(refused)))
     exe = nvcc()
     if exe is None:
         raise CutlassUnavailable("nvcc not found: CUTLASS candidates need the CUDA toolkit")

@@ -314,6 +314,9 @@ def _classify(exc: BaseException) -> CandidateFailure:
 
     if isinstance(exc, NotPlainResult):  # a result container read after the clock runs the candidate's code
         return CandidateFailure("rejected_hack", str(exc))
+    cutlass = sys.modules.get("kernelarc.cutlass")
+    if cutlass is not None and isinstance(exc, cutlass.CutlassSourceRefused):  # C++ that reaches past its kernel
+        return CandidateFailure("rejected_hack", str(exc))
     name = type(exc).__name__
     msg = f"{name}: {exc}"
     tb = _trim("".join(traceback.format_exception(exc))[-3000:])
@@ -737,6 +740,8 @@ class Harness:
         except BaseException as e:  # noqa: BLE001
             self.fail_if_tampered(full=False)  # an event the audit refused at import: a hack, not a compile error
             f = _classify(e)
+            if f.status == "rejected_hack":  # refused at import (C++ that reaches past its kernel): the verdict stands
+                raise f from None
             raise CandidateFailure("compile_error", f"import failed: {f.message}") from None
         fn = getattr(cand, "run", None)
         if not callable(fn):

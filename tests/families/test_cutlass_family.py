@@ -235,3 +235,45 @@ def test_a_library_one_worker_built_loads_in_another_workers_uid(tmp_path, monke
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(tools, ignore_errors=True)
+
+
+def test_the_cpp_of_every_cutlass_family_passes_the_source_check_and_hostile_cpp_is_a_hack():
+    """A CUTLASS library is loaded into the guard's worker, beside the timer: its C++ may include CUTLASS, CuTe,
+    CUDA's and computational headers, and may not reach past the kernel (loaders, the Python C API, processes and
+    threads, files, host callbacks, system calls, constructors, token pasting). Every family's C++ passes at random
+    points; hostile C++ is refused before nvcc runs, and the guard's verdict is a hack (on a CPU too)."""
+    import random
+
+    from kernelarc.families import cutlass_fmha, cutlass_fp8_gemm, cutlass_gemm, cutlass_softmax
+    from kernelarc.guard.judge import Guard, GuardConfig
+    from kernelarc.models import Status
+    from kernelarc.tasks import load_builtin
+
+    rng = random.Random(0)
+    for mod in (cutlass_gemm, cutlass_fmha, cutlass_fp8_gemm, cutlass_softmax):
+        fam = next(v for v in vars(mod).values() if getattr(v, "language", None) == "cutlass")
+        for _ in range(20):
+            k = fam.check_point({kn.name: rng.choice(kn.values) for kn in fam.knobs})
+            assert cutlass.check_source(mod.render_cpp(k)) == [], (fam.name, k)
+    hostile = [
+        '#include <dlfcn.h>\nextern "C" int kernelarc_run() { return dlopen(0, 0) != 0; }',
+        'extern "C" void* dlsym(void*, const char*);\nextern "C" int kernelarc_run() { return 0; }',
+        'extern "C" int PyRun_SimpleString(const char*);\nextern "C" int kernelarc_run() { return 0; }',
+        "#include <thread>\nint kernelarc_run() { return 0; }",
+        "__attribute__((constructor)) static void at_load() {}",
+        'int kernelarc_run() { asm volatile("syscall"); return 0; }',
+        "#define CAT(a, b) a##b\nint kernelarc_run() { return 0; }",
+        "int kernelarc_run(void* s) { cudaLaunchHostFunc((cudaStream_t)s, 0, 0); return 0; }",
+    ]
+    for cpp in hostile:
+        assert cutlass.check_source(cpp), cpp
+    assert cutlass.check_source('// dlopen named in a comment\nconst char* s = "system";\n') == []
+    src = "import torch\nfrom kernelarc import cutlass\n_K = cutlass.load(" + repr(hostile[2]) + ")\n"
+    src += "def run(x, weight):\n    return x\n"
+    task = load_builtin("rmsnorm", cpu=True)
+    g = Guard(task, None, "cpu", GuardConfig(timeout_s=60, prestart=0))
+    try:
+        v = g.evaluate(Candidate(source=src, language="cutlass")).verdict
+    finally:
+        g.close()
+    assert v.status is Status.rejected_hack and "CUTLASS source refused" in " ".join(v.errors), (v.status, v.errors)
