@@ -549,7 +549,10 @@ only if it is correct on every workload and measurably faster than the current c
   run allocates the outputs and calls `_K([inputs], [outputs], [dims])` with contiguous CUDA tensors. Tunable
   values go into CPP from UPPER_CASE Python constants (e.g. `CPP = TEMPLATE.replace("TILE_M_", str(TILE_M))`).
   Besides the CUTLASS/CuTe headers, CUTLASS's example kernels are on the include path (e.g. the Hopper FMHA:
-  `#include "88_hopper_fmha/kernel/fmha_kernel_builder.hpp"`, as in templates/cutlass/fmha_sm90.cu.in).
+  `#include "88_hopper_fmha/kernel/fmha_kernel_builder.hpp"`, as in templates/cutlass/fmha_sm90.cu.in). The C++
+  may include only CUTLASS, CuTe, CUDA's headers and computational standard headers, and may not use loaders
+  (dlopen/dlsym), the Python C API, threads, processes, files, host callbacks, system calls, constructors or `##`:
+  such C++ is rejected as a hack.
   pytorch: PyTorch operators only.
 - Imports: only {allowed_imports()}; any other module is rejected.
 - Forbidden: threads, processes, subprocess/multiprocessing, side CUDA streams or events, caching outputs or inputs
