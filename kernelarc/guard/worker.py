@@ -482,6 +482,29 @@ class Harness:
             outs = [result]
         return self.scalar_values(self.task, wl, outs)  # read after the call like any output
 
+    def _hung(self, t: Any) -> list[str]:
+        """What the candidate hung on a plain torch.Tensor (an output, or an input it was handed) that is not plain
+        data (``timer.plain_data``): a finaliser that runs when the harness drops it, methods that run when the
+        harness reads it (a dict subclass's items(), a function shadowing a tensor method: ``x.copy_ = f`` on an
+        input ran in the next timed call's untimed set-up, with its new content), all outside the clock. Read
+        through torch.Tensor's own ``__dict__`` descriptor and dict's own methods; torch's own bookkeeping
+        (Dynamo's sets of ints) is plain data."""
+        attrs = self.tensor_dict_get(t)
+        if type(attrs) is not dict:  # a dict subclass set as the tensor's whole __dict__
+            return ["__dict__"]
+        if not attrs:
+            return []
+        plain, name = self.timer_mod.plain_data, self.timer_mod.type_name
+        return sorted(k if type(k) is str else f"<a key of type {name(type(k))}>"
+                      for k, v in dict.items(attrs) if type(k) is not str or not plain(self.torch, v))  # fmt: skip
+
+    def _inputs_plain(self, inputs: list[Any]) -> None:
+        """No input tensor carries anything of the candidate's (``_hung``): checked after every call and burst,
+        before the harness reads the inputs (the mutation check, the fingerprints)."""
+        for i, x in enumerate(inputs):
+            if type(x) is self.torch.Tensor and (hung := self._hung(x)):
+                raise CandidateFailure("rejected_hack", f"input {i} carries Python objects of the candidate's: {hung}")
+
     def _storage_span(self, t) -> tuple[int, int]:
         st = t.untyped_storage()
         return st.data_ptr(), st.data_ptr() + st.nbytes()
@@ -501,20 +524,10 @@ class Harness:
             if type(o) is not torch.Tensor:
                 raise CandidateFailure(
                     "rejected_hack",
-                    f"output {name}: {type(o).__module__}.{type(o).__name__} is not a plain torch.Tensor",
+                    f"output {name}: {self.timer_mod.type_name(type(o))} is not a plain torch.Tensor",
                 )
-            attrs = self.tensor_dict_get(o)  # torch.Tensor's own descriptor: nothing on the output shadows it
-            if type(attrs) is not dict:  # a dict subclass set as the output's __dict__
-                hung = ["__dict__"]
-            else:  # str keys, plain values, read through dict's own methods
-                plain = self.timer_mod.plain_data
-                hung = [k if type(k) is str else f"<a key of type {self.timer_mod.type_name(type(k))}>"
-                        for k, v in dict.items(attrs) if type(k) is not str or not plain(torch, v)]  # fmt: skip
-            if hung:
-                # an object hung on the output: a finaliser that runs when the harness drops it, methods that run when
-                # it reads it (a dict subclass's items(), a function shadowing a tensor method), all after the clock;
-                # torch's own bookkeeping (Dynamo's sets of ints) is plain data (``timer.plain_data``)
-                raise CandidateFailure("rejected_hack", f"output {name} carries Python objects in {sorted(hung)}")
+            if hung := self._hung(o):
+                raise CandidateFailure("rejected_hack", f"output {name} carries Python objects in {hung}")
             if o.device != self.device:
                 raise CandidateFailure("incorrect", f"output {name}: on {o.device}, expected {self.device}")
             if tuple(o.shape) != tuple(shape):
@@ -564,6 +577,7 @@ class Harness:
         # Before the harness makes any torch call of its own: no mode or hook may be waiting for it. The
         # full check (dispatcher, namespaces, harness code) runs before the outputs leave (emit).
         self.fail_if_tampered(full=False)
+        self._inputs_plain(inputs)
         self._no_strays(warm=warm)
         return result
 
@@ -964,6 +978,8 @@ class Harness:
             # CUDA events, which can follow a burst whose buffers that thread delivered).
             self.threads0 |= {t.ident for t in self.threading.enumerate() if t.name.startswith("Dummy-")}
         self.fail_if_tampered(full=False)
+        for used in (*sets, last_set):  # (the burst's set-ups read them between calls: a hack is seen here, after)
+            self._inputs_plain(used)
         self._no_strays()
         wrote = prints is not None and any(
             self._fingerprint(s, rot) != before for s, before in zip(sets, prints, strict=True)
