@@ -155,11 +155,13 @@ def scalar_values(task: Task, wl: int, outs: list[Any]) -> list[Any]:
     """``outs`` with each scalar output (shape null) that came as a 0-d tensor replaced by its value, as NVIDIA's
     harness takes it (a loss from F.cross_entropy): in the worker for a candidate's outputs, in the judge for the
     reference's. ``outs`` itself where there is none (a cached seed's outputs stay the same object)."""
+    # through torch.Tensor's own methods: a function the candidate set on the output (``out.item = ...``) would
+    # shadow the method and run where the worker reads it, after the clock
     at = [i for i, name in enumerate(task.definition.outputs) if i < len(outs) and task.shape(name, wl) is None
-          and type(outs[i]) is torch.Tensor and outs[i].dim() == 0]  # fmt: skip
+          and type(outs[i]) is torch.Tensor and torch.Tensor.dim(outs[i]) == 0]  # fmt: skip
     if not at:
         return outs
-    return [o.item() if i in at else o for i, o in enumerate(outs)]
+    return [torch.Tensor.item(o) if i in at else o for i, o in enumerate(outs)]
 
 
 def scalar(value: Any) -> bool | int | float:

@@ -55,6 +55,12 @@ def _codes(mod: types.ModuleType) -> dict[str, Any]:
     return out
 
 
+def _code_like(v: Any) -> bool:
+    """A class attribute through which code runs when it is looked up or called: a function or any callable, a
+    property or other descriptor (by its type's slots, no code of its own runs)."""
+    return callable(v) or hasattr(type(v), "__get__")
+
+
 def _torch_rewrap(old: Any, new: Any, roots: tuple[str, ...]) -> bool:
     """``new`` is ``old`` behind wrappers whose code is torch's own (torch._dynamo re-wraps a few torch
     functions, e.g. ``torch.manual_seed``, when torch.compile is first used)."""
@@ -111,7 +117,12 @@ class Integrity:
         import select
         import socket
 
-        self.added_watch = {"socket.socket": socket.socket, "torch.UntypedStorage": torch.UntypedStorage}
+        # torch.Tensor too: the harness reads a plain output's numel(), stride(), untyped_storage(), item() ... which
+        # live on the C base, so a method (or property) added to torch.Tensor shadows them, runs where the harness
+        # reads an output after the clock, and replaces nothing the check above saw.
+        self.added_watch = {"socket.socket": socket.socket, "torch.UntypedStorage": torch.UntypedStorage,
+                            "torch.Tensor": torch.Tensor}  # fmt: skip
+        self.names0 = {name: set(vars(ns)) for name, ns in self.added_watch.items()}
         spaces.update({**self.added_watch, "math": math, "select": select})
         for name in ("triton", "triton.testing", "triton.language"):
             if name in sys.modules:
@@ -186,7 +197,7 @@ class Integrity:
                 if now is not v and not _torch_rewrap(v, now, self.torch_roots):
                     return f"{name}.{k} was replaced or removed (harness/timer patching)"
             if name in self.added_watch:
-                added = sorted(k for k in d if k not in before and callable(d[k]))
+                added = sorted(k for k in d if k not in self.names0[name] and _code_like(d[k]))
                 if added:
                     return f"{name} got methods of its own: {', '.join(added[:3])} (harness patching)"
         for label, (obj, cls, frozen, mutable) in list(self.instances.items()):

@@ -341,16 +341,131 @@ def plain_items(out: Any) -> list[Any] | dict[Any, Any] | None:
                 f"({', '.join(sorted(map(str, attrs))[:3])}); return a plain {base.__name__}"
             )
     if base is dict:
-        return dict(dict.items(out))
+        # never dict(out) or a lookup: they hash and compare the keys, and a key of the candidate's runs its
+        # __hash__ / __eq__ there (a thirty-fourth red team did the work in a key's __hash__, run by this copy)
+        pairs = list(dict.items(out))
+        odd = [k for k, _ in pairs if type(k) is not str]
+        if odd:
+            raise NotPlainResult(
+                f"the result is a dict with a key of type {type_name(type(odd[0]))}: a result dict's keys must "
+                "be plain str (the output names); a key's __hash__ / __eq__ is code that runs where the harness "
+                "reads the result, after the clock"
+            )
+        return dict(pairs)
     return list(tuple.__iter__(out)) if base is tuple else list.copy(out)
+
+
+# Read through ``type``'s own descriptors, never an attribute lookup on the class: a metaclass (or a class body,
+# for ``__module__``) could answer those with its own code or its own story.
+_FLAGS = type.__dict__["__flags__"].__get__
+_MRO = type.__dict__["__mro__"].__get__
+_TYPE_DICT = type.__dict__["__dict__"].__get__
+_TYPE_MODULE = type.__dict__["__module__"].__get__
+_TYPE_QUALNAME = type.__dict__["__qualname__"].__get__
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (C types are not)
+# Plain values, by exact type (a subclass of any of them can define methods that run when the value is read, hashed,
+# compared, formatted or dropped); containers read through their own C methods.
+_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes})
+_SEQUENCES = types.MappingProxyType({list: list.__iter__, tuple: tuple.__iter__, set: set.__iter__,
+                                     frozenset: frozenset.__iter__})  # fmt: skip
+_FUNCTION_KINDS = (types.FunctionType, staticmethod, classmethod, property)
+
+
+def type_name(cls: type) -> str:
+    return f"{_TYPE_MODULE(cls)}.{_TYPE_QUALNAME(cls)}"
+
+
+def class_functions(cls: type, mro: bool = True) -> list[types.FunctionType]:
+    """The Python functions a class (with ``mro``: and its bases) defines: methods, and those inside staticmethod,
+    classmethod and property objects; read from the classes' own dicts by exact type (no code of theirs runs)."""
+    out = []
+    for k in _MRO(cls) if mro else (cls,):
+        for v in _TYPE_DICT(k).values():
+            kind = type(v)  # never isinstance: it asks a failing object for its __class__
+            if kind in _FUNCTION_KINDS:
+                f = v if kind is types.FunctionType else v.fget if kind is property else v.__func__
+                if type(f) is types.FunctionType:
+                    out.append(f)
+    return out
+
+
+def _torch_class(torch: Any, cls: type) -> bool:
+    """Whether ``cls`` is torch's own. A C type named in torch (``torch.Size``, ``torch.dtype``, ...: made in C, its
+    name is not the candidate's to choose). A Python class only where every class of its MRO (``object`` and
+    torch's C types aside) is reachable by its name from the module it names, that module loaded from torch's
+    folder, and every function it defines comes from a file there: ``__module__`` alone is a string a class body
+    sets (``__module__ = "torch"``). C bases of any module are C code (``tuple`` under ``torch.Size``)."""
+    import sys
+
+    root = os.path.join(os.path.dirname(torch.__file__), "")
+    for k in _MRO(cls):
+        if not _FLAGS(k) & _HEAP_TYPE and k is not cls:
+            continue  # a C base (tuple under torch.Size, torch._C.TensorBase): C code, no class of the candidate's
+        mod = _TYPE_MODULE(k)
+        if type(mod) is not str or not (mod == "torch" or mod.startswith("torch.")):
+            return False
+        if not _FLAGS(k) & _HEAP_TYPE:
+            continue  # a C type of torch's
+        m = sys.modules.get(mod)
+        if type(m) is not types.ModuleType or not str(getattr(m, "__file__", None) or "").startswith(root):
+            return False
+        found: Any = m
+        for part in _TYPE_QUALNAME(k).split("."):
+            found = getattr(found, part, None)
+        if found is not k:
+            return False
+        if any(not f.__code__.co_filename.startswith(root) for f in class_functions(k, mro=False)):
+            return False
+    return True
+
+
+def plain_data(torch: Any, v: Any, depth: int = 0) -> bool:
+    """Whether ``v`` is plain data that runs no code of the candidate's when the harness reads, compares or drops it,
+    decided without running any: None, bool, int, float, complex, str, bytes, list, tuple, set, frozenset and dict of
+    exactly those types (read through their own C methods, at most 4 deep and 1000 long), torch's C types (dtype,
+    device, Size, ...), a torch.Tensor or an object of one of torch's classes (``_torch_class``) whose own attributes
+    are plain. Anything else, a subclass of any of them included, is not (a dict subclass with an items() of its own,
+    hung on an output by a thirty-fourth red team, did the work when the harness looked at it). What the worker
+    accepts hung on an output tensor (``Harness._validate``)."""
+    cls = type(v)
+    if cls in _ATOMS:
+        return True
+    if depth > 3:
+        return False
+    if cls in _SEQUENCES:
+        items = list(_SEQUENCES[cls](v))
+        return len(items) <= 1000 and all(plain_data(torch, x, depth + 1) for x in items)
+    if cls is dict:
+        pairs = list(dict.items(v))
+        return len(pairs) <= 1000 and all(plain_data(torch, x, depth + 1) for kv in pairs for x in kv)
+    if not _torch_class(torch, cls):
+        return False
+    if not _FLAGS(cls) & _HEAP_TYPE:
+        return True  # torch.dtype, torch.device, torch.Size, ...: C types with no attributes of their own
+    if any("__slots__" in _TYPE_DICT(k) for k in _MRO(cls)):
+        return False  # values in slots: not read here
+    try:
+        attrs = object.__getattribute__(v, "__dict__")  # a torch class's own __dict__ descriptor: torch's code
+    except AttributeError:
+        return True
+    return plain_data(torch, attrs, depth + 1)
+
+
+def plain_scalar(v: Any) -> bool:
+    """Whether ``v`` is a Python scalar output the harness may convert (``buffers.scalar``) without running code of
+    the candidate's: a bool, int or float, or a C subclass of int or float (numpy.float64); never a class of the
+    candidate's, whose __float__ / __index__ / __bool__ / __format__ would run where the harness reads it."""
+    cls = type(v)
+    return cls in (bool, int, float) or (not _FLAGS(cls) & _HEAP_TYPE and issubclass(cls, (int, float)))
 
 
 def _snapshot(torch: Any, out: Any) -> Any:
     """A copy of a call's outputs with their strides (tensors in tuples, lists and dicts, read by ``plain_items``);
     anything else as is. A list or dict is copied as a plain one, a tuple as its own type where ``tuple.__new__``
-    makes one without running the type's code (a namedtuple), else as a plain tuple (a structseq)."""
-    if isinstance(out, torch.Tensor):
-        return out.clone(memory_format=torch.preserve_format)
+    makes one without running the type's code (a namedtuple), else as a plain tuple (a structseq). A tensor
+    subclass or anything else is left as is (the worker refuses it: ``Harness._validate``)."""
+    if type(out) is torch.Tensor:  # through the class: an attribute of the output's own could shadow the method
+        return torch.Tensor.clone(out, memory_format=torch.preserve_format)
     items = plain_items(out)
     if items is None:
         return out

@@ -305,6 +305,16 @@ def _trim(text: str, limit: int = 2000) -> str:
     return text if len(text) <= limit else text[: limit // 2] + "\n...\n" + text[-limit // 2 :]
 
 
+def _text(read: Any) -> str:
+    """What ``read()`` gives, as an exact str; a failure of it (code of the candidate's, raising) as a placeholder, so
+    that formatting a candidate's exception never raises out of ``_classify``."""
+    try:
+        got = read()
+        return str.__str__(got) if issubclass(type(got), str) else "<not a str>"  # a str subclass: as a plain str
+    except BaseException:  # noqa: BLE001 - the candidate's code, failing however it likes
+        return "<unreadable>"
+
+
 def _classify(exc: BaseException) -> CandidateFailure:
     import torch
 
@@ -312,17 +322,22 @@ def _classify(exc: BaseException) -> CandidateFailure:
         return refused
     from kernelarc.guard.timer import NotPlainResult
 
-    if isinstance(exc, NotPlainResult):  # a result container read after the clock runs the candidate's code
-        return CandidateFailure("rejected_hack", str(exc))
+    # By type, never isinstance (which asks a failing check for the object's __class__), and the exception's text
+    # taken once as an exact str (its __str__ is the candidate's where the candidate raised it, and a str subclass's
+    # lower() would be too). Whatever that code does, the verdict is a failure: it cannot make a call pass.
+    kind = type(exc)
+    if issubclass(kind, NotPlainResult):  # a result container read after the clock runs the candidate's code
+        return CandidateFailure("rejected_hack", BaseException.__str__(exc))
     cutlass = sys.modules.get("kernelarc.cutlass")
-    if cutlass is not None and isinstance(exc, cutlass.CutlassSourceRefused):  # C++ that reaches past its kernel
-        return CandidateFailure("rejected_hack", str(exc))
-    name = type(exc).__name__
-    msg = f"{name}: {exc}"
-    tb = _trim("".join(traceback.format_exception(exc))[-3000:])
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-        return CandidateFailure("runtime_error", f"out of memory: {_trim(str(exc), 500)}")
-    mod = type(exc).__module__ or ""
+    if cutlass is not None and issubclass(kind, cutlass.CutlassSourceRefused):  # C++ that reaches past its kernel
+        return CandidateFailure("rejected_hack", BaseException.__str__(exc))
+    name = _text(lambda: kind.__name__)
+    text = _text(lambda: str(exc))
+    msg = f"{name}: {text}"
+    tb = _trim(_text(lambda: "".join(traceback.format_exception(exc)))[-3000:])
+    if issubclass(kind, torch.OutOfMemoryError) or "out of memory" in text.lower():
+        return CandidateFailure("runtime_error", f"out of memory: {_trim(text, 500)}")
+    mod = _text(lambda: kind.__module__ or "")
     if (
         "Compil" in name
         or "triton.compiler" in mod
@@ -361,17 +376,6 @@ def _children() -> list[int]:
     return kids
 
 
-def _foreign(v: Any, depth: int = 0) -> bool:
-    """Whether a value hung on an output is (or holds) an object other than plain data of Python or torch: what can
-    carry a finaliser."""
-    if isinstance(v, list | tuple | set | frozenset):
-        return depth > 3 or len(v) > 1000 or any(_foreign(x, depth + 1) for x in v)
-    if isinstance(v, dict):
-        return depth > 3 or len(v) > 1000 or any(_foreign(x, depth + 1) for kv in v.items() for x in kv)
-    mod = type(v).__module__ or ""
-    return not (mod == "builtins" or mod == "torch" or mod.startswith("torch."))
-
-
 class Harness:
     """Executes the judge's commands for one job (see ``protocol.Cmd``); the judge decides everything."""
 
@@ -393,6 +397,7 @@ class Harness:
         from torch.autograd.graph import increment_version
 
         self.increment_version = increment_version  # bound before any candidate code runs (_version_step)
+        self.tensor_dict_get = torch.Tensor.__dict__["__dict__"].__get__  # an output's own attributes (_validate)
         self.chan = chan
         self.job = job
         self.device = torch.device(job["device"])
@@ -461,7 +466,9 @@ class Harness:
                 "TORCH_THREADS",
             ),
         )
-        self.integrity.watch_globals(timer, ("_CONTAINER_METHODS", "_ANY_CONTAINER", "_C_METHODS"))
+        self.integrity.watch_globals(
+            timer, ("_CONTAINER_METHODS", "_ANY_CONTAINER", "_C_METHODS", "_ATOMS", "_SEQUENCES", "_FUNCTION_KINDS")
+        )
         self._full, self._quick = integrity.Integrity.full, integrity.Integrity.quick
 
     # -- messaging ---------------------------------------------------------------------
@@ -521,6 +528,29 @@ class Harness:
             outs = [result]
         return self.scalar_values(self.task, wl, outs)  # read after the call like any output
 
+    def _hung(self, t: Any) -> list[str]:
+        """What the candidate hung on a plain torch.Tensor (an output, or an input it was handed) that is not plain
+        data (``timer.plain_data``): a finaliser that runs when the harness drops it, methods that run when the
+        harness reads it (a dict subclass's items(), a function shadowing a tensor method: ``x.copy_ = f`` on an
+        input ran in the next timed call's untimed set-up, with its new content), all outside the clock. Read
+        through torch.Tensor's own ``__dict__`` descriptor and dict's own methods; torch's own bookkeeping
+        (Dynamo's sets of ints) is plain data."""
+        attrs = self.tensor_dict_get(t)
+        if type(attrs) is not dict:  # a dict subclass set as the tensor's whole __dict__
+            return ["__dict__"]
+        if not attrs:
+            return []
+        plain, name = self.timer_mod.plain_data, self.timer_mod.type_name
+        return sorted(k if type(k) is str else f"<a key of type {name(type(k))}>"
+                      for k, v in dict.items(attrs) if type(k) is not str or not plain(self.torch, v))  # fmt: skip
+
+    def _inputs_plain(self, inputs: list[Any]) -> None:
+        """No input tensor carries anything of the candidate's (``_hung``): checked after every call and burst,
+        before the harness reads the inputs (the mutation check, the fingerprints)."""
+        for i, x in enumerate(inputs):
+            if type(x) is self.torch.Tensor and (hung := self._hung(x)):
+                raise CandidateFailure("rejected_hack", f"input {i} carries Python objects of the candidate's: {hung}")
+
     def _storage_span(self, t) -> tuple[int, int]:
         st = t.untyped_storage()
         return st.data_ptr(), st.data_ptr() + st.nbytes()
@@ -533,21 +563,17 @@ class Harness:
         for (name, spec), o in zip(self.out_specs, outs, strict=True):
             shape = self.task.shape(name, wl)
             if shape is None:
-                if not isinstance(o, int | float | bool):
-                    raise CandidateFailure(
-                        "incorrect", f"output {name}: expected a Python scalar, got {type(o).__name__}"
-                    )
+                if not self.timer_mod.plain_scalar(o):  # by type: no __float__ / __index__ of the candidate's runs
+                    got = self.timer_mod.type_name(type(o))
+                    raise CandidateFailure("incorrect", f"output {name}: expected a Python scalar, got {got}")
                 continue
             if type(o) is not torch.Tensor:
                 raise CandidateFailure(
                     "rejected_hack",
-                    f"output {name}: {type(o).__module__}.{type(o).__name__} is not a plain torch.Tensor",
+                    f"output {name}: {self.timer_mod.type_name(type(o))} is not a plain torch.Tensor",
                 )
-            hung = [k for k, v in (getattr(o, "__dict__", None) or {}).items() if _foreign(v)]
-            if hung:
-                # an object hung on the output (a finaliser that runs when the harness drops it, after the clock);
-                # torch's own bookkeeping (Dynamo's sets of ints) is plain data
-                raise CandidateFailure("rejected_hack", f"output {name} carries Python objects in {sorted(hung)}")
+            if hung := self._hung(o):
+                raise CandidateFailure("rejected_hack", f"output {name} carries Python objects in {hung}")
             if o.device != self.device:
                 raise CandidateFailure("incorrect", f"output {name}: on {o.device}, expected {self.device}")
             if tuple(o.shape) != tuple(shape):
@@ -591,12 +617,13 @@ class Harness:
         except CandidateFailure:
             raise
         except BaseException as e:  # noqa: BLE001 - any candidate failure is a verdict
-            if isinstance(e, KeyboardInterrupt | SystemExit):
+            if issubclass(type(e), KeyboardInterrupt | SystemExit):  # by type: isinstance could ask e.__class__
                 raise CandidateFailure("rejected_hack", f"candidate raised {type(e).__name__}") from None
             raise _classify(e) from None
         # Before the harness makes any torch call of its own: no mode or hook may be waiting for it. The
         # full check (dispatcher, namespaces, harness code) runs before the outputs leave (emit).
         self.fail_if_tampered(full=False)
+        self._inputs_plain(inputs)
         self._no_strays(warm=warm)
         return result
 
@@ -638,21 +665,30 @@ class Harness:
             raise CandidateFailure("rejected_hack", "candidate started processes that outlive the call")
 
     def _runs_candidate_code(self, ident: int | None) -> bool:
-        """Whether the thread's target (or its class's ``run``) is defined in the candidate's source: a red team's
-        thread named like Inductor's helper was taken for torch's and never counted."""
+        """Whether the thread's target (or any function of its class: ``run``, a ``name`` property) is defined in the
+        candidate's source: a red team's thread named like Inductor's helper was taken for torch's and never
+        counted."""
         files = self.cand_files
         t = next((t for t in self.threading.enumerate() if t.ident == ident), None)
         if t is None or not files:
             return False
-        target = getattr(t, "_target", None)
+        import functools
+        import types
+
+        # Read by exact type, never by attribute lookups on the target (an object of the candidate's could answer
+        # ``.func`` with its own code, after the clock, and name a function of torch's). A target of any other type
+        # (a callable object) counts by its class's functions.
+        attrs = self.threading.Thread.__dict__["__dict__"].__get__(t)  # Thread's own descriptor, not t.__dict__
+        target = dict.get(attrs, "_target") if type(attrs) is dict else None
         for _ in range(4):  # functools.partial and bound methods around it
-            target = getattr(target, "func", None) or getattr(target, "__func__", None) or target
-        run = getattr(type(t), "run", None)
-        for f in (target, run):
-            code = getattr(f, "__code__", None)
-            if code is not None and code.co_filename in files:
-                return True
-        return False
+            if type(target) is functools.partial:
+                target = target.func
+            elif type(target) is types.MethodType:
+                target = target.__func__
+        fns = [target] if type(target) is types.FunctionType else []
+        for k in {type(t), type(target)}:
+            fns += self.timer_mod.class_functions(k)  # a Thread subclass's run, name, ident; a callable's __call__
+        return any(f.__code__.co_filename in files for f in fns)
 
     def _no_daemons(self) -> None:
         """Processes of this worker that are not its children (double-forked, setsid): the judge kills
@@ -990,6 +1026,8 @@ class Harness:
             # CUDA events, which can follow a burst whose buffers that thread delivered).
             self.threads0 |= {t.ident for t in self.threading.enumerate() if t.name.startswith("Dummy-")}
         self.fail_if_tampered(full=False)
+        for used in (*sets, last_set):  # (the burst's set-ups read them between calls: a hack is seen here, after)
+            self._inputs_plain(used)
         self._no_strays()
         wrote = prints is not None and any(
             self._fingerprint(s, rot) != before for s, before in zip(sets, prints, strict=True)

@@ -470,6 +470,112 @@ def run(x, weight):
     + HONEST
 )
 
+# A thirty-fourth red team: the harness called Python methods on objects the candidate returned, after the clock.
+# K1: the result dict's key did the work in its __hash__, run when the harness copied the dict (9.4x on rmsnorm).
+KEY_HASH_DICT = """import torch
+class _Key:
+    def __init__(self, name, job):
+        self.name, self.job, self.seen = name, job, 0
+    def __hash__(self):
+        self.seen += 1
+        if self.seen > 1 and self.job is not None:
+            out, x, w = self.job
+            self.job = None
+            xf = x.float()
+            out.copy_((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(x.dtype))
+        return hash(self.name)
+    def __eq__(self, other):
+        return other == self.name
+def run(x, weight):
+    out = torch.empty_like(x)
+    return {_Key("y", (out, x, weight)): out}
+"""
+# the same through a str subclass (its __hash__ and __eq__ of its own), which a check of isinstance(k, str) would pass
+STR_KEY_DICT = KEY_HASH_DICT.replace("class _Key:", "class _Key(str):").replace(
+    "    def __init__(self, name, job):\n",
+    "    def __new__(cls, name, job):\n        return str.__new__(cls, name)\n    def __init__(self, name, job):\n",
+)
+# K2: a dict subclass hung on the output tensor did the work in its items(), called by the check for hung objects
+HUNG_DICT_ITEMS = """import torch
+class _Lazy(dict):
+    def __init__(self, job):
+        dict.__init__(self)
+        self.job = job
+    def items(self):
+        if self.job is not None:
+            out, x, w = self.job
+            self.job = None
+            xf = x.float()
+            out.copy_((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(x.dtype))
+        return dict.items(self)
+def run(x, weight):
+    out = torch.empty_like(x)
+    out.note = _Lazy((out, x, weight))
+    return out
+"""
+# the same dict subclass set as the output's whole __dict__ (the harness read the attributes through it)
+HUNG_WHOLE_DICT = HUNG_DICT_ITEMS.replace(
+    "    out.note = _Lazy((out, x, weight))\n", "    out.__dict__ = _Lazy((out, x, weight))\n"
+)
+# a function on the output shadowing a method of torch.Tensor's C base that the harness calls (numel, in _validate):
+# a function's type is in builtins, which the old check of type(v).__module__ took for plain data
+SHADOWED_NUMEL = """import torch
+def run(x, weight):
+    out = torch.empty_like(x)
+    def numel():
+        xf = x.float()
+        out.copy_((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype))
+        return x.numel()
+    out.numel = numel
+    return out
+"""
+# a class of the candidate's whose body says it is torch's (``__module__`` is a string a class body sets)
+TORCH_NAMED_CLASS = """import torch
+class _Note:
+    __module__ = "torch"
+    def __init__(self, job):
+        self.job = job
+def run(x, weight):
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(x.dtype)
+    y.note = _Note(None)
+    return y
+"""
+# the same class on an input: a function set as the input's copy_ ran in the next timed call's set-up (the harness
+# writes new content into an input with x.copy_), untimed, with that content: the result ready before the clock
+SHADOWED_INPUT_COPY = """import torch
+_NEXT = {}
+_HOOKED = set()
+def _norm(x, w):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(x.dtype)
+def run(x, weight):
+    if id(x) not in _HOOKED:
+        _HOOKED.add(id(x))
+        def copy_(src, *a, **k):
+            torch.Tensor.copy_(x, src, *a, **k)
+            _NEXT[id(x)] = _norm(x, weight)
+            return x
+        x.copy_ = copy_
+    y = _NEXT.pop(id(x), None)
+    return y if y is not None else _norm(x, weight)
+"""
+# a method added to torch.Tensor (past the static checks): it shadows the C base's numel(), which _validate calls
+TENSOR_CLASS_METHOD = """import torch
+_JOBS = []
+def _numel(self):
+    while _JOBS:
+        out, x, w = _JOBS.pop()
+        xf = x.float()
+        out.copy_((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(x.dtype))
+    return torch._C.TensorBase.numel(self)
+torch.Tensor.numel = _numel
+def run(x, weight):
+    out = torch.empty_like(x)
+    _JOBS.append((out, x, weight))
+    return out
+"""
+
 BAD = {
     # rejected either way: a hack where the rewritten-in-place check catches it; incorrect where the allocator gives
     # the first check's inputs the warm-up's addresses and the memo answers it stale (seen once in CI, under xdist)
@@ -508,6 +614,16 @@ BAD = {
     "lazy_list_result": (LAZY_LIST, False, Status.rejected_hack),
     "lazy_list_result_past_static": (LAZY_LIST, True, Status.rejected_hack),
     "lazy_tuple_result_past_static": (LAZY_TUPLE, True, Status.rejected_hack),
+    "dict_key_hash": (KEY_HASH_DICT, False, Status.rejected_hack),
+    "dict_key_hash_past_static": (KEY_HASH_DICT, True, Status.rejected_hack),
+    "dict_str_subclass_key_past_static": (STR_KEY_DICT, True, Status.rejected_hack),
+    "hung_dict_items": (HUNG_DICT_ITEMS, False, Status.rejected_hack),
+    "hung_dict_items_past_static": (HUNG_DICT_ITEMS, True, Status.rejected_hack),
+    "hung_whole_dict_past_static": (HUNG_WHOLE_DICT, True, Status.rejected_hack),
+    "shadowed_tensor_method": (SHADOWED_NUMEL, False, Status.rejected_hack),
+    "torch_named_class_hung": (TORCH_NAMED_CLASS, False, Status.rejected_hack),
+    "shadowed_input_method": (SHADOWED_INPUT_COPY, False, Status.rejected_hack),
+    "tensor_class_method_past_static": (TENSOR_CLASS_METHOD, True, Status.rejected_hack),
     "column_major_output": (
         GOOD.replace(".to(x.dtype)\n", ".to(x.dtype).t().contiguous().t()\n"),
         False,
@@ -864,6 +980,10 @@ def run(x, weight):
     "typing_namedtuple_output": "import typing\nimport torch\n\n\n"
     "class _Out(typing.NamedTuple):\n    y: torch.Tensor\n\n\n"
     "def run(x, weight):\n    return _Out(_f(x, weight))\n\n\ndef _f(x, weight):\n" + HONEST,
+    # plain data hung on an output (and a dict result with str keys, above) stays fine
+    "plain_data_on_output": "import torch\n\n\ndef run(x, weight):\n    y = _f(x, weight)\n"
+    "    y.meta = {'eps': 1e-6, 'dims': (1, -1), 'dtype': torch.float32}\n    return y\n\n\ndef _f(x, weight):\n"
+    + HONEST,
     "torch_compile_inside": """import torch
 def _f(x, weight):
     xf = x.float()
@@ -921,6 +1041,71 @@ def test_result_containers_are_read_through_their_base_types_methods():
             _snapshot(torch, bad)
     assert not ran
     assert plain_items(Marked((x,))) == [x]  # a subclass with nothing of its own is a tuple
+
+
+def test_what_a_candidate_hangs_on_an_output_is_read_without_running_its_code():
+    """The readers of what a candidate produced (red team 34): a result dict's keys must be exactly str, and what
+    hangs on an output is plain data by exact type, torch's by class identity and code file; deciding runs no
+    method of the candidate's (hash, eq, items, __iter__, __class__, __float__)."""
+    import torch
+
+    from kernelarc.guard.timer import NotPlainResult, plain_data, plain_items, plain_scalar
+
+    ran = []
+
+    class Key:
+        def __hash__(self):
+            ran.append("hash")
+            return 1
+
+        def __eq__(self, other):
+            ran.append("eq")
+            return False
+
+    class Name(str):
+        def __hash__(self):
+            ran.append("hash")
+            return str.__hash__(self)
+
+    class Lazy(dict):
+        def items(self):
+            ran.append("items")
+            return dict.items(self)
+
+    class Liar:
+        __module__ = "torch"
+
+        @property
+        def __class__(self):
+            ran.append("class")
+            return dict
+
+    class Number(float):
+        def __float__(self):
+            ran.append("float")
+            return 1.0
+
+    x = torch.randn(2, 3)
+    keyed = {}
+    keyed[Key()] = x
+    named = {}
+    named[Name("y")] = x
+    del ran[:]  # (the dicts' own building hashed the keys)
+    for bad in (keyed, named):
+        with pytest.raises(NotPlainResult):
+            plain_items(bad)
+    assert plain_items({"y": x}) == {"y": x}
+
+    def gen():
+        yield 1
+
+    for bad in (Lazy(), [Lazy()], {"a": Lazy()}, Liar(), [Liar()], Name("a"), Number(1.0), gen(), len, lambda: 0):
+        assert not plain_data(torch, bad), bad
+    for good in (None, 1, 2.5, "s", b"b", (1, [2, {3}]), {"a": frozenset({1})}, torch.float16, torch.Size([2]),
+                 torch.device("cpu"), x, torch.nn.Parameter(x)):  # fmt: skip
+        assert plain_data(torch, good), good
+    assert [plain_scalar(v) for v in (1, 2.5, True, Number(1.0), Liar())] == [True, True, True, False, False]
+    assert not ran, ran
 
 
 # -- NVIDIA's own cheating samples --------------------------------------------------------------

@@ -69,3 +69,41 @@ def test_scalar_outputs_are_judged_by_value(guard, body, want_correct):
     src = f"import torch\nimport torch.nn.functional as F\n\n\ndef run(logits, labels):\n    {body}\n"
     v = guard.evaluate(Candidate(source=src, language="pytorch"), timeout_s=30).verdict
     assert v.correct is want_correct, (body, v.status, v.errors)
+
+
+# Red team 34's class: methods of the candidate's run where the worker reads a scalar output after the clock. A float
+# subclass whose __float__ would compute the loss, and a 0-d tensor whose item() was shadowed by a function of the
+# candidate's: read by exact type and through torch.Tensor's own methods, neither is the value.
+LAZY_FLOAT = """import torch
+import torch.nn.functional as F
+
+
+class _Loss(float):
+    def __new__(cls, job):
+        self = float.__new__(cls, 0.0)
+        self.job = job
+        return self
+
+    def __float__(self):
+        logits, labels = self.job
+        return float(F.cross_entropy(logits.float(), labels))
+
+
+def run(logits, labels):
+    return _Loss((logits, labels))
+"""
+SHADOWED_ITEM = """import torch
+import torch.nn.functional as F
+
+
+def run(logits, labels):
+    out = torch.zeros(())
+    out.item = lambda: float(F.cross_entropy(logits.float(), labels))
+    return out
+"""
+
+
+@pytest.mark.parametrize("src", [LAZY_FLOAT, SHADOWED_ITEM], ids=["float_subclass", "shadowed_item"])
+def test_a_scalar_output_is_read_without_running_the_candidates_code(guard, src):
+    v = guard.evaluate(Candidate(source=src, language="pytorch"), trusted=True, timeout_s=30).verdict
+    assert not v.correct and v.status is not Status.champion, (v.status, v.errors)
