@@ -74,32 +74,28 @@ suite() {  # OUT SHARDS SUITE_S OUTER_S PROBLEMS overrides...
   OUT=$out SKIP_INSTALL=1 QUIET_CPUS=2 PROBLEMS="$probs" SHARDS=$shards \
     timeout "$outer_s" bash scripts/gpu_suite.sh "$TREE" "$suite_s" 0 "${BUDGET[@]}" "$@" 2>&1 | tail -60
 }
+# L2/024 alone with the card's memory (BIG seconds) into $OUT/p1, then LIST (REST seconds) on the shards into $OUT/p2
+alone_then() {  # BIG LIST REST
+  local P
+  P=$(folders "L2/024") || return 2
+  echo "== L2/024 alone, guard.memory_gb=$((gpu_gb - 2))"
+  suite "$OUT/p1" 1 "$1" $(($1 + 30)) "$P" "guard.memory_gb=$((gpu_gb - 2))" "${EXTRA[@]}"
+  P=$(folders "$2") || return 2
+  echo "== the last $(wc -w <<<"$P"): $P"
+  suite "$OUT/p2" "$SHARDS" "$3" $(($3 + 35)) "$P" "guard.memory_gb=$MEM_GB" "${EXTRA[@]}"
+}
 case $PART in
   1 | 2)
     [ "$PART" = 1 ] && L=$LIST1 || L=$LIST2
     P=$(folders "${ONLY:-$L}") || exit 2
     suite "$OUT" "$SHARDS" "$SUITE_S" $((SUITE_S + 70)) "$P" "guard.memory_gb=$MEM_GB" "${EXTRA[@]}"
     ;;
-  3)
-    P=$(folders "L2/024") || exit 2
-    echo "== L2/024 alone, guard.memory_gb=$((gpu_gb - 2))"
-    suite "$OUT/p1" 1 "${BIG_S:-220}" $(( ${BIG_S:-220} + 30 )) "$P" "guard.memory_gb=$((gpu_gb - 2))" "${EXTRA[@]}"
-    P=$(folders "$LIST3 ${AGAIN:-}") || exit 2
-    echo "== the last $(wc -w <<<"$P"): $P"
-    suite "$OUT/p2" "$SHARDS" "${LIST3_S:-270}" $(( ${LIST3_S:-270} + 35 )) "$P" "guard.memory_gb=$MEM_GB" "${EXTRA[@]}"
-    ;;
+  3) alone_then "${BIG_S:-220}" "$LIST3 ${AGAIN:-}" "${LIST3_S:-270}" || exit 2 ;;
   a)
     P=$(folders "$(paste -d' ' <(tr -s ' \n' '\n' <<<"$LIST1" | grep .) <(tr -s ' \n' '\n' <<<"$LIST3" | grep .) | tr '\n' ' ')") \
       || exit 2
     suite "$OUT" "$SHARDS" "${SUITE_S_A:-470}" $(( ${SUITE_S_A:-470} + 60 )) "$P" "guard.memory_gb=$MEM_GB" "${EXTRA[@]}"
     ;;
-  b)
-    P=$(folders "L2/024") || exit 2
-    echo "== L2/024 alone, guard.memory_gb=$((gpu_gb - 2))"
-    suite "$OUT/p1" 1 "${BIG_S:-170}" $(( ${BIG_S:-170} + 30 )) "$P" "guard.memory_gb=$((gpu_gb - 2))" "${EXTRA[@]}"
-    P=$(folders "$LIST2 ${AGAIN:-}") || exit 2
-    echo "== the last $(wc -w <<<"$P"): $P"
-    suite "$OUT/p2" "$SHARDS" "${LIST2_S:-290}" $(( ${LIST2_S:-290} + 35 )) "$P" "guard.memory_gb=$MEM_GB" "${EXTRA[@]}"
-    ;;
+  b) alone_then "${BIG_S:-170}" "$LIST2 ${AGAIN:-}" "${LIST2_S:-290}" || exit 2 ;;
   *) echo "PART is 1, 2, 3, a or b" >&2; exit 2 ;;
 esac
