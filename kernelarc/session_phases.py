@@ -78,9 +78,11 @@ def record_early_failure(reason: str, task: Task, gpu: str, state: StateLog, tra
 def workloads_not_run(records: list[Record]) -> dict[int, str]:
     """The workloads the guard's memory plan left out of a session (index -> why), as its verdicts say: its
     figures cover the other workloads only (on the H100, run DX: L1/013's largest workload, 17.5 GB per input set,
-    was left out under an 11 GB share, and the row gave no sign of it)."""
+    was left out under an 11 GB share, and the row gave no sign of it). The verdicts with figures say it where there
+    are any: a problem run again with a larger cap keeps the refused attempt's records (run G3, H100: L2/008's row
+    said "0 of 2 workloads" for a champion judged on both)."""
     out: dict[int, str] = {}
-    for r in records:
+    for r in [r for r in records if r.verdict.correct] or records:
         for i, why in r.verdict.workloads_not_run.items():
             out.setdefault(i, why[:300])
     return dict(sorted(out.items()))

@@ -541,6 +541,11 @@ def test_a_row_names_the_workloads_the_memory_plan_left_out():
                 warnings=[f"workload 1 not run: {why}", "memory: 1 seed(s) per workload instead of 3"])  # fmt: skip
     rec = Record(-1, "baseline", Candidate(source="def run(x):\n    return x\n", language="pytorch"), v)
     assert workloads_not_run([rec, rec]) == {1: why}
+    # an attempt refused under a smaller cap, then the same problem run again with the cap it needed: the figures'
+    refused = Record(-1, "baseline", rec.candidate, Verdict(candidate_id="r", status=Status.runtime_error,
+                                                             workloads_not_run={0: why, 1: why}))  # fmt: skip
+    judged = Record(0, "baseline", rec.candidate, Verdict(candidate_id="j", status=Status.champion))
+    assert workloads_not_run([refused, judged]) == {} and workloads_not_run([refused]) == {0: why, 1: why}
     built = {"status": "finished", "champion_agent": "fusion", "champion_family": "composed.x.fused.rowblock"}
     row = result_from_summary("L1/013_x", dict(built, workloads_not_run={"1": why}), [1, 8])
     assert row.workloads_not_run == {1: why}
