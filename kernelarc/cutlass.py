@@ -68,34 +68,62 @@ ALLOWED_INCLUDES = re.compile(
 # call), files and raw memory maps, callbacks the CUDA runtime runs on the host later, system calls (also as inline
 # assembly), code run at load (constructors), and token pasting (how a banned name is spelt in pieces).
 _CPP_FORBIDDEN = re.compile(
-    r"\b(dlopen|dlsym|dlmopen|dladdr|dlinfo|Py[A-Z]\w*|_Py\w*|system|popen|fork|vfork|exec[lv]p?e?|posix_spawn\w*"
-    r"|pthread_\w+|std::thread|std::jthread|std::async|syscall|mmap|munmap|mprotect|fopen|freopen|open|openat"
-    r"|creat|unlink|rename|getenv|setenv|putenv|environ|signal|sigaction|raise|kill|ptrace|process_vm_\w+"
-    r"|cudaLaunchHostFunc|cudaStreamAddCallback|cuLaunchHostFunc|cuStreamAddCallback|cudaHostRegister|atexit"
-    r"|at_quick_exit|constructor|destructor|init_priority|__builtin_frame_address|__builtin_return_address)\b"
+    r"\b(dlopen|dlsym|dlvsym|dlmopen|dladdr|dlinfo|Py[A-Z]\w*|_Py\w*|system|popen|fork|vfork|exec[lv]p?e?"
+    r"|posix_spawn\w*|pthread_\w+|std::thread|std::jthread|std::async|syscall|mmap|munmap|mprotect|fopen|fdopen"
+    r"|freopen|tmpfile|tmpnam|open|openat|creat|unlink|remove|rename|getenv|setenv|putenv|environ|signal|sigaction"
+    r"|raise|kill|ptrace|process_vm_\w+|clock_gettime|gettimeofday|cudaLaunchHostFunc|cudaStreamAddCallback"
+    r"|cuLaunchHostFunc|cuStreamAddCallback|cudaHostRegister|atexit|at_quick_exit|__builtin_frame_address"
+    r"|__builtin_return_address)\b"
+    # code run at load, whatever the spelling (__constructor__, [[gnu::constructor]], a section of pointers)
+    r"|constructor|destructor|init_priority|init_array|fini_array|\.ctors|\.dtors|\bsection\b"
     r"|##|/proc/"
 )
-
-
-_ASM_SYSCALL = re.compile(r"\bsyscall\b|\bsysenter\b|\bint\s*\$?0x80\b")
+# inline assembly is PTX in device code (CUTLASS's own barriers): not a label naming a host symbol (``int f()
+# __asm__("system")``), nor host directives (a file's bytes pulled in, a section of its own), nor a system call
+_ASM_LABEL = re.compile(r"\)\s*(?:__asm__|__asm|asm)\s*\(|\b(?:__asm__|__asm|asm)\s*\(\s*\"[\w.$]*\"\s*\)\s*[;=,]")
+_ASM_HOST = re.compile(r"\.(?:incbin|section|pushsection|previous|init_array|byte|ascii|quad)\b|\bsyscall\b"
+                       r"|\bsysenter\b|\bint\s*\$?0x80\b")  # fmt: skip
+# the preprocessor's other spellings: digraphs and trigraphs of #, [ ] { }, and lines spliced by a backslash
+_SPELLINGS = (("??=", "#"), ("%:", "#"), ("<:", "["), (":>", "]"), ("<%", "{"), ("%>", "}"), ("??/", "\\"))
+# a compiler's environment may carry flags and paths past the source check (NVCC_PREPEND_FLAGS: a red team's macro)
+_BUILD_ENV_DROP = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH",
+                   "LIBRARY_PATH", "LD_PRELOAD", "GCC_EXEC_PREFIX", "COMPILER_PATH", "NVCC_CCBIN")  # fmt: skip
+# host symbols a built library may not import (the Python C API, processes): what the source check missed
+_SYMBOLS_FORBIDDEN = re.compile(r"_?Py\w+|system|popen|fork|vfork|exec\w*|posix_spawn\w*|ptrace|process_vm_\w+")
 
 
 def check_source(source: str) -> list[str]:
-    """Why a CUTLASS candidate's C++ may not be built (empty: it may): an ``#include`` outside ``ALLOWED_INCLUDES``,
-    or a name of ``_CPP_FORBIDDEN`` in its code (comments and string literals are not code: they are left out)."""
-    code = re.sub(r"//[^\n]*|/\*.*?\*/", " ", source, flags=re.S)
+    """Why a CUTLASS candidate's C++ may not be built (empty: it may): an ``#include`` outside ``ALLOWED_INCLUDES``
+    (or one named by a macro), a name of ``_CPP_FORBIDDEN`` anywhere in its text (comments and strings included: a
+    string can open what looks like a comment and hide the rest of a line), inline assembly that names a host symbol
+    or uses host directives. The text is read as the preprocessor would: digraphs and trigraphs spelt out, lines
+    spliced at a backslash. A rule set: a seventh red team got past a first one nine ways; ``build`` also checks
+    the library's imported symbols."""
+    text = source
+    for a, b in _SPELLINGS:
+        text = text.replace(a, b)
+    text = re.sub(r"\\\s*\n", "", text)
     found = []
-    for m in re.finditer(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', code, re.M):
-        if not ALLOWED_INCLUDES.fullmatch(m.group(1).strip()):
-            found.append(
-                f"includes {m.group(1)} (a candidate's C++ includes CUTLASS, CuTe, CUDA's and computational headers)"
-            )
-    # inline assembly is PTX in device code (CUTLASS's own barriers): its text may not be a host system call
-    found += [f"uses {m.group(0)!r} in assembly (a system call)" for m in _ASM_SYSCALL.finditer(code)]
-    code = re.sub(r'"(\\.|[^"\\\n])*"', '""', code)  # string literals: data, not code
-    for m in _CPP_FORBIDDEN.finditer(code):
+    for m in re.finditer(r"^\s*#\s*(include|include_next|import)\b\s*(.*)$", text, re.M):
+        arg = m.group(2).strip()
+        name = re.fullmatch(r'<([^>]+)>|"([^"]+)"', arg.split("//")[0].strip())
+        if m.group(1) != "include" or name is None or not ALLOWED_INCLUDES.fullmatch((name[1] or name[2]).strip()):
+            found.append(f"#{m.group(1)} {arg} (a candidate's C++ includes CUTLASS, CuTe, CUDA's and computational "
+                         "headers, by name)")  # fmt: skip
+    found += [f"uses {m.group(0)!r} in assembly (a host symbol, directive or system call)"
+              for rx in (_ASM_LABEL, _ASM_HOST) for m in rx.finditer(text)]  # fmt: skip
+    for m in _CPP_FORBIDDEN.finditer(text):
         found.append(f"uses {m.group(0)} (reaches past the kernel: the library runs inside the guard's worker)")
     return found
+
+
+def _imported_symbols(lib: str) -> list[str] | None:
+    """The undefined dynamic symbols of a built library (None: ``nm`` is not on this machine)."""
+    nm = shutil.which("nm")
+    if nm is None:
+        return None
+    out = subprocess.run([nm, "-D", "--undefined-only", lib], capture_output=True, text=True, timeout=60, check=False)
+    return [ln.split()[-1].split("@")[0] for ln in out.stdout.splitlines() if ln.strip()]
 
 
 def nvcc() -> str | None:
@@ -169,8 +197,9 @@ def build(source: str, arch: str = ARCH) -> Path:
     fd, tmp_lib = tempfile.mkstemp(prefix=".kernel.", suffix=".so", dir=out_dir)
     os.close(fd)
     cmd = [exe, *flags, *[f"-I{d}" for d in incs], "-o", tmp_lib, str(src)]
+    env = {k: v for k, v in os.environ.items() if k not in _BUILD_ENV_DROP}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False, env=env)
     except subprocess.TimeoutExpired as e:
         Path(tmp_lib).unlink(missing_ok=True)
         raise RuntimeError(f"nvcc timed out after {BUILD_TIMEOUT_S:.0f} s") from e
@@ -178,6 +207,10 @@ def build(source: str, arch: str = ARCH) -> Path:
         Path(tmp_lib).unlink(missing_ok=True)
         errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or proc.stderr.splitlines()
         raise RuntimeError("nvcc failed:\n" + "\n".join(errors[:12])[-3000:])
+    bad = sorted({n for n in _imported_symbols(tmp_lib) or [] if _SYMBOLS_FORBIDDEN.fullmatch(n)})
+    if bad:
+        Path(tmp_lib).unlink(missing_ok=True)
+        raise CutlassSourceRefused(f"CUTLASS source refused: the library imports {', '.join(bad[:8])}")
     (out_dir / "build.log").write_text(proc.stderr)
     # mkstemp made the file 0600: readable by the uid that built it only. The guard's workers each run as
     # their own uid and share this cache through their role's group (guard/sandbox.py), so a library one

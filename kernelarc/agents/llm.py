@@ -558,7 +558,8 @@ only if it is correct on every workload and measurably faster than the current c
 - Forbidden: threads, processes, subprocess/multiprocessing, side CUDA streams or events, caching outputs or inputs
   across calls (memoized results, global buffers that carry results), reading the reference's results, printing or
   logging, writing files, network access, monkey-patching torch/triton/time or any other module, changing
-  environment variables. Do not call the reference.
+  environment variables. Do not call the reference. torch.compile takes `mode` and `backend` by name and `options`
+  only as a literal dict of flags and numbers.
 - Outputs must match the reference within each workload's tolerance; lower precision is allowed only where the
   tolerance leaves room for it.
 - Prefer fixed launch configurations over `@triton.autotune` (timing must be reproducible)."""

@@ -247,6 +247,8 @@ BANNED_ATTRS = {
     # torch.UntypedStorage.from_file / torch.from_file map a file into a tensor: a candidate's writes land in a file
     # (a red team wrote a pickle for torch.load to run) with no open() the runtime audit would see
     "from_file": "maps a file into memory (writes files unseen)",
+    # the compilers' configuration as a whole (its string settings reach compilers' command lines)
+    "patch": "changes a module's settings (the compilers' configuration) for a while",
     # loaders of native code or compiled packages from files, and Triton's launcher builder (its signature's types go
     # into C source that Triton's frames compile and load)
     "load_library": "loads a shared library into the worker",
@@ -533,6 +535,16 @@ def check_source(source: str, *, allow_modules: frozenset[str] = frozenset()) ->
             and node.func.attr != "get"
         ):
             flag(node, f"calls environ.{node.func.attr}() (changes the environment)")
+        if isinstance(node, ast.Call):
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                # a function given the environment itself (MutableMapping.update(os.environ, ...): a red team's flags
+                # for the compilers that a torch.compile and a CUTLASS build then ran)
+                if isinstance(arg, ast.Attribute) and arg.attr == "environ":
+                    flag(node, "passes the environment to a function (changes it past these checks)")
+            compiles = _callee(node) in ("compile", "optimize") and _root_name(node.func) != "re"
+            # (also any call given options= or backend=: torch.compile under another name)
+            for why in _compile_settings(node, every=compiles):
+                flag(node, why)
         if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
             targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
             for t in targets:
@@ -729,6 +741,36 @@ def _callee(node: ast.Call) -> str | None:
     if isinstance(f, ast.Attribute):
         return f.attr
     return None
+
+
+# torch.compile's settings a candidate may give (the graph strategies' and exported solutions'): a mode and a backend
+# by name, Inductor's options as literal flags and numbers. A red team's string option went into g++'s command line
+# ("off -wrapper '/bin/sh,-c,...'"), under Inductor's frames, which the runtime audit trusts.
+COMPILE_MODES = frozenset({"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"})
+COMPILE_BACKENDS = frozenset({"inductor", "eager", "aot_eager", "cudagraphs"})
+
+
+def _compile_settings(node: ast.Call, every: bool = True) -> list[str]:
+    """Why a ``torch.compile(...)`` call's settings are refused (empty: they are literal and allowed); ``every``
+    False: only its ``options`` and ``backend`` (a call of another name: ``mode`` is an ordinary keyword)."""
+    out = []
+    for k in node.keywords:
+        if not every and k.arg not in ("options", "backend"):
+            continue
+        v = k.value
+        if k.arg == "mode" and not (isinstance(v, ast.Constant) and (v.value is None or v.value in COMPILE_MODES)):
+            out.append(f"torch.compile mode other than {', '.join(sorted(COMPILE_MODES))} or None")
+        elif k.arg == "backend" and not (isinstance(v, ast.Constant) and v.value in COMPILE_BACKENDS):
+            out.append(f"torch.compile backend other than {', '.join(sorted(COMPILE_BACKENDS))}")
+        elif k.arg == "options" and not (
+            isinstance(v, ast.Dict)
+            and all(isinstance(x, ast.Constant) and isinstance(x.value, str) for x in v.keys)
+            and all(isinstance(x, ast.Constant) and type(x.value) in (bool, int, float) for x in v.values)
+        ):
+            out.append("torch.compile options other than a literal dict of flags and numbers (options reach compilers)")
+        elif k.arg is None:
+            out.append("torch.compile settings passed as **kwargs (hides them from these checks)")
+    return out
 
 
 def calls_torch_compile(source: str) -> bool:

@@ -57,16 +57,21 @@ _AUDIT_BLOCKED = frozenset({
     "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym", "ctypes.addressof", "ctypes.string_at", "ctypes.cdata",
     "ctypes.call_function", "socket.connect", "socket.bind", "socket.sendto", "mmap.__new__", "gc.get_objects",
     "gc.get_referrers", "gc.get_referents", "code.__new__", "function.__new__", "pickle.find_class",
+    # the environment: compilers read it (NVCC_PREPEND_FLAGS took a red team's flags past the C++ check)
+    "os.putenv", "os.unsetenv",
 })  # fmt: skip
+# what an installed library may set in the environment for the candidate (torch.cuda's lazy start)
+_AUDIT_ENV_KEYS = frozenset({"CUDA_MODULE_LOADING"})
 # Compilers whose own code may do what a candidate may not (Dynamo and Inductor, Triton, the CUTLASS build), relative
 # to the installed libraries (``_audit_places``): a frame shields the candidate's below it only from these files.
 _AUDIT_MACHINERY = ("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/", "triton/", "kernelarc/cutlass.py")
 # What an installed library may do when the candidate calls it (no compiler between), of ``_AUDIT_BLOCKED``: load and
 # call native libraries (torch.cuda reaches NVML through ctypes: run G2, 40 honest Triton candidates rejected), read
-# files, look at its callers' frames (typing, typing_extensions). Not: run code (timeit's and the unpickler's exec),
-# start processes, open sockets, walk the heap, trace, map memory or write files; nor hand frames out (inspect,
-# traceback and logging's helpers, ``_AUDIT_FRAME_GIVERS``). Code without an installed file (exec'd text, a module
-# under a temp or cache folder) gets nothing: every blocked event from it is refused.
+# installed files, look at its callers' frames (typing, typing_extensions), set ``_AUDIT_ENV_KEYS``. Not: run code
+# (timeit's and the unpickler's exec), start processes, open sockets, walk the heap, trace, map memory, read other
+# files (linecache read a red team's /proc/self/cmdline into a warning), write files or set the environment
+# (compilers read it); nor hand frames out (inspect, traceback and logging's helpers, ``_AUDIT_FRAME_GIVERS``). Code
+# without an installed file (exec'd text, a module under a temp or cache folder) gets nothing.
 _AUDIT_LIBRARY_MAY = frozenset({
     "ctypes.dlopen", "ctypes.dlsym", "ctypes.addressof", "ctypes.string_at", "ctypes.cdata", "ctypes.call_function",
     "sys._getframe",
@@ -148,6 +153,7 @@ def _install_audit() -> None:
     getframe, basename, normpath, join = sys._getframe, os.path.basename, os.path.normpath, os.path.join
     blocked, benign = frozenset(_AUDIT_BLOCKED), frozenset(_AUDIT_BENIGN)
     library_events, giver_files = frozenset(_AUDIT_LIBRARY_MAY), tuple(_AUDIT_FRAME_GIVERS)
+    env_keys = frozenset(_AUDIT_ENV_KEYS)
     installed, scratch = _audit_places()
     machinery = tuple(join(root, m) for root, _ in installed for m in _AUDIT_MACHINERY)
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -207,8 +213,12 @@ def _install_audit() -> None:
 
     def library_may(event: str, args: tuple, frame) -> bool:
         """Whether an installed library's frame may raise ``event`` for the candidate (``_AUDIT_LIBRARY_MAY``)."""
-        if event == "open":
-            return not writing(args)
+        if event == "open":  # a read of an installed file (a red team read /proc/self/cmdline through linecache)
+            return False  # (``exempt`` has let reads of installed files and the candidate's source through)
+        if event in ("os.putenv", "os.unsetenv"):
+            key = args[0] if args else None
+            key = key.decode(errors="replace") if isinstance(key, bytes) else key
+            return key in env_keys
         if event == "sys._getframe":
             return not place(frame.f_code.co_filename)[1].endswith(giver_files)
         return event in library_events
@@ -463,6 +473,7 @@ class Harness:
                 "_AUDIT_BENIGN",
                 "_AUDIT_LIBRARY_MAY",
                 "_AUDIT_FRAME_GIVERS",
+                "_AUDIT_ENV_KEYS",
                 "TORCH_THREADS",
             ),
         )

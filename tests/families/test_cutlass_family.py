@@ -264,10 +264,27 @@ def test_the_cpp_of_every_cutlass_family_passes_the_source_check_and_hostile_cpp
         'int kernelarc_run() { asm volatile("syscall"); return 0; }',
         "#define CAT(a, b) a##b\nint kernelarc_run() { return 0; }",
         "int kernelarc_run(void* s) { cudaLaunchHostFunc((cudaStream_t)s, 0, 0); return 0; }",
+        # a seventh red team's spellings past a first version of the check
+        'extern "C" int ka(const char*) __asm__("system");',
+        'const char* u = "http://x"; void* h = dlopen(0, 2);',
+        "int x = sys\\\ntem(0);",
+        "#define HDR <dlfcn.h>\n#include HDR",
+        "%:include <unistd.h>",
+        "__attribute__((__constructor__)) static void f() {}",
+        "[[gnu::__constructor__]] static void f() {}",
+        "struct S { S() { std::remove(0); } } s;",
+        "char q = '\"'; void* p = (void*)&dlsym; char r = '\"';",
+        'const char* r = R"(")"; int k = kill(0, 9); const char* t = R"(")";',
+        "FILE* f = fdopen(1, 0);",
+        "#import <unistd.h>",
+        "#inc\\\nlude <unistd.h>",
+        '__attribute__((section(".init_array"))) void (*p)() = 0;',
+        'asm(".incbin \\"/etc/hostname\\"");',
     ]
     for cpp in hostile:
         assert cutlass.check_source(cpp), cpp
-    assert cutlass.check_source('// dlopen named in a comment\nconst char* s = "system";\n') == []
+    assert cutlass.check_source('// a tile of 128 rows\nconst char* s = "tile";\n') == []
+    assert cutlass.check_source("// dlopen named in a comment: a string can hide the rest of a line from comments\n")
     src = "import torch\nfrom kernelarc import cutlass\n_K = cutlass.load(" + repr(hostile[2]) + ")\n"
     src += "def run(x, weight):\n    return x\n"
     task = load_builtin("rmsnorm", cpu=True)

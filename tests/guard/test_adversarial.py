@@ -1288,6 +1288,14 @@ def test_the_judges_credentials_do_not_reach_a_candidate(monkeypatch):
             "    t.copy_(torch.frombuffer(bytearray(p), dtype=torch.uint8))\n"
             "    try:\n        torch.load(path, weights_only=False)\n    except Exception:\n        pass\n",
         ),
+        # the environment set through a library's generic method (a seventh red team's flags for the compilers)
+        (
+            "environ",
+            "    import collections.abc\n    import os\n"
+            "    collections.abc.MutableMapping.update(os.environ, {'KA_RT35': '1'})\n",
+        ),
+        # a file outside the installed libraries read through linecache (its text came back in the verdict)
+        ("library_read", "    import warnings\n    warnings.formatwarning('m', UserWarning, '/proc/self/status', 1)\n"),
         # a library helper that hands the caller's frame out (inspect, traceback, logging) is the candidate's proxy
         ("inspect", "    import inspect\n    f = inspect.currentframe()\n"),
         # torch.utils.benchmark.Timer execs its setup text from timeit's frames (a thirty-third red team)

@@ -589,3 +589,34 @@ def test_compilers_that_build_what_they_are_given_are_refused_by_the_static_chec
         "import torch\nimport torch._inductor\nm = torch._inductor.config.max_autotune",
     ):
         assert check_source(ok + body).ok, (ok, check_source(ok + body))
+
+
+def test_compiler_settings_and_the_environment_are_literal():
+    """A seventh red team passed a string Inductor option that went into g++'s command line ("off -wrapper
+    '/bin/sh,-c,...'", under Inductor's frames), and set NVCC_PREPEND_FLAGS through
+    ``MutableMapping.update(os.environ, ...)``. torch.compile takes a mode and a backend by name and options as a
+    literal dict of flags and numbers, under any name; the environment is read, never handed to a function; the
+    compilers' configuration is not patched."""
+    body = "\ndef run(x):\n    return x\n"
+    _all_rejected(
+        (
+            "import torch\nf = torch.compile(lambda t: t, options={'cpp.enable_floating_point_contract_flag': 'x'})",
+            "import torch\ntc = torch.compile\nf = tc(lambda t: t, options={'a': 'b'})",
+            "import torch\nf = torch.compile(lambda t: t, backend=lambda g, i: g)",
+            "import torch\nf = torch.compile(lambda t: t, mode='custom')",
+            "import torch\nf = torch.compile(lambda t: t, **{'mode': 'default'})",
+            "import torch\nO = {'max_autotune': True}\nf = torch.compile(lambda t: t, options=O)",
+            "import collections.abc\nimport os\ncollections.abc.MutableMapping.update(os.environ, {'A': 'b'})",
+            "import os\nd = dict.update(os.environ, A='b')",
+            "import torch._inductor.config as c\nc.patch({'max_autotune': True})",
+        ),
+        body,
+    )
+    for ok in (
+        "import torch\nf = torch.compile(lambda t: t, mode='max-autotune-no-cudagraphs', dynamic=False)",
+        "import torch\nf = torch.compile(lambda t: t, options={'max_autotune': False, 'epilogue_fusion': True})",
+        "import torch\nimport torch.nn.functional as F\ny = F.interpolate(torch.ones(1, 1, 4), size=8, mode='linear')",
+        "import os\nv = os.environ.get('X', 'y')\nw = 'A' in os.environ\nz = os.environ['HOME'] if w else v",
+        "import re\nr = re.compile('a', re.I)",
+    ):
+        assert check_source(ok + body).ok, (ok, check_source(ok + body))
