@@ -305,6 +305,20 @@ _C_METHODS = (types.WrapperDescriptorType, types.MethodDescriptorType, types.Bui
               types.ClassMethodDescriptorType, types.MemberDescriptorType, types.GetSetDescriptorType)  # fmt: skip
 
 
+# Read through ``type``'s own descriptors, never an attribute lookup on the class: a metaclass (or a class body,
+# for ``__module__``) could answer those with its own code or its own story.
+_FLAGS = type.__dict__["__flags__"].__get__
+_MRO = type.__dict__["__mro__"].__get__
+_TYPE_DICT = type.__dict__["__dict__"].__get__
+_TYPE_MODULE = type.__dict__["__module__"].__get__
+_TYPE_QUALNAME = type.__dict__["__qualname__"].__get__
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (C types are not)
+
+
+def type_name(cls: type) -> str:
+    return f"{_TYPE_MODULE(cls)}.{_TYPE_QUALNAME(cls)}"
+
+
 class NotPlainResult(Exception):
     """A result container whose type runs Python code of its own when read (the worker's verdict: a hack)."""
 
@@ -321,13 +335,13 @@ def plain_items(out: Any) -> list[Any] | dict[Any, Any] | None:
     if base is None:
         return None
     if cls is not base:
-        mro = type.__getattribute__(cls, "__mro__")
+        mro = _MRO(cls)
         names = (*_CONTAINER_METHODS[base], *_ANY_CONTAINER)
-        over = sorted({n for k in mro[: mro.index(base)] for n, v in type.__getattribute__(k, "__dict__").items()
+        over = sorted({n for k in mro[: mro.index(base)] for n, v in _TYPE_DICT(k).items()
                        if n in names and not isinstance(v, _C_METHODS)})  # fmt: skip
         if over:
             raise NotPlainResult(
-                f"the result is a {cls.__module__}.{cls.__qualname__}, a {base.__name__} whose class defines "
+                f"the result is a {type_name(cls)}, a {base.__name__} whose class defines "
                 f"{', '.join(over)} in Python (code that runs when the harness reads the result, after the clock); "
                 f"return a plain {base.__name__} (a namedtuple or torch.return_types is fine)"
             )
@@ -337,7 +351,7 @@ def plain_items(out: Any) -> list[Any] | dict[Any, Any] | None:
             attrs = None
         if attrs:
             raise NotPlainResult(
-                f"the result is a {cls.__module__}.{cls.__qualname__} carrying attributes of its own "
+                f"the result is a {type_name(cls)} carrying attributes of its own "
                 f"({', '.join(sorted(map(str, attrs))[:3])}); return a plain {base.__name__}"
             )
     if base is dict:
@@ -355,24 +369,12 @@ def plain_items(out: Any) -> list[Any] | dict[Any, Any] | None:
     return list(tuple.__iter__(out)) if base is tuple else list.copy(out)
 
 
-# Read through ``type``'s own descriptors, never an attribute lookup on the class: a metaclass (or a class body,
-# for ``__module__``) could answer those with its own code or its own story.
-_FLAGS = type.__dict__["__flags__"].__get__
-_MRO = type.__dict__["__mro__"].__get__
-_TYPE_DICT = type.__dict__["__dict__"].__get__
-_TYPE_MODULE = type.__dict__["__module__"].__get__
-_TYPE_QUALNAME = type.__dict__["__qualname__"].__get__
-_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (C types are not)
 # Plain values, by exact type (a subclass of any of them can define methods that run when the value is read, hashed,
 # compared, formatted or dropped); containers read through their own C methods.
 _ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes})
 _SEQUENCES = types.MappingProxyType({list: list.__iter__, tuple: tuple.__iter__, set: set.__iter__,
                                      frozenset: frozenset.__iter__})  # fmt: skip
 _FUNCTION_KINDS = (types.FunctionType, staticmethod, classmethod, property)
-
-
-def type_name(cls: type) -> str:
-    return f"{_TYPE_MODULE(cls)}.{_TYPE_QUALNAME(cls)}"
 
 
 def class_functions(cls: type, mro: bool = True) -> list[types.FunctionType]:

@@ -212,15 +212,14 @@ def _install_audit() -> None:
         return False
 
     def library_may(event: str, args: tuple, frame) -> bool:
-        """Whether an installed library's frame may raise ``event`` for the candidate (``_AUDIT_LIBRARY_MAY``)."""
-        if event == "open":  # a read of an installed file (a red team read /proc/self/cmdline through linecache)
-            return False  # (``exempt`` has let reads of installed files and the candidate's source through)
+        """Whether an installed library's frame may raise ``event`` for the candidate (``_AUDIT_LIBRARY_MAY``; a read
+        of an installed file or of the candidate's source is ``exempt`` already, any other file is not)."""
         if event in ("os.putenv", "os.unsetenv"):
             key = args[0] if args else None
             key = key.decode(errors="replace") if isinstance(key, bytes) else key
             return key in env_keys
-        if event == "sys._getframe":
-            return not place(frame.f_code.co_filename)[1].endswith(giver_files)
+        if event == "sys._getframe" and place(frame.f_code.co_filename)[1].endswith(giver_files):
+            return False  # a helper that hands the frame out
         return event in library_events
 
     def verdict(event: str, args: tuple) -> str | None:
@@ -336,10 +335,9 @@ def _classify(exc: BaseException) -> CandidateFailure:
     # taken once as an exact str (its __str__ is the candidate's where the candidate raised it, and a str subclass's
     # lower() would be too). Whatever that code does, the verdict is a failure: it cannot make a call pass.
     kind = type(exc)
-    if issubclass(kind, NotPlainResult):  # a result container read after the clock runs the candidate's code
-        return CandidateFailure("rejected_hack", BaseException.__str__(exc))
+    # a result container read after the clock runs the candidate's code; C++ that reaches past its kernel
     cutlass = sys.modules.get("kernelarc.cutlass")
-    if cutlass is not None and issubclass(kind, cutlass.CutlassSourceRefused):  # C++ that reaches past its kernel
+    if issubclass(kind, (NotPlainResult, *([cutlass.CutlassSourceRefused] if cutlass is not None else []))):
         return CandidateFailure("rejected_hack", BaseException.__str__(exc))
     name = _text(lambda: kind.__name__)
     text = _text(lambda: str(exc))
