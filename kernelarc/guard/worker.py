@@ -70,8 +70,10 @@ _AUDIT_MACHINERY = ("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/", "
 # installed files, look at its callers' frames (typing, typing_extensions), set ``_AUDIT_ENV_KEYS``. Not: run code
 # (timeit's and the unpickler's exec), start processes, open sockets, walk the heap, trace, map memory, read other
 # files (linecache read a red team's /proc/self/cmdline into a warning), write files or set the environment
-# (compilers read it); nor hand frames out (inspect, traceback and logging's helpers, ``_AUDIT_FRAME_GIVERS``). Code
-# without an installed file (exec'd text, a module under a temp or cache folder) gets nothing.
+# (compilers read it); nor hand frames to the candidate (inspect, traceback and logging's helpers,
+# ``_AUDIT_FRAME_GIVERS``, called by the candidate's code; called by a library's, as logging's findCaller is for any
+# warning logged, they may). Code without an installed file (exec'd text, a module under a temp or cache folder)
+# gets nothing.
 _AUDIT_LIBRARY_MAY = frozenset({
     "ctypes.dlopen", "ctypes.dlsym", "ctypes.addressof", "ctypes.string_at", "ctypes.cdata", "ctypes.call_function",
     "sys._getframe",
@@ -218,8 +220,14 @@ def _install_audit() -> None:
             key = args[0] if args else None
             key = key.decode(errors="replace") if isinstance(key, bytes) else key
             return key in env_keys
+        # a helper that hands a frame out (inspect, traceback, logging) may do so to a library's code, never to the
+        # candidate's or to code without an installed file (the frame goes to the helper's caller: the candidate's
+        # inspect.currentframe() is refused, its logging.warning() is not: logging's currentframe hands the frame to
+        # findCaller, which returns strings)
         if event == "sys._getframe" and place(frame.f_code.co_filename)[1].endswith(giver_files):
-            return False  # a helper that hands the frame out
+            up = frame.f_back
+            if up is None or place(up.f_code.co_filename)[0] in ("candidate", "untrusted"):
+                return False
         return event in library_events
 
     def verdict(event: str, args: tuple) -> str | None:

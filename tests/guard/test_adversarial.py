@@ -1298,6 +1298,7 @@ def test_the_judges_credentials_do_not_reach_a_candidate(monkeypatch):
         ("library_read", "    import warnings\n    warnings.formatwarning('m', UserWarning, '/proc/self/status', 1)\n"),
         # a library helper that hands the caller's frame out (inspect, traceback, logging) is the candidate's proxy
         ("inspect", "    import inspect\n    f = inspect.currentframe()\n"),
+        ("logging_frame", "    import logging\n    f = logging.currentframe()\n"),
         # torch.utils.benchmark.Timer execs its setup text from timeit's frames (a thirty-third red team)
         (
             "benchmark_timer",
@@ -1327,7 +1328,8 @@ def test_an_installed_librarys_own_use_of_native_code_and_frames_passes_the_audi
     "ctypes.dlopen from __init__.py" (torch.cuda loading NVML on the candidate's behalf) and "sys._getframe from
     typing_extensions.py" (a package the device installs with --target into /tmp/site, counted as scratch). A
     library on the worker's import path (here a folder under /tmp, as there) may load and call native code and
-    look at its caller's frame for the candidate; it may not run code, write files or hand a frame out."""
+    look at its caller's frame for the candidate (logging's findCaller, for a warning logged); it may not run code,
+    write files or hand a frame to the candidate."""
     from kernelarc.guard import judge as judge_mod
     from kernelarc.guard.static import StaticReport
 
@@ -1337,6 +1339,7 @@ def test_an_installed_librarys_own_use_of_native_code_and_frames_passes_the_audi
         "import ctypes\nimport sys\n\n"
         "def native():\n    return ctypes.CDLL(None).getpid()\n\n"
         "def caller():\n    return sys._getframe(1).f_globals.get('__name__')\n\n"
+        "def log():\n    import logging\n    logging.getLogger('kernelarc_rt_lib').warning('from a library')\n\n"
         "def run_text(text):\n    exec(text)\n\n"
         "def write(path):\n    with open(path, 'w') as f:\n        f.write('x')\n"
     )
@@ -1348,6 +1351,10 @@ def test_an_installed_librarys_own_use_of_native_code_and_frames_passes_the_audi
 
     with rmsnorm_cpu_guard(prestart=1) as g:
         ok = g.evaluate(cand("    L.native()\n    L.caller()\n")).verdict
+        assert ok.correct, (ok.status, ok.errors)
+        # a warning logged, by a library or by the candidate: logging's findCaller takes a frame and returns strings
+        logs = "    L.log()\n    import logging\n    logging.getLogger('cand').warning('from a candidate')\n"
+        ok = g.evaluate(cand(logs)).verdict
         assert ok.correct, (ok.status, ok.errors)
         for body in ("    L.run_text('z = 1')\n", f"    L.write({str(tmp_path / 'w.txt')!r})\n"):
             v = g.evaluate(cand(body)).verdict
