@@ -1382,3 +1382,35 @@ def test_the_runtime_audit_cannot_be_switched_off_through_the_workers_globals(mo
         quiet = src.replace("    sys._getframe(1)\n", "")
         v = g.evaluate(_cand(quiet)).verdict
         assert v.status is Status.rejected_hack and "_AUDIT_BLOCKED was rebound" in " ".join(v.errors), v.errors
+
+
+def test_a_timed_output_wrong_again_untimed_is_incorrect_and_one_right_untimed_is_a_hack(guard, monkeypatch):
+    """Run I1 (H200): a composed rope candidate passed three checked input sets, then a checked timed call had 72%
+    of a gradient within a tolerance torch.compile met on 73%, and it was rejected_hack. Far-off timed outputs now
+    get the same input set again in an untimed check call: a kernel wrong there too is incorrect (here: right for
+    the correctness phase's ten calls, wrong from the first timed call on); one right there skipped its work while
+    timed (here the judge's comparison of that timed call is made to fail, the real worker's check then passes)."""
+    from kernelarc.guard import judge as judge_mod
+
+    late = (
+        "import torch\n_N = [0]\n\n\ndef run(x, weight):\n    _N[0] += 1\n"
+        + HONEST.replace("    return (", "    y = (")
+        + "    return y * 2 if _N[0] > 10 else y\n"
+    )
+    v = guard.evaluate(_cand(late), timeout_s=30).verdict
+    assert v.status is Status.incorrect, (v.status, v.errors)
+    assert "untimed check" in " ".join(v.errors) and "while timed" in " ".join(v.errors), v.errors
+
+    real = judge_mod.Guard._check_outputs
+
+    def timed_fails(self, buf, msg, wl, seed, j, res):
+        if j == -1:
+            res["errors"].append(f"workload {wl} (a checked timed call): out: 0 of 4 elements within")
+            res["failed_matched"] = 0.0
+            return False
+        return real(self, buf, msg, wl, seed, j, res)
+
+    monkeypatch.setattr(judge_mod.Guard, "_check_outputs", timed_fails)
+    v = guard.evaluate(_cand(GOOD), timeout_s=30).verdict
+    assert v.status is Status.rejected_hack, (v.status, v.errors)
+    assert "untimed check passes" in " ".join(v.errors), v.errors
