@@ -181,6 +181,10 @@ class Clock:
 
 # A checked timed call's outputs at least this share within the tolerance are a near miss (incorrect), not a hack
 NEAR_MISS = 0.9
+# ... and at least this share (below the near miss) is checked again on the same input set, untimed (``compare``):
+# far-off outputs are a hack outright, whatever a second call does (a kernel that skips its work from some call on
+# skips it there too, and would read incorrect)
+RECHECKED = 0.5
 
 
 def timed_calls(est_ms: float, target_ms: float, min_iters: int, max_iters: int) -> int:
@@ -436,16 +440,21 @@ class Driver:
                 # way; a kernel that skips work while timed is far off (stale or missing outputs match ~0%).
                 raise Stop(Status.incorrect, f"workload {wl}: an output produced while timed is outside the "
                            f"tolerance ({matched:.1%} of elements within it; the checks before passed)")  # fmt: skip
-            # Far off, or of the wrong shape: the same input set again, in an untimed check. A kernel that skips
-            # work while timed passes it (a hack); one that is wrong on these inputs whenever it runs fails it too
-            # (incorrect: L2/028 on the H200, a composed rope candidate at 72% of a gradient within a tolerance
-            # that torch.compile met on 73%, after three checked input sets had passed).
-            again = self.untimed_again(side, wl, seed)
-            if again is not None:
-                raise Stop(Status.incorrect, f"workload {wl}: an output produced while timed is wrong, and so is "
-                           f"the same input set's untimed check ({again})")  # fmt: skip
-            raise Stop(Status.rejected_hack, f"workload {wl}: an output produced while timed is wrong (the same "
-                       "input set's untimed check passes)")  # fmt: skip
+            if matched is not None and matched >= RECHECKED:
+                # Mostly right: the same input set again, in an untimed check. A kernel that skips or cheapens its
+                # work while timed passes it (a hack); one wrong on these inputs whenever it runs fails it too
+                # (incorrect: L2/028 on the H200, a composed rope candidate at 72% of a gradient within a
+                # tolerance that torch.compile met on 73%, after three checked input sets had passed).
+                again = self.untimed_again(side, wl, seed)
+                if again is not None:
+                    raise Stop(Status.incorrect, f"workload {wl}: an output produced while timed is outside the "
+                               f"tolerance ({matched:.1%} of elements within it), and so is the same input set's "
+                               f"untimed check ({again})")  # fmt: skip
+                raise Stop(Status.rejected_hack, f"workload {wl}: an output produced while timed is wrong "
+                           f"({matched:.1%} of elements within the tolerance); the same input set's untimed check "
+                           "passes")  # fmt: skip
+            # far off (stale, missing or garbage outputs: a kernel that stops working once the checks are over)
+            raise Stop(Status.rejected_hack, f"workload {wl}: an output produced while timed is wrong")
         raise Stop(Status.incorrect, "")
 
     def untimed_again(self, side: Side, wl: int, seed: int) -> str | None:

@@ -1387,15 +1387,16 @@ def test_the_runtime_audit_cannot_be_switched_off_through_the_workers_globals(mo
 def test_a_timed_output_wrong_again_untimed_is_incorrect_and_one_right_untimed_is_a_hack(guard, monkeypatch):
     """Run I1 (H200): a composed rope candidate passed three checked input sets, then a checked timed call had 72%
     of a gradient within a tolerance torch.compile met on 73%, and it was rejected_hack. Far-off timed outputs now
-    get the same input set again in an untimed check call: a kernel wrong there too is incorrect (here: right for
-    the correctness phase's ten calls, wrong from the first timed call on); one right there skipped its work while
-    timed (here the judge's comparison of that timed call is made to fail, the real worker's check then passes)."""
+    (mostly within the tolerance) get the same input set again in an untimed check call: a kernel wrong there too is
+    incorrect (here: right for the correctness phase's ten calls, a quarter of each row off from the first timed
+    call on); one right there cheapened its work while timed (here the judge's comparison of that timed call is made
+    to fail at 72%, the real worker's check then passes). Far-off outputs stay a hack (``skip_later_calls``)."""
     from kernelarc.guard import judge as judge_mod
 
     late = (
         "import torch\n_N = [0]\n\n\ndef run(x, weight):\n    _N[0] += 1\n"
         + HONEST.replace("    return (", "    y = (")
-        + "    return y * 2 if _N[0] > 10 else y\n"
+        + "    if _N[0] > 10:\n        y[..., : y.shape[-1] // 4] *= 2\n    return y\n"
     )
     v = guard.evaluate(_cand(late), timeout_s=30).verdict
     assert v.status is Status.incorrect, (v.status, v.errors)
@@ -1405,8 +1406,8 @@ def test_a_timed_output_wrong_again_untimed_is_incorrect_and_one_right_untimed_i
 
     def timed_fails(self, buf, msg, wl, seed, j, res):
         if j == -1:
-            res["errors"].append(f"workload {wl} (a checked timed call): out: 0 of 4 elements within")
-            res["failed_matched"] = 0.0
+            res["errors"].append(f"workload {wl} (a checked timed call): out: 72% of elements within")
+            res["failed_matched"] = 0.72
             return False
         return real(self, buf, msg, wl, seed, j, res)
 

@@ -220,9 +220,9 @@ def test_a_noisy_timing_does_not_use_up_the_inconsistent_champions_retimes():
 
 HACK = Status.rejected_hack
 # (share within the tolerance, the same input set's untimed check: None passes, else its error) -> status
-NEAR = [(0.987, None, Status.incorrect), (0.5, None, HACK), (0.0, None, HACK), (None, None, HACK),
-        (0.5, "out: 50.0% within", Status.incorrect), (0.0, "out: 0.0% within", Status.incorrect),
-        (None, "out is float32[4], expected bfloat16[4]", Status.incorrect)]  # fmt: skip
+NEAR = [(0.987, None, Status.incorrect), (0.72, None, HACK), (0.72, "out: 72.0% within", Status.incorrect),
+        (0.3, "out: 30.0% within", HACK), (0.0, "out: 0.0% within", HACK),
+        (None, "out is float32[4]", HACK)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("matched", "again", "status"), NEAR)
@@ -230,8 +230,10 @@ def test_a_timed_output_outside_the_tolerance_is_a_hack_only_where_its_inputs_un
     """L2/028 on the H200: a composed candidate whose checks passed, then 98.7% of a checked timed call's gradient
     within the tolerance (torch.compile missed it too), was rejected_hack: a near miss is incorrect. Run I1 (H200):
     a composed rope candidate at 72% within a tolerance torch.compile met on 73%, twice rejected_hack. Outputs far
-    off, or of the wrong shape or dtype (None), are checked again on the same input set, untimed: a kernel that
-    skips work while timed passes there (a hack); one wrong on those inputs whenever it runs fails (incorrect)."""
+    mostly within it are checked again on the same input set, untimed: a kernel that skips or cheapens its work while
+    timed passes there (a hack); one wrong on those inputs whenever it runs fails (incorrect). Outputs far off, or of
+    the wrong shape or dtype (None), are a hack outright (a kernel skipping work from some call on would skip it in
+    the second look too)."""
     from kernelarc.guard.drive import Stop
     from kernelarc.guard.protocol import Outputs, Tag
 
@@ -250,8 +252,8 @@ def test_a_timed_output_outside_the_tolerance_is_a_hack_only_where_its_inputs_un
     with pytest.raises(Stop) as e:
         drv.compare(cand, msg, 0, 7, -1)
     assert e.value.status is status, e.value.message
-    assert asked == ([] if matched == 0.987 else [("candidate", 0, 7)])  # the near miss needs no second look
-    if again is not None:
+    assert asked == ([("candidate", 0, 7)] if matched == 0.72 else [])  # only the mostly right get a second look
+    if matched == 0.72 and again is not None:
         assert again in e.value.message
 
 
