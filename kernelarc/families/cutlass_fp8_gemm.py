@@ -26,7 +26,7 @@ from typing import Any
 
 from kernelarc.cutlass import available
 from kernelarc.families.base import SM90_SMEM_PER_BLOCK, Family, Knob, cutlass_candidate_head, offered_on_gpu
-from kernelarc.families.cutlass_gemm import gemm_cpp
+from kernelarc.families.cutlass_gemm import _stages_expr, gemm_cpp
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "cutlass" / "gemm_fp8_sm90.cu.in"
 SCALE_BLOCK = 128
@@ -43,8 +43,16 @@ _SCHEDULES = {  # knob value -> (mainloop kernel schedule, epilogue schedule)
 }
 
 
+def _stages(n: int) -> str:
+    """The STAGES knob's C++: CUTLASS's blockwise-scaled builder takes only an automatic stage count, so N stages
+    are the automatic count of a carveout that leaves room for N (the template's ``carveout_for_stages``)."""
+    if n == 0:
+        return _stages_expr(0)
+    return f"cutlass::gemm::collective::StageCountAutoCarveout<carveout_for_stages({int(n)})>"
+
+
 def render_cpp(k: Mapping[str, Any]) -> str:
-    return gemm_cpp(TEMPLATE, _SCHEDULES, k)
+    return gemm_cpp(TEMPLATE, _SCHEDULES, k, stages=_stages)
 
 
 _RUN = '''
@@ -101,8 +109,10 @@ def _regs_per_consumer_thread(k: Mapping[str, Any]) -> float:
 
 
 def smem_bytes(k: Mapping[str, Any]) -> int:
-    """Operand stages (e4m3) with their scale slices, and a bound on the epilogue's staging."""
+    """Operand stages (e4m3) with their scale slices, as CUTLASS's builder counts a stage (rounded up to 128 bytes,
+    and the pipeline's two 8-byte barriers), and a bound on the epilogue's staging."""
     stage = (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] + (k["BLOCK_M"] + k["BLOCK_N"] // SCALE_BLOCK) * 4
+    stage = -(-stage // 128) * 128 + 16
     epilogue = 2 * 64 * 32 * 4
     return stage * (k["STAGES"] or 2) + epilogue
 

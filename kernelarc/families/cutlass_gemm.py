@@ -18,7 +18,7 @@ offered where nvcc and the CUTLASS headers exist (see ``available``).
 from __future__ import annotations
 
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,11 @@ def _stages_expr(stages: int) -> str:
     return f"cutlass::gemm::collective::StageCount<{stages}>"
 
 
-def gemm_cpp(template: Path, schedules: Mapping[str, tuple[str, str]], k: Mapping[str, Any]) -> str:
+def gemm_cpp(template: Path, schedules: Mapping[str, tuple[str, str]], k: Mapping[str, Any],
+             stages: Callable[[int], str] = _stages_expr) -> str:  # fmt: skip
     """A Hopper GEMM template's C++ for knob point ``k``; ``schedules`` maps the SCHEDULE knob to the
-    (mainloop kernel, epilogue) schedules, the one thing the bf16 and fp8 blockwise kernels name differently."""
+    (mainloop kernel, epilogue) schedules, the one thing the bf16 and fp8 blockwise kernels name differently;
+    ``stages``, the STAGES knob's C++ (the fp8 blockwise builder takes only an automatic count)."""
     kernel_schedule, epilogue_schedule = schedules[k["SCHEDULE"]]
     return string.Template(template.read_text()).substitute(
         TILE_M=k["BLOCK_M"],
@@ -61,7 +63,8 @@ def gemm_cpp(template: Path, schedules: Mapping[str, tuple[str, str]], k: Mappin
         CLUSTER_N=k["CLUSTER_N"],
         KERNEL_SCHEDULE=kernel_schedule,
         EPILOGUE_SCHEDULE=epilogue_schedule,
-        STAGES=_stages_expr(k["STAGES"]),
+        STAGES=stages(k["STAGES"]),
+        STAGES_N=int(k["STAGES"]),
         TILE_SCHEDULER=_SCHEDULERS[k["TILE_SCHEDULER"]],
         SWIZZLE=k["SWIZZLE"],
         RASTER=_RASTERS[k["RASTER"]],
