@@ -24,7 +24,8 @@ def _session(tmp_path: Path, *args: str, timeout: int = 480) -> subprocess.Compl
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     cmd = [sys.executable, "-m", "kernelarc", "+task=rmsnorm", "gpu=cpu", "executor=ray", "executor.actors=2",
            "executor.parallel=1", "executor.prestart=1", "guard.compile_baseline=false", "agents.count=2",
-           "guard.target_ms=5", "guard.max_iters=20", "search.dispatch=false", *args]  # fmt: skip
+           "guard.target_ms=5", "guard.max_iters=20", "guard.seeds=1", "search.dispatch=false",
+           *args]  # fmt: skip
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
 
 
