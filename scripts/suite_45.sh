@@ -5,7 +5,7 @@
 #   python3 scripts/suite_merge.py 1=<part 1>/suite_table.json 2=<part 2>/suite_table.json \
 #     3=<part 3>/p1/suite_table.json 3=<part 3>/p2/suite_table.json
 #
-#   SHARDS sessions at once (default 8). Run E2 (H100, 12 at once) lost champions to noisy final proofs that run DX
+#   SHARDS sessions at once (default 8; parts a and b: 10). Run E2 (H100, 12 at once) lost champions to noisy final proofs that run DX
 #   (at most 7 at a time) did not (BENCHMARKS.md, twenty-ninth session): on the H200, whose pool would hold 12 shares
 #   of 11 GB, the run keeps to 8. MEM_GB is each shard's guard.memory_gb, by default the pool (the GPU's memory less
 #   2 GB) over the shards: 17 GB on the H200, where an 11 GB share would leave 50 GB idle and, by the definitions'
@@ -27,6 +27,9 @@
 #   with SHARDS=10 (13 GB shares on the H200): 10 x 760 s of suite holds the 44 problems' ~115 session-minutes
 #   (2.5 minutes a session on average in run G1), where 8 shards would leave about a fifth stopped.
 #   Merge: python3 scripts/suite_merge.py a=<a>/suite_table.json b=<b>/p1/suite_table.json b=<b>/p2/suite_table.json
+#   Then, on the same warm machine, the rows the merge names stopped or missing, as part 1 with the same budget (the
+#   thirty-third session's I3 and I4: 14 of 45 on the H200):
+#     SHARDS=12 SUITE_S=420 ONLY="<those problems>" bash scripts/suite_45.sh 1
 #
 # On the device (repo root; wheels in .whl and .whl/solx, the problems and the harness in .shared; OUT set by the
 # device tool): bash scripts/suite_45.sh PART. The run's call: timeout_s 590, carry [".whl", ".shared"].
@@ -35,6 +38,9 @@ PART=${1:?usage: bash scripts/suite_45.sh 1|2|3|a|b}
 OUT=${OUT:-/tmp/kernelarc-out}
 export OUT
 SUITE_S=${SUITE_S:-460}  # parts 1 and 2: the suite's seconds (the call's limit less the install and the harness-free tail)
+# parts a and b: 10 shards (run I2 of the thirty-third session ran part b on this default of 8, its call having left
+# SHARDS out); parts 1-3: 8
+case $PART in a | b) SHARDS=${SHARDS:-10} ;; esac
 SHARDS=${SHARDS:-8}
 TREE=.shared/sol-execbench
 # ONLY="L1/094 L2/004 ...": part 1 or 2 runs these instead of its list (an A/B on a list of one's own);
