@@ -417,11 +417,10 @@ class Driver:
         if side.label == "champion":
             # The champion's checked timed calls: its own errors end its comparison (never the challenger's
             # verdict, nor the challenger's error metrics).
-            scratch: dict[str, Any] = {"errors": [], "checks": {}}
-            if not self.g._check_outputs(side.buffer, msg, wl, seed, j, scratch):
-                why = "; ".join(scratch["errors"])[:500]
+            why = self.wrong_aside(side, msg, wl, seed, j)
+            if why is not None:
                 raise Stop(Status.rejected_hack, f"workload {wl}: a champion output produced while timed is wrong "
-                           f"({why})", side.label)  # fmt: skip
+                           f"({why[:500]})", side.label)  # fmt: skip
             return
         ok = self.g._check_outputs(side.buffer, msg, wl, seed, j, self.res)
         if ok:
@@ -464,10 +463,16 @@ class Driver:
         if msg.wl != wl or msg.tag is not Tag.check:
             raise Stop(Status.rejected_hack, f"outputs for workload {msg.wl} ({msg.tag.value}) where workload {wl}'s "
                        "check was asked", side.label)  # fmt: skip
+        why = self.wrong_aside(side, msg, wl, seed, 1)
+        return None if why is None else why[:300] or "outputs wrong"
+
+    def wrong_aside(self, side: Side, msg: Outputs, wl: int, seed: int, j: int) -> str | None:
+        """What is wrong with ``msg``'s outputs (None: within the tolerance), checked beside the verdict: their errors
+        and error metrics are not the challenger's record (a champion's checked timed call, a second look)."""
         scratch: dict[str, Any] = {"errors": [], "checks": {}}
-        if self.g._check_outputs(side.buffer, msg, wl, seed, 1, scratch):
+        if self.g._check_outputs(side.buffer, msg, wl, seed, j, scratch):
             return None
-        return "; ".join(scratch["errors"])[:300] or "outputs wrong"
+        return "; ".join(scratch["errors"])
 
     def burst(self, side: Side, wl: int, n: int, check_seed: int | None = None) -> Timing:
         if check_seed is not None:
